@@ -1,0 +1,235 @@
+"""Tiny hybrid-SSM test models: config + deterministic weights + a local tokenizer.
+
+``materialize(name, out_dir)`` writes a complete model directory that ``sglang.launch_server
+--model-path out_dir`` and ``sglang.bench_serving --tokenizer out_dir`` load with no hub access:
+
+- ``config.json`` from ``tests/models/<name>/config.json``;
+- ``model.safetensors`` with weights drawn from a fixed seed at **realistic scales** (unit-RMS
+  activations, sharp logits, SSM decays that keep a memory of tens of tokens).  SGLang's
+  ``--load-format dummy`` draws every tensor from uniform(+-1e-3), which gives near-uniform logits
+  whose greedy argmax is decided by rounding noise, useless for equality tests;
+- ``tokenizer.json`` / ``tokenizer_config.json``: a word-level tokenizer over the model's vocab
+  (``w0 .. wN`` plus 4 specials) built with the ``tokenizers`` package, so that decoding random ids
+  and re-encoding the text gives the ids back (what ``--dataset-name random-ids`` does).
+
+Checkpoint names follow the Hugging Face layout each SGLang loader expects.  Trap: transformers 5.12
+``save_pretrained`` would name the Nemotron-H embedding ``backbone.embedding.weight``, which SGLang
+silently ignores (``Parameter model.embedding.weight not found``; every output token is then 0).  We
+write ``backbone.embeddings.weight`` ourselves.
+
+Run as a script: ``python tests/models/make_model.py nemotron_h_tiny /tmp/nh``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+__all__ = ["MODELS", "materialize", "build_tokenizer"]
+
+HERE = Path(__file__).resolve().parent
+MODELS = ("nemotron_h_tiny", "qwen3_5_tiny")
+SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def build_tokenizer(vocab_size: int, out_dir: Path) -> None:
+    """Write a word-level ``tokenizer.json`` with exactly ``vocab_size`` ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for i in range(len(SPECIALS), vocab_size):
+        vocab[f"w{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    tok.add_special_tokens(list(SPECIALS))
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "pad_token": "<pad>",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "model_max_length": 4096,
+                "add_bos_token": False,
+                "add_eos_token": False,
+            },
+            indent=1,
+        )
+    )
+    (out_dir / "special_tokens_map.json").write_text(
+        json.dumps({"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+    )
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+class _Gen:
+    """Deterministic tensors at chosen scales (fp32 on CPU, fixed seed per model)."""
+
+    def __init__(self, seed: int) -> None:
+        self.g = torch.Generator().manual_seed(seed)
+
+    def normal(self, *shape: int, std: float) -> torch.Tensor:
+        return torch.randn(*shape, generator=self.g) * std
+
+    def uniform(self, *shape: int, lo: float, hi: float) -> torch.Tensor:
+        return lo + (hi - lo) * torch.rand(*shape, generator=self.g)
+
+    def linear(self, out_f: int, in_f: int, gain: float = 1.0) -> torch.Tensor:
+        return self.normal(out_f, in_f, std=gain / math.sqrt(in_f))
+
+    def norm(self, n: int) -> torch.Tensor:
+        return 1.0 + self.normal(n, std=0.05)
+
+
+def _inv_softplus(y: torch.Tensor) -> torch.Tensor:
+    return y + torch.log(-torch.expm1(-y))
+
+
+def _nemotron_h_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
+    d, v = cfg["hidden_size"], cfg["vocab_size"]
+    h, p, n, g = cfg["mamba_num_heads"], cfg["mamba_head_dim"], cfg["ssm_state_size"], cfg["mamba_n_groups"]
+    k = cfg["conv_kernel"]
+    inner = h * p
+    conv_dim = inner + 2 * g * n
+    w: dict[str, torch.Tensor] = {
+        "backbone.embeddings.weight": gen.normal(v, d, std=1.0),
+        "backbone.norm_f.weight": gen.norm(d),
+        # logits with std ~3: greedy decisions are far from rounding noise
+        "lm_head.weight": gen.linear(v, d, gain=3.0),
+    }
+    pattern = cfg["hybrid_override_pattern"]
+    for i, kind in enumerate(pattern):
+        pre = f"backbone.layers.{i}"
+        w[f"{pre}.norm.weight"] = gen.norm(d)
+        if kind == "M":
+            in_proj = torch.cat(
+                [
+                    gen.linear(inner, d),  # gate z
+                    gen.linear(conv_dim, d),  # x, B, C (pre-conv)
+                    gen.linear(h, d, gain=0.5),  # raw dt: small, the bias sets the scale
+                ]
+            )
+            w[f"{pre}.mixer.in_proj.weight"] = in_proj
+            w[f"{pre}.mixer.conv1d.weight"] = gen.normal(conv_dim, 1, k, std=0.6 / math.sqrt(k))
+            w[f"{pre}.mixer.conv1d.bias"] = gen.normal(conv_dim, std=0.1)
+            # decay per token exp(A*dt) in ~[0.75, 0.99]: memory of tens of tokens, so the ring matters
+            w[f"{pre}.mixer.A_log"] = torch.log(gen.uniform(h, lo=0.5, hi=4.0))
+            w[f"{pre}.mixer.dt_bias"] = _inv_softplus(gen.uniform(h, lo=0.01, hi=0.08))
+            w[f"{pre}.mixer.D"] = gen.uniform(h, lo=0.5, hi=1.5)
+            w[f"{pre}.mixer.norm.weight"] = gen.norm(inner)
+            w[f"{pre}.mixer.out_proj.weight"] = gen.linear(d, inner, gain=0.5)
+        elif kind == "*":
+            nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+            w[f"{pre}.mixer.q_proj.weight"] = gen.linear(nh * hd, d)
+            w[f"{pre}.mixer.k_proj.weight"] = gen.linear(nkv * hd, d)
+            w[f"{pre}.mixer.v_proj.weight"] = gen.linear(nkv * hd, d)
+            w[f"{pre}.mixer.o_proj.weight"] = gen.linear(d, nh * hd, gain=0.5)
+        elif kind == "-":
+            f = cfg["intermediate_size"]
+            w[f"{pre}.mixer.up_proj.weight"] = gen.linear(f, d)
+            w[f"{pre}.mixer.down_proj.weight"] = gen.linear(d, f, gain=0.5)
+        else:
+            raise ValueError(f"layer kind {kind!r} not supported by the tiny generator")
+    return w
+
+
+def _qwen3_5_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
+    tc = cfg["text_config"]
+    d, v = tc["hidden_size"], tc["vocab_size"]
+    hk, hv = tc["linear_num_key_heads"], tc["linear_num_value_heads"]
+    dk, dv = tc["linear_key_head_dim"], tc["linear_value_head_dim"]
+    kconv = tc["linear_conv_kernel_dim"]
+    nh, nkv, hd = tc["num_attention_heads"], tc["num_key_value_heads"], tc["head_dim"]
+    f = tc["intermediate_size"]
+    key_dim, value_dim = hk * dk, hv * dv
+    conv_dim = 2 * key_dim + value_dim
+    pre0 = "model.language_model"
+    w: dict[str, torch.Tensor] = {
+        f"{pre0}.embed_tokens.weight": gen.normal(v, d, std=1.0),
+        # Qwen3.5 RMSNorm is (1 + weight) * x: store small offsets
+        f"{pre0}.norm.weight": gen.normal(d, std=0.05),
+        "lm_head.weight": gen.linear(v, d, gain=3.0),
+    }
+    for i, kind in enumerate(tc["layer_types"]):
+        pre = f"{pre0}.layers.{i}"
+        w[f"{pre}.input_layernorm.weight"] = gen.normal(d, std=0.05)
+        w[f"{pre}.post_attention_layernorm.weight"] = gen.normal(d, std=0.05)
+        w[f"{pre}.mlp.gate_proj.weight"] = gen.linear(f, d)
+        w[f"{pre}.mlp.up_proj.weight"] = gen.linear(f, d)
+        w[f"{pre}.mlp.down_proj.weight"] = gen.linear(d, f, gain=0.5)
+        if kind == "linear_attention":
+            la = f"{pre}.linear_attn"
+            w[f"{la}.in_proj_qkv.weight"] = gen.linear(conv_dim, d)
+            w[f"{la}.in_proj_z.weight"] = gen.linear(value_dim, d)
+            w[f"{la}.in_proj_b.weight"] = gen.linear(hv, d)
+            w[f"{la}.in_proj_a.weight"] = gen.linear(hv, d, gain=0.5)
+            w[f"{la}.conv1d.weight"] = gen.normal(conv_dim, 1, kconv, std=0.6 / math.sqrt(kconv))
+            w[f"{la}.A_log"] = torch.log(gen.uniform(hv, lo=0.5, hi=4.0))
+            w[f"{la}.dt_bias"] = _inv_softplus(gen.uniform(hv, lo=0.01, hi=0.08))
+            w[f"{la}.norm.weight"] = gen.norm(dv)
+            w[f"{la}.out_proj.weight"] = gen.linear(d, value_dim, gain=0.5)
+        elif kind == "full_attention":
+            sa = f"{pre}.self_attn"
+            # Qwen3.5 full attention has an output gate: q_proj emits [q | gate] per head
+            w[f"{sa}.q_proj.weight"] = gen.linear(2 * nh * hd, d)
+            w[f"{sa}.k_proj.weight"] = gen.linear(nkv * hd, d)
+            w[f"{sa}.v_proj.weight"] = gen.linear(nkv * hd, d)
+            w[f"{sa}.o_proj.weight"] = gen.linear(d, nh * hd, gain=0.5)
+            w[f"{sa}.q_norm.weight"] = gen.normal(hd, std=0.05)
+            w[f"{sa}.k_norm.weight"] = gen.normal(hd, std=0.05)
+        else:
+            raise ValueError(f"layer type {kind!r} not supported by the tiny generator")
+    return w
+
+
+_BUILDERS = {"nemotron_h_tiny": (_nemotron_h_weights, 1234), "qwen3_5_tiny": (_qwen3_5_weights, 4321)}
+
+
+def _vocab_size(cfg: dict) -> int:
+    return cfg["vocab_size"] if "vocab_size" in cfg else cfg["text_config"]["vocab_size"]
+
+
+def materialize(name: str, out_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> Path:
+    """Write model ``name`` (one of ``MODELS``) into ``out_dir``; return the directory.
+
+    Idempotent: an existing complete directory with the same config is left as is.
+    """
+    from safetensors.torch import save_file
+
+    if name not in _BUILDERS:
+        raise ValueError(f"model: expected one of {MODELS}, got {name!r}")
+    out = Path(out_dir)
+    src_cfg = HERE / name / "config.json"
+    cfg_text = src_cfg.read_text()
+    stamp = out / ".complete"
+    if stamp.exists() and stamp.read_text() == cfg_text:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads(cfg_text)
+    builder, seed = _BUILDERS[name]
+    weights = builder(cfg, _Gen(seed))
+    save_file({k: t.to(dtype).contiguous() for k, t in weights.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    shutil.copyfile(src_cfg, out / "config.json")
+    build_tokenizer(_vocab_size(cfg), out)
+    stamp.write_text(cfg_text)
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit(f"usage: {sys.argv[0]} {{{','.join(MODELS)}}} OUT_DIR")
+    print(materialize(sys.argv[1], sys.argv[2]))
