@@ -1,0 +1,125 @@
+"""The one ReplaySSM configuration of a server, and how every process of that server reads it.
+
+The command line (``--ssm-backend``, ``--replayssm-window``; see ``hooks/args.py``) or the user sets
+one environment variable, ``SGLANG_REPLAYSSM_CONFIG``, holding this configuration as JSON.  SGLang
+spawns its scheduler and TP worker processes with the ``spawn`` start method; they inherit the
+environment (the pickled ``ServerArgs`` carries SGLang's own fields only), and the plug-in's
+``register()`` reads the variable again in each of them.  So ``ReplaySSMConfig.from_env()`` gives
+the same answer in every process of one server.
+
+| variable | value | unset |
+|---|---|---|
+| ``SGLANG_REPLAYSSM_CONFIG`` | JSON object with any of the keys ``backend``, ``window`` | ``ReplaySSMConfig()`` |
+
+Example: ``SGLANG_REPLAYSSM_CONFIG='{"backend": "replay", "window": 8}'`` (the way to configure an
+in-process ``sglang.Engine(**kwargs)``, which has no command line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, MutableMapping
+from typing import Self
+
+__all__ = ["BACKENDS", "ENV_VAR", "ReplaySSMConfig"]
+
+ENV_VAR = "SGLANG_REPLAYSSM_CONFIG"
+BACKENDS: tuple[str, ...] = ("default", "replay")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReplaySSMConfig:
+    """How the hybrid SSM layers of a server keep their recurrent state.
+
+    Attributes
+    ----------
+    backend : str
+        ``"default"``: SGLang's own kernels; the plug-in changes nothing but its two flags.
+        ``"replay"``: ReplaySSM, a checkpoint plus a ring of the last ``window`` inputs per state slot.
+    window : int
+        Ring window ``L >= 1``: decode flushes the ring into the checkpoint every ``L`` steps.
+        ``L = 1`` is the conventional update.  Ignored by ``backend="default"``.
+
+    Raises
+    ------
+    ValueError
+        On an unknown backend or a window that is not an integer ``>= 1``.
+    """
+
+    backend: str = "default"
+    window: int = 16
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"ssm backend: expected one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if isinstance(self.window, bool) or not isinstance(self.window, int):
+            raise ValueError(
+                f"replayssm window L: expected an integer >= 1, got {type(self.window).__name__} {self.window!r}"
+            )
+        if self.window < 1:
+            raise ValueError(f"replayssm window L: expected an integer >= 1, got {self.window}")
+
+    def to_env(self) -> str:
+        """Return the JSON value of ``SGLANG_REPLAYSSM_CONFIG`` for this configuration."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_env_value(cls, value: str) -> Self:
+        """Parse a ``SGLANG_REPLAYSSM_CONFIG`` value.
+
+        Parameters
+        ----------
+        value : str
+            A JSON object with any of the keys ``backend`` and ``window``; missing keys take their
+            defaults.
+
+        Returns
+        -------
+        ReplaySSMConfig
+
+        Raises
+        ------
+        ValueError
+            Naming the variable, when ``value`` is not such an object or a field is invalid.
+        """
+        try:
+            fields = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{ENV_VAR}: expected a JSON object, got {value!r} ({exc})") from None
+        if not isinstance(fields, dict):
+            raise ValueError(f"{ENV_VAR}: expected a JSON object, got {type(fields).__name__} {value!r}")
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(f"{ENV_VAR}: expected keys among {sorted(known)}, got unknown {unknown}")
+        try:
+            return cls(**fields)
+        except ValueError as exc:
+            raise ValueError(f"{ENV_VAR}: {exc}") from None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """Read the configuration of this process's server.
+
+        Parameters
+        ----------
+        environ : Mapping[str, str], optional
+            Defaults to ``os.environ``.  An unset or empty variable gives the defaults.
+
+        Returns
+        -------
+        ReplaySSMConfig
+
+        Raises
+        ------
+        ValueError
+            When the variable is set to something ``from_env_value`` rejects.
+        """
+        value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+        return cls.from_env_value(value) if value else cls()
+
+    def export(self, environ: MutableMapping[str, str] | None = None) -> None:
+        """Set ``SGLANG_REPLAYSSM_CONFIG`` (in ``os.environ`` by default) for processes spawned later."""
+        (os.environ if environ is None else environ)[ENV_VAR] = self.to_env()
