@@ -3,6 +3,14 @@
 See README.md in this folder for the ring protocol, record layouts and bytes per record.
 """
 
+from replayssm_kernels.conventional.mamba2 import mamba2_conventional_f64
 from replayssm_kernels.cursors import decode_cursor_step, reset_cursors
+from replayssm_kernels.mamba2_decode import mamba2_replay_decode, mamba2_replay_decode_ref
 
-__all__ = ["decode_cursor_step", "reset_cursors"]
+__all__ = [
+    "decode_cursor_step",
+    "reset_cursors",
+    "mamba2_replay_decode",
+    "mamba2_replay_decode_ref",
+    "mamba2_conventional_f64",
+]
