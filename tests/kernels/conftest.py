@@ -26,3 +26,84 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# --- Triton-interpreter shims (GDN engineer; opt-in fixtures, used by test_gdn_decode.py) -------
+
+
+def _rtne_bf16_convert(orig):
+    """Wrap the interpreter's float converter so fp32 -> bf16 rounds to nearest even.
+
+    The Triton 3.6 interpreter truncates fp32 -> bf16 casts (``x.to(tl.bfloat16)``); the GPU
+    rounds to nearest even (``cvt.rn.bf16.f32``).  Kernels that round β or store bf16 outputs
+    would otherwise disagree with torch and with the GPU by one bf16 ulp.
+    """
+    import numpy as np
+    import triton.language as tl
+
+    def convert(input, input_dtype, output_dtype, rounding_mode):
+        if input_dtype == tl.float32 and output_dtype == tl.bfloat16:
+            bits = np.ascontiguousarray(input).view(np.uint32).astype(np.uint64)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            nan = np.isnan(np.ascontiguousarray(input).view(np.float32))
+            rounded = np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
+            return rounded.reshape(np.shape(input))
+        return orig(input, input_dtype, output_dtype, rounding_mode)
+
+    convert._rtne_shim = True
+    return convert
+
+
+@pytest.fixture(scope="session")
+def interpreter_bf16_rtne():
+    """Make the Triton interpreter round fp32 -> bf16 to nearest even, as the GPU does."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        yield
+        return
+    from triton.runtime import interpreter
+
+    orig = interpreter._convert_float
+    if not getattr(orig, "_rtne_shim", False):
+        interpreter._convert_float = _rtne_bf16_convert(orig)
+    yield
+    interpreter._convert_float = orig
+
+
+@pytest.fixture(scope="session")
+def sglang_fla_interpret(interpreter_bf16_rtne):
+    """Let SGLang's fla Triton kernels run under the interpreter (CPU).
+
+    Two shims: ``torch.cpu.device`` does not exist (fla's ``input_guard`` enters
+    ``device_torch_lib.device(index)``), and fla's module-level alias ``exp = tl.exp`` (in
+    ``fla/op.py``, imported by name into ``fused_recurrent.py`` and others) is a bare builtin that
+    the interpreter refuses outside ``@triton.jit``; it becomes a jitted wrapper.
+    """
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        yield
+        return
+    import contextlib
+    import sys
+
+    import triton
+    import triton.language as tl
+
+    added_device = not hasattr(torch.cpu, "device")
+    if added_device:
+        torch.cpu.device = lambda index=None: contextlib.nullcontext()
+
+    @triton.jit
+    def _exp(x):
+        return tl.exp(x)
+
+    import sglang.kernels.ops.attention.fla.fused_recurrent  # noqa: F401  (loads fla.op too)
+
+    patched = []
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("sglang.kernels.ops.attention.fla") and getattr(mod, "exp", None) is tl.exp:
+            patched.append(mod)
+            mod.exp = _exp
+    yield
+    for mod in patched:
+        mod.exp = tl.exp
+    if added_device:
+        del torch.cpu.device

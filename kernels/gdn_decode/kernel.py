@@ -1,0 +1,458 @@
+"""Gated DeltaNet ReplaySSM decode: one Triton launch for a mixed flush / non-flush batch.
+
+Layers (fla style): ``gdn_replay_decode_fwd_kernel`` (Triton jit), ``gdn_replay_decode_fwd``
+(launcher, no checks), ``gdn_replay_decode`` (validated public function).
+
+Launch layout: grid ``(cdiv(V, BV), HV, batch)``, one warp per program; a program owns one
+``[BV, K]`` tile of one value head's checkpoint, so the checkpoint is read exactly once per row and
+head and the flush writes it exactly once.  Per row the program branches on ``flush[b]``:
+
+* flush: the exact fold.  Records ``[0, len)`` and then the current token are replayed into the
+  checkpoint tile from the raw inputs (pre-norm k, raw v, g, β), with the same expressions, the same
+  tile shape ``[32, next_pow2(K)]`` and the same warp count as SGLang's
+  ``fused_recurrent_gated_delta_rule_packed_decode_kernel``, so each step compiles to the same
+  reductions (layouts) and the same fp32 operations; the tile is stored once (a 16-bit state is
+  rounded once per flush).
+* non-flush: the inner-product form (math.md §4).  ``S_w`` is never built: one pass over the
+  checkpoint tile gives ``S0·k̂_c`` and ``S0·q̃_c``; the records add
+  ``Σ_j ω_j (k̂_j·k̂_c) u_j`` and ``Σ_j ω_j (k̂_j·q̃_c) u_j``, where ``ω_j = exp(Σ_{i>j} g_i)``.
+  That costs ``O(R·(K + BV))`` per program instead of the ``O(R·BV·K)`` of rebuilding ``S_w`` in
+  registers (SGLang's built-in ReplaySSM kernel), and it is plain fp32 (no TF32 / bf16 dot).  The
+  current record ``(u_c, raw k_c, raw v_c, g_c, β_c)`` is appended at physical row
+  ``(start + len) % R``; the checkpoint is not written.
+
+Not autotuned: the kernel writes the checkpoint in place.  No host sync; CUDA-graph safe (all
+per-row decisions are read on the device).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_kernels.gdn_decode._validate import validate_gdn_decode
+
+__all__ = ["gdn_replay_decode", "gdn_replay_decode_fwd", "gdn_replay_decode_fwd_kernel"]
+
+
+@triton.jit
+def gdn_replay_decode_fwd_kernel(
+    # Pointers
+    state,
+    ring_u,
+    ring_k,
+    ring_v,
+    ring_g,
+    ring_beta,
+    q,
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    o,
+    slot_idx,
+    ring_start,
+    ring_len,
+    flush,
+    scale,
+    # Matrix dimensions
+    R,
+    # Strides
+    stride_s_n,
+    stride_s_h,
+    stride_s_v,
+    stride_s_k,
+    stride_u_n,
+    stride_u_h,
+    stride_u_r,
+    stride_u_v,
+    stride_rk_n,
+    stride_rk_h,
+    stride_rk_r,
+    stride_rk_k,
+    stride_rv_n,
+    stride_rv_h,
+    stride_rv_r,
+    stride_rv_v,
+    stride_g_n,
+    stride_g_h,
+    stride_g_r,
+    stride_beta_n,
+    stride_beta_h,
+    stride_beta_r,
+    stride_q_b,
+    stride_q_h,
+    stride_q_k,
+    stride_k_b,
+    stride_k_h,
+    stride_k_k,
+    stride_v_b,
+    stride_v_h,
+    stride_v_v,
+    stride_a_b,
+    stride_a_h,
+    stride_b_b,
+    stride_b_h,
+    stride_o_b,
+    stride_o_h,
+    stride_o_v,
+    # Meta-parameters
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BR: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+):
+    i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+
+    # Padding row: touches nothing, not even its output row.
+    i_s = tl.load(slot_idx + i_n).to(tl.int64)
+    if i_s < 0:
+        return
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_h = mask_v[:, None] & mask_k[None, :]
+
+    r_start = tl.load(ring_start + i_n).to(tl.int32)
+    r_len = tl.load(ring_len + i_n).to(tl.int32)
+    is_flush = tl.load(flush + i_n).to(tl.int32) != 0
+
+    # Gates of the current token: the conventional kernel's expressions, so g and β (stored in
+    # the ring and replayed by a later flush) carry the bits that kernel would have used.
+    a_val = tl.load(a + i_n * stride_a_b + i_hv * stride_a_h).to(tl.float32)
+    b_val = tl.load(b + i_n * stride_b_b + i_hv * stride_b_h).to(tl.float32)
+    A_log_val = tl.load(A_log + i_hv).to(tl.float32)
+    dt_bias_val = tl.load(dt_bias + i_hv).to(tl.float32)
+    x = a_val + dt_bias_val
+    softplus_x = tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
+    g_val = -tl.exp(A_log_val) * softplus_x
+    beta_val = tl.sigmoid(b_val).to(b.dtype.element_ty).to(tl.float32)
+
+    p_s = (
+        state
+        + i_s * stride_s_n
+        + i_hv * stride_s_h
+        + o_v[:, None] * stride_s_v
+        + o_k[None, :] * stride_s_k
+    )
+    p_q = q + i_n * stride_q_b + i_h * stride_q_h + o_k * stride_q_k
+    p_k = k + i_n * stride_k_b + i_h * stride_k_h + o_k * stride_k_k
+    p_v = v + i_n * stride_v_b + i_hv * stride_v_h + o_v * stride_v_v
+    p_o = o + i_n * stride_o_b + i_hv * stride_o_h + o_v * stride_o_v
+
+    if is_flush:
+        # ---- Exact fold: every line below mirrors the conventional packed-decode kernel. ----
+        b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
+        for i_r in range(0, r_len):
+            row = (r_start + i_r) % R
+            p_kr = ring_k + i_s * stride_rk_n + i_h * stride_rk_h + row * stride_rk_r
+            p_vr = ring_v + i_s * stride_rv_n + i_hv * stride_rv_h + row * stride_rv_r
+            b_k = tl.load(p_kr + o_k * stride_rk_k, mask=mask_k, other=0).to(tl.float32)
+            b_v = tl.load(p_vr + o_v * stride_rv_v, mask=mask_v, other=0).to(tl.float32)
+            if USE_QK_L2NORM:
+                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+            b_g = tl.load(ring_g + i_s * stride_g_n + i_hv * stride_g_h + row * stride_g_r)
+            b_beta = tl.load(
+                ring_beta + i_s * stride_beta_n + i_hv * stride_beta_h + row * stride_beta_r
+            )
+            b_h *= tl.exp(b_g)
+            b_v -= tl.sum(b_h * b_k[None, :], 1)
+            b_v *= b_beta
+            b_h += b_v[:, None] * b_k[None, :]
+        # The current token, then the output from the folded state.
+        b_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
+        b_k = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
+        b_v = tl.load(p_v, mask=mask_v, other=0).to(tl.float32)
+        if USE_QK_L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * scale
+        b_h *= tl.exp(g_val)
+        b_v -= tl.sum(b_h * b_k[None, :], 1)
+        b_v *= beta_val
+        b_h += b_v[:, None] * b_k[None, :]
+        b_o = tl.sum(b_h * b_q[None, :], 1)
+        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=mask_v)
+        tl.store(p_s, b_h.to(state.dtype.element_ty), mask=mask_h)
+    else:
+        # ---- Output from S0 + committed records + current token; append the record. ----
+        b_q_raw = tl.load(p_q, mask=mask_k, other=0)
+        b_k_raw = tl.load(p_k, mask=mask_k, other=0)
+        b_v_raw = tl.load(p_v, mask=mask_v, other=0)
+        b_q = b_q_raw.to(tl.float32)
+        b_k = b_k_raw.to(tl.float32)
+        b_v = b_v_raw.to(tl.float32)
+        if USE_QK_L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * scale
+
+        # Checkpoint: one read, two mat-vecs.
+        b_h0 = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
+        b_hk = tl.sum(b_h0 * b_k[None, :], 1)
+        b_hq = tl.sum(b_h0 * b_q[None, :], 1)
+
+        # Records, newest chunk first, so the suffix gate sums ω_j = exp(Σ_{i>j} g_i) are
+        # accumulated without cancellation.
+        o_r = tl.arange(0, BR)
+        b_acc_k = tl.zeros([BV], dtype=tl.float32)
+        b_acc_q = tl.zeros([BV], dtype=tl.float32)
+        b_gsum = 0.0  # Σ g over the chunks already processed (the later records)
+        n_chunks = tl.cdiv(r_len, BR)
+        for i_c in range(0, n_chunks):
+            o_rc = (n_chunks - 1 - i_c) * BR + o_r
+            mask_r = o_rc < r_len
+            rows = (r_start + o_rc) % R
+            b_g = tl.load(
+                ring_g + i_s * stride_g_n + i_hv * stride_g_h + rows * stride_g_r,
+                mask=mask_r,
+                other=0.0,
+            )
+            b_suffix = tl.cumsum(b_g, 0, reverse=True) - b_g + b_gsum
+            b_w = tl.where(mask_r, tl.exp(b_suffix), 0.0)
+            b_gsum += tl.sum(b_g, 0)
+
+            p_kr = (
+                ring_k
+                + i_s * stride_rk_n
+                + i_h * stride_rk_h
+                + rows[:, None] * stride_rk_r
+                + o_k[None, :] * stride_rk_k
+            )
+            b_kr = tl.load(p_kr, mask=mask_r[:, None] & mask_k[None, :], other=0).to(tl.float32)
+            b_kk = tl.sum(b_kr * b_k[None, :], 1)
+            b_kq = tl.sum(b_kr * b_q[None, :], 1)
+            if USE_QK_L2NORM:
+                b_rn = 1.0 / tl.sqrt(tl.sum(b_kr * b_kr, 1) + 1e-6)
+                b_kk = b_kk * b_rn
+                b_kq = b_kq * b_rn
+
+            p_ur = (
+                ring_u
+                + i_s * stride_u_n
+                + i_hv * stride_u_h
+                + rows[:, None] * stride_u_r
+                + o_v[None, :] * stride_u_v
+            )
+            b_u = tl.load(p_ur, mask=mask_r[:, None] & mask_v[None, :], other=0).to(tl.float32)
+            b_acc_k += tl.sum(b_u * (b_w * b_kk)[:, None], 0)
+            b_acc_q += tl.sum(b_u * (b_w * b_kq)[:, None], 0)
+
+        b_decay = tl.exp(b_gsum)  # e^{G_w}: total decay of the checkpoint
+        b_hk = b_decay * b_hk + b_acc_k
+        b_hq = b_decay * b_hq + b_acc_q
+        b_alpha = tl.exp(g_val)
+        b_u_c = beta_val * (b_v - b_alpha * b_hk)
+        b_o = b_alpha * b_hq + tl.sum(b_k * b_q) * b_u_c
+        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=mask_v)
+
+        # Append the current record at logical row len.
+        w_row = (r_start + r_len) % R
+        p_uw = ring_u + i_s * stride_u_n + i_hv * stride_u_h + w_row * stride_u_r
+        tl.store(p_uw + o_v * stride_u_v, b_u_c.to(ring_u.dtype.element_ty), mask=mask_v)
+        p_vw = ring_v + i_s * stride_rv_n + i_hv * stride_rv_h + w_row * stride_rv_r
+        tl.store(p_vw + o_v * stride_rv_v, b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)
+        if i_v == 0:
+            tl.store(ring_g + i_s * stride_g_n + i_hv * stride_g_h + w_row * stride_g_r, g_val)
+            tl.store(
+                ring_beta + i_s * stride_beta_n + i_hv * stride_beta_h + w_row * stride_beta_r,
+                beta_val,
+            )
+            if i_hv % (HV // H) == 0:
+                p_kw = ring_k + i_s * stride_rk_n + i_h * stride_rk_h + w_row * stride_rk_r
+                tl.store(
+                    p_kw + o_k * stride_rk_k,
+                    b_k_raw.to(ring_k.dtype.element_ty),
+                    mask=mask_k,
+                )
+
+
+def gdn_replay_decode_fwd(
+    state: torch.Tensor,
+    ring_u: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    ring_g: torch.Tensor,
+    ring_beta: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    out: torch.Tensor,
+    slot_idx: torch.Tensor,
+    ring_start: torch.Tensor,
+    ring_len: torch.Tensor,
+    flush: torch.Tensor,
+    *,
+    scale: float,
+    use_qk_l2norm: bool = True,
+    block_v: int = 32,
+    block_r: int = 16,
+    num_warps: int = 1,
+) -> None:
+    """Launch the kernel without checks (callers: the validated wrapper, benchmarks).
+
+    ``block_v=32, num_warps=1`` is the tile and warp count of SGLang's packed decode; the bitwise
+    checkpoint claim is made for this configuration only (another tile changes the compiled
+    reduction trees of the fold).
+    """
+    batch, Hk, K = q.shape
+    HV, V = state.shape[1], state.shape[2]
+    R = ring_k.shape[2]
+    if batch == 0:
+        return
+    BK = triton.next_power_of_2(K)
+    BV = min(triton.next_power_of_2(V), block_v)
+    BR = min(triton.next_power_of_2(R), block_r)
+    grid = (triton.cdiv(V, BV), HV, batch)
+    gdn_replay_decode_fwd_kernel[grid](
+        state,
+        ring_u,
+        ring_k,
+        ring_v,
+        ring_g,
+        ring_beta,
+        q,
+        k,
+        v,
+        a,
+        b,
+        A_log,
+        dt_bias,
+        out,
+        slot_idx,
+        ring_start,
+        ring_len,
+        flush,
+        float(scale),
+        R,
+        *state.stride(),
+        *ring_u.stride(),
+        *ring_k.stride(),
+        *ring_v.stride(),
+        *ring_g.stride(),
+        *ring_beta.stride(),
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *a.stride(),
+        *b.stride(),
+        *out.stride(),
+        H=Hk,
+        HV=HV,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        BR=BR,
+        SOFTPLUS_THRESHOLD=20.0,
+        USE_QK_L2NORM=use_qk_l2norm,
+        num_warps=num_warps,
+        num_stages=1,
+    )
+
+
+def gdn_replay_decode(
+    state: torch.Tensor,
+    ring_u: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    ring_g: torch.Tensor,
+    ring_beta: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    out: torch.Tensor,
+    slot_idx: torch.Tensor,
+    ring_start: torch.Tensor,
+    ring_len: torch.Tensor,
+    flush: torch.Tensor,
+    *,
+    scale: float,
+    use_qk_l2norm: bool = True,
+) -> None:
+    """One Gated DeltaNet ReplaySSM decode step for a batch of rows (one token per row).
+
+    Per row ``b`` with slot ``s = slot_idx[b]`` (``-1``: padding, touches nothing, ``out[b]``
+    untouched) and cursor snapshot ``(ring_start[b], ring_len[b], flush[b])`` from
+    ``replayssm_kernels.cursors.decode_cursor_step``:
+
+    * non-flush: ``out[b]`` from the checkpoint ``state[s]``, the committed records
+      ``[0, ring_len[b])`` and the current token (inner-product form, math.md §4); the record
+      ``(u, raw k, raw v, g, β)`` of the current token is written at physical ring row
+      ``(ring_start[b] + ring_len[b]) % R``.  ``state[s]`` is not written.
+    * flush: the records and then the current token are folded sequentially into ``state[s]``
+      from the raw inputs, in the conventional packed-decode kernel's fp32 op order, and ``state[s]``
+      is written once (a 16-bit state is rounded once); ``out[b]`` is read from the folded state.
+      No record is written.
+
+    Value head ``hv`` uses key head ``hv // (HV // Hk)``.
+
+    Parameters
+    ----------
+    state : torch.Tensor
+        ``[slots, HV, V, K]`` checkpoint, fp32 / fp16 / bf16, any strides (e.g. one layer's view
+        of SGLang's ``temporal`` pool).  Updated in place on flush rows only.
+    ring_u : torch.Tensor
+        ``[slots, HV, R, V]`` corrected updates u, ``v.dtype`` or fp32.  Updated in place.
+    ring_k : torch.Tensor
+        ``[slots, Hk, R, K]`` raw (pre-norm) keys, ``k.dtype``.  Updated in place.
+    ring_v : torch.Tensor
+        ``[slots, HV, R, V]`` raw values, ``v.dtype``.  Updated in place.
+    ring_g : torch.Tensor
+        ``[slots, HV, R]`` fp32 log-gates g = −exp(A_log)·softplus(a + dt_bias).  Updated in place.
+    ring_beta : torch.Tensor
+        ``[slots, HV, R]`` fp32 β = sigmoid(b) rounded to ``b.dtype`` (as the conventional kernel
+        uses it).  Updated in place.
+    q, k : torch.Tensor
+        ``[batch, Hk, K]`` post-conv query / key, any strides (views into SGLang's ``mixed_qkv``).
+    v : torch.Tensor
+        ``[batch, HV, V]`` post-conv value, any strides.
+    a, b : torch.Tensor
+        ``[batch, HV]`` gate inputs, any strides.
+    A_log, dt_bias : torch.Tensor
+        ``[HV]``, contiguous.
+    out : torch.Tensor
+        ``[batch, HV, V]`` output, any strides; written for non-padding rows only.
+    slot_idx : torch.Tensor
+        ``[batch]`` int32 / int64 state slot per row, ``-1`` for padding.
+    ring_start, ring_len : torch.Tensor
+        ``[batch]`` int32 / int64 cursor snapshot of each row.
+    flush : torch.Tensor
+        ``[batch]`` bool, rows that fold this step.
+    scale : float
+        Query scale (``K ** -0.5`` in the models).
+    use_qk_l2norm : bool
+        Normalise q and k in-kernel (division form), as SGLang's decode does (``True``).
+
+    Raises
+    ------
+    ValueError
+        On any shape, dtype or device mismatch (the message names expected and actual).
+    """
+    validate_gdn_decode(
+        state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
+        slot_idx, ring_start, ring_len, flush, scale,
+    )  # fmt: skip
+    gdn_replay_decode_fwd(
+        state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
+        slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
+    )  # fmt: skip

@@ -1,0 +1,397 @@
+"""Gated DeltaNet ReplaySSM decode: kernel and reference vs the float64 conventional recurrence.
+
+On CPU the Triton kernel runs under the interpreter (small shapes; see conftest.py); the same
+tests run at the Qwen3.5-4B shape on a GPU under the ``gpu`` marker.
+
+Every step of a simulation drives a pool of slots through ``decode_cursor_step`` (random forced
+flushes, shuffled rows, padding rows), calls the op with NaN-poisoned outputs and NaN-poisoned
+rings, and checks:
+
+* outputs against the float64 conventional recurrence of each request (``‖out−ref‖/‖ref‖``);
+* after a flush, the checkpoint against the float64 state (a 16-bit checkpoint is compared with the
+  float64 state rounded at the same flush points: rounded once per flush, by design);
+* non-flush rows leave the checkpoint bit-identical; slots not in the batch (and slot 0, the null
+  slot) are bit-identical in the checkpoint and in every ring tensor; padding rows leave their
+  output row untouched (still NaN); every other output element is written.
+
+Measured bounds are printed (``pytest -s``) and recorded in kernels/README.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from replayssm_kernels.conventional.gdn import gdn_conventional_f64
+from replayssm_kernels.cursors import decode_cursor_step
+from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+
+pytestmark = [
+    pytest.mark.usefixtures("interpreter_bf16_rtne"),
+    # The interpreter converts 0-d loop bounds with int(array): numpy's deprecation, not ours.
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
+]
+
+OPS = {"kernel": gdn_replay_decode, "ref": gdn_replay_decode_ref}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    HV: int
+    Hk: int
+    K: int
+    V: int
+    L: int
+    R: int
+    state_dtype: torch.dtype = torch.float32
+    act_dtype: torch.dtype = torch.bfloat16
+    u_dtype: torch.dtype | None = None  # None: activation dtype
+    requests: int = 3  # live requests (slots 1..requests; slot 0 is the null slot)
+    spare_slots: int = 2  # allocated, never used: must stay bit-identical
+    pad_rows: int = 1
+    noncontig: bool = False
+    steps: int | None = None  # default: 3 full ring cycles + 2
+    force_p: float = 0.15
+    tol_out: float = 1e-2
+    tol_state: float = 1e-5
+
+    @property
+    def id(self) -> str:
+        sd = str(self.state_dtype).split(".")[-1]
+        ad = str(self.act_dtype).split(".")[-1]
+        nc = "-nc" if self.noncontig else ""
+        return f"HV{self.HV}-Hk{self.Hk}-K{self.K}-V{self.V}-L{self.L}-R{self.R}-{sd}-{ad}{nc}"
+
+
+class Sim:
+    """A pool of slots driven through decode steps, with a float64 shadow of every request."""
+
+    def __init__(self, case: Case, seed: int, device: torch.device = DEVICE):
+        self.c = c = case
+        self.dev = device
+        self.g = torch.Generator().manual_seed(seed)
+        self.slots = 1 + c.requests + c.spare_slots
+        act, u_dt = c.act_dtype, c.u_dtype or c.act_dtype
+
+        def pool(shape, dtype, fill=None):
+            # Non-contiguous: a layer view of a [slots, 2 layers, ...] allocation; the other layer
+            # must stay untouched.
+            full = (shape[0], 2, *shape[1:]) if c.noncontig else shape
+            t = torch.full(full, math.nan if fill is None else fill, dtype=dtype)
+            t = t.to(device)
+            return t[:, 1] if c.noncontig else t
+
+        self.state = pool((self.slots, c.HV, c.V, c.K), c.state_dtype)
+        init = 0.5 * torch.randn(self.slots, c.HV, c.V, c.K, generator=self.g)
+        self.state.copy_(init.to(c.state_dtype))
+        # Rings start NaN-poisoned: reading a row outside [0, len) poisons the result.
+        self.ring_u = pool((self.slots, c.HV, c.R, c.V), u_dt)
+        self.ring_k = pool((self.slots, c.Hk, c.R, c.K), act)
+        self.ring_v = pool((self.slots, c.HV, c.R, c.V), act)
+        self.ring_g = pool((self.slots, c.HV, c.R), torch.float32)
+        self.ring_beta = pool((self.slots, c.HV, c.R), torch.float32)
+        self.cursors = torch.zeros(self.slots, 2, dtype=torch.int32, device=device)
+        self.A_log = torch.log(0.5 + 3.5 * torch.rand(c.HV, generator=self.g)).to(device)
+        self.dt_bias = (torch.randn(c.HV, generator=self.g) - 1.5).to(device)
+        self.scale = c.K**-0.5
+        # float64 shadow per request (slot r+1)
+        self.shadow = [self.state[1 + r].to(torch.float64).cpu() for r in range(c.requests)]
+        self.max_out_err = 0.0
+        self.max_state_err = 0.0
+        self.flushes = [0] * c.requests
+
+    def tensors(self):
+        return [self.state, self.ring_u, self.ring_k, self.ring_v, self.ring_g, self.ring_beta]
+
+    def full_tensors(self):
+        return [t._base if t._base is not None else t for t in self.tensors()]
+
+    def make_inputs(self):
+        """One step: shuffled live rows plus padding rows; q/k/v and a/b are strided views."""
+        c, g = self.c, self.g
+        reqs = torch.randperm(c.requests, generator=g).tolist()
+        rows = [1 + r for r in reqs] + [-1] * c.pad_rows
+        perm = torch.randperm(len(rows), generator=g).tolist()
+        rows = [rows[i] for i in perm]
+        B = len(rows)
+        D = 2 * c.Hk * c.K + c.HV * c.V
+        mixed = torch.randn(B, D, generator=self.g).to(c.act_dtype).to(self.dev)
+        q = mixed[:, : c.Hk * c.K].view(B, c.Hk, c.K)
+        k = mixed[:, c.Hk * c.K : 2 * c.Hk * c.K].view(B, c.Hk, c.K)
+        v = mixed[:, 2 * c.Hk * c.K :].view(B, c.HV, c.V)
+        ab = torch.randn(B, 2 * c.HV, generator=self.g).to(c.act_dtype).to(self.dev)
+        a, b = ab[:, : c.HV], ab[:, c.HV :]
+        force = (torch.rand(B, generator=g) < c.force_p).to(self.dev)
+        slot_idx = torch.tensor(rows, dtype=torch.int32, device=self.dev)
+        return dict(mixed=mixed, q=q, k=k, v=v, a=a, b=b, force=force, slot_idx=slot_idx)
+
+    def step(self, fn, inp):
+        c = self.c
+        B = inp["slot_idx"].shape[0]
+        start = torch.empty(B, dtype=torch.int32, device=self.dev)
+        length = torch.empty(B, dtype=torch.int32, device=self.dev)
+        flush = torch.empty(B, dtype=torch.bool, device=self.dev)
+        decode_cursor_step(self.cursors, inp["slot_idx"], inp["force"], c.L, c.R, start, length, flush)
+        out = torch.full((B, c.HV, c.V), math.nan, dtype=c.act_dtype, device=self.dev)
+        before = [t.clone() for t in self.full_tensors()]
+        fn(
+            *self.tensors(), inp["q"], inp["k"], inp["v"], inp["a"], inp["b"], self.A_log,
+            self.dt_bias, out, inp["slot_idx"], start, length, flush, scale=self.scale,
+        )  # fmt: skip
+        self.check(inp, out, flush, before)
+        return out, flush
+
+    def check(self, inp, out, flush, before):
+        c = self.c
+        rows = inp["slot_idx"].tolist()
+        flush = flush.tolist()
+        touched = {s for s in rows if s >= 0}
+        # Untouched slots (null slot 0, spare slots) bit-identical everywhere, including the other
+        # layer of a non-contiguous allocation.
+        for new, old in zip(self.full_tensors(), before):
+            for s in range(self.slots):
+                if s not in touched:
+                    torch.testing.assert_close(new[s], old[s], atol=0, rtol=0, equal_nan=True)
+            if c.noncontig:
+                torch.testing.assert_close(new[:, 0], old[:, 0], atol=0, rtol=0, equal_nan=True)
+        st_new, st_old = self.full_tensors()[0], before[0]
+        if c.noncontig:
+            st_new, st_old = st_new[:, 1], st_old[:, 1]
+        num = den = 0.0
+        for i, s in enumerate(rows):
+            if s < 0:
+                assert torch.isnan(out[i]).all(), "padding row output must stay untouched"
+                continue
+            assert not torch.isnan(out[i]).any(), f"row {i}: output not fully written"
+            r = s - 1
+            y64, S64 = gdn_conventional_f64(
+                self.shadow[r], inp["q"][i : i + 1].cpu(), inp["k"][i : i + 1].cpu(),
+                inp["v"][i : i + 1].cpu(), inp["a"][i : i + 1].cpu(), inp["b"][i : i + 1].cpu(),
+                self.A_log.cpu(), self.dt_bias.cpu(), scale=self.scale,
+            )  # fmt: skip
+            self.shadow[r] = S64
+            diff = out[i].double().cpu() - y64[0]
+            num += float((diff * diff).sum())
+            den += float((y64[0] * y64[0]).sum())
+            if flush[i]:
+                self.flushes[r] += 1
+                if c.state_dtype != torch.float32:
+                    # The checkpoint is rounded once per flush, by design: compare like with like.
+                    self.shadow[r] = S64.to(c.state_dtype).to(torch.float64)
+                got = st_new[s].double().cpu()
+                err = float((got - self.shadow[r]).norm() / self.shadow[r].norm())
+                self.max_state_err = max(self.max_state_err, err)
+                assert err < c.tol_state, f"slot {s}: checkpoint rel err {err:.3e}"
+            else:
+                torch.testing.assert_close(st_new[s], st_old[s], atol=0, rtol=0)
+        if den > 0:
+            err = math.sqrt(num / den)
+            self.max_out_err = max(self.max_out_err, err)
+            assert err < c.tol_out, f"output rel err {err:.3e}"
+
+    def run(self, fn):
+        steps = self.c.steps or 3 * self.c.L + 2
+        for _ in range(steps):
+            self.step(fn, self.make_inputs())
+        assert min(self.flushes) >= 1
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases.  CPU (interpreter) cases are small; the gpu cases use the Qwen3.5-4B head shape.
+
+BF16, FP32 = torch.bfloat16, torch.float32
+CPU_CASES = [
+    Case(HV=4, Hk=2, K=32, V=32, L=1, R=1, steps=6),
+    Case(HV=6, Hk=3, K=24, V=40, L=4, R=6, state_dtype=BF16, tol_state=2e-3),
+    Case(HV=6, Hk=2, K=32, V=16, L=16, R=16, noncontig=True, u_dtype=FP32),
+    Case(
+        HV=2, Hk=1, K=16, V=16, L=16, R=16, act_dtype=FP32, requests=2, pad_rows=1,
+        tol_out=1e-5, tol_state=1e-5,
+    ),  # fmt: skip
+]
+REF_CASES = CPU_CASES + [
+    Case(HV=6, Hk=3, K=80, V=48, L=16, R=20, state_dtype=torch.float16, tol_state=2e-3),
+    Case(HV=4, Hk=4, K=16, V=16, L=4, R=4, act_dtype=FP32, u_dtype=FP32, tol_out=1e-5),
+]
+GPU_CASES = [
+    Case(HV=32, Hk=16, K=128, V=128, L=L, R=L, requests=24, pad_rows=3, noncontig=nc)
+    for L, nc in ((1, False), (4, True), (16, False))
+] + [
+    Case(HV=32, Hk=16, K=128, V=128, L=16, R=16, requests=8, state_dtype=BF16, tol_state=2e-3),
+    Case(HV=6, Hk=3, K=80, V=48, L=16, R=20, act_dtype=FP32, tol_out=1e-5),
+]
+
+
+@pytest.mark.parametrize("case", REF_CASES, ids=lambda c: c.id)
+def test_reference_vs_f64(case):
+    sim = Sim(case, seed=1, device=torch.device("cpu")).run(gdn_replay_decode_ref)
+    print(f"\n[ref {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c.id)
+def test_kernel_vs_f64_and_ref(case):
+    """Kernel vs float64, and kernel vs reference on the same inputs in lockstep."""
+    if HAS_CUDA:
+        pytest.skip("CPU interpreter case; the gpu cases cover the device")
+    sim = Sim(case, seed=2)
+    ref = Sim(case, seed=2)
+    steps = case.steps or 3 * case.L + 2
+    worst = 0.0
+    for _ in range(steps):
+        inp = sim.make_inputs()
+        ref.make_inputs()  # keep the generators in step
+        out_k, _ = sim.step(gdn_replay_decode, inp)
+        out_r, _ = ref.step(gdn_replay_decode_ref, inp)
+        live = inp["slot_idx"] >= 0
+        d = (out_k[live].double() - out_r[live].double()).norm() / out_r[live].double().norm()
+        worst = max(worst, float(d))
+        for tk, tr in zip(sim.tensors()[1:], ref.tensors()[1:]):
+            torch.testing.assert_close(tk, tr, equal_nan=True, atol=1e-2, rtol=1e-2)
+        # fp32 state: reduction order only; a 16-bit state may flip a rounding (one ulp).
+        tol = 1e-4 if case.state_dtype == FP32 else 1e-2
+        torch.testing.assert_close(sim.state, ref.state, atol=tol, rtol=tol)
+    assert worst < case.tol_out
+    print(
+        f"\n[kernel {case.id}] out vs f64 {sim.max_out_err:.2e}, state vs f64 "
+        f"{sim.max_state_err:.2e}, out vs ref {worst:.2e}"
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_kernel_vs_f64_gpu(case):
+    sim = Sim(case, seed=3).run(gdn_replay_decode)
+    print(f"\n[gpu {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bitwise: the fp32 checkpoint equals SGLang's packed decode run token by token.
+
+
+def _bitwise_vs_sglang(case: Case, steps: int, seed: int):
+    from sglang.kernels.ops.attention.fla.fused_recurrent import (
+        fused_recurrent_gated_delta_rule_packed_decode,
+    )
+
+    sim = Sim(case, seed=seed)
+    sg_state = sim.state.clone()  # SGLang's pool: the conventional kernel every step
+    checked = 0
+    for _ in range(steps):
+        inp = sim.make_inputs()
+        B = inp["slot_idx"].shape[0]
+        sg_out = torch.empty(B, 1, case.HV, case.V, dtype=case.act_dtype, device=DEVICE)
+        fused_recurrent_gated_delta_rule_packed_decode(
+            inp["mixed"], inp["a"], inp["b"], sim.A_log, sim.dt_bias, sim.scale, sg_state,
+            sg_out, inp["slot_idx"], use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+        out, flush = sim.step(gdn_replay_decode, inp)
+        for i, s in enumerate(inp["slot_idx"].tolist()):
+            if s >= 0 and flush[i]:
+                torch.testing.assert_close(sim.state[s], sg_state[s], atol=0, rtol=0)
+                torch.testing.assert_close(out[i], sg_out[i, 0], atol=0, rtol=0)
+                checked += 1
+    assert checked >= 3
+    return checked
+
+
+@pytest.mark.usefixtures("sglang_fla_interpret")
+@pytest.mark.parametrize("L", [1, 16])
+def test_bitwise_vs_sglang_packed_decode_cpu(L):
+    """Under the interpreter (numpy fp32, no FMA): same expressions, same op order, same bits."""
+    if HAS_CUDA:
+        pytest.skip("CPU interpreter case; test_bitwise_vs_sglang_packed_decode_gpu covers the GPU")
+    case = Case(HV=4, Hk=2, K=32, V=32, L=L, R=L, requests=2, force_p=0.1, tol_state=1e-5)
+    _bitwise_vs_sglang(case, steps=6 if L == 1 else 2 * L + 2, seed=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("L", [1, 16])
+def test_bitwise_vs_sglang_packed_decode_gpu(L):
+    """On the GPU: compiled code with FMA contraction and the compiler's reduction trees."""
+    case = Case(HV=32, Hk=16, K=128, V=128, L=L, R=L, requests=16, pad_rows=2, force_p=0.1)
+    _bitwise_vs_sglang(case, steps=3 * L + 2, seed=5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def _args(HV=4, Hk=2, K=16, V=16, R=4, B=3, slots=4):
+    f32, bf = torch.float32, torch.bfloat16
+    return dict(
+        state=torch.zeros(slots, HV, V, K),
+        ring_u=torch.zeros(slots, HV, R, V, dtype=bf),
+        ring_k=torch.zeros(slots, Hk, R, K, dtype=bf),
+        ring_v=torch.zeros(slots, HV, R, V, dtype=bf),
+        ring_g=torch.zeros(slots, HV, R, dtype=f32),
+        ring_beta=torch.zeros(slots, HV, R, dtype=f32),
+        q=torch.zeros(B, Hk, K, dtype=bf),
+        k=torch.zeros(B, Hk, K, dtype=bf),
+        v=torch.zeros(B, HV, V, dtype=bf),
+        a=torch.zeros(B, HV, dtype=bf),
+        b=torch.zeros(B, HV, dtype=bf),
+        A_log=torch.zeros(HV),
+        dt_bias=torch.zeros(HV),
+        out=torch.zeros(B, HV, V, dtype=bf),
+        slot_idx=torch.zeros(B, dtype=torch.int32),
+        ring_start=torch.zeros(B, dtype=torch.int32),
+        ring_len=torch.zeros(B, dtype=torch.int32),
+        flush=torch.zeros(B, dtype=torch.bool),
+    )
+
+
+BAD = {
+    "state-rank": ("state", lambda a: a["state"][0], "state"),
+    "state-dtype": ("state", lambda a: a["state"].double(), "state"),
+    "K-too-large": ("state", None, "state"),
+    "heads-not-divisible": ("q", lambda a: torch.zeros(3, 3, 16, dtype=torch.bfloat16), "q"),
+    "k-shape": ("k", lambda a: a["k"][:, :1], "k"),
+    "v-shape": ("v", lambda a: a["v"][:, :, :8], "v"),
+    "ring_k-dtype": ("ring_k", lambda a: a["ring_k"].float(), "ring_k"),
+    "ring_u-dtype": ("ring_u", lambda a: a["ring_u"].half(), "ring_u"),
+    "ring_v-R": ("ring_v", lambda a: a["ring_v"][:, :, :2], "ring_v"),
+    "ring_g-dtype": ("ring_g", lambda a: a["ring_g"].bfloat16(), "ring_g"),
+    "ring_beta-shape": ("ring_beta", lambda a: a["ring_beta"][:2], "ring_beta"),
+    "a-shape": ("a", lambda a: a["a"][:2], "a"),
+    "A_log-strided": ("A_log", lambda a: torch.zeros(8)[::2], "A_log"),
+    "out-shape": ("out", lambda a: a["out"][:, :2], "out"),
+    "slot_idx-float": ("slot_idx", lambda a: a["slot_idx"].float(), "slot_idx"),
+    "ring_len-batch": ("ring_len", lambda a: a["ring_len"][:2], "ring_len"),
+    "flush-int": ("flush", lambda a: a["flush"].int(), "flush"),
+}
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("bad", list(BAD))
+def test_value_errors(op, bad):
+    args = _args()
+    if bad == "K-too-large":
+        args = _args(K=512)
+    else:
+        name, make, _ = BAD[bad]
+        args[name] = make(args)
+    with pytest.raises(ValueError, match=BAD[bad][2]):
+        OPS[op](**args, scale=0.25)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_value_error_scale(op):
+    with pytest.raises(ValueError, match="scale"):
+        OPS[op](**_args(), scale=float("nan"))
+
+
+def test_all_padding_touches_nothing():
+    args = _args()
+    args["slot_idx"].fill_(-1)
+    args["out"].fill_(math.nan)
+    before = {k: v.clone() for k, v in args.items()}
+    gdn_replay_decode(**args, scale=0.25)
+    for k, v in args.items():
+        torch.testing.assert_close(v, before[k], atol=0, rtol=0, equal_nan=True)
