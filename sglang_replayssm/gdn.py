@@ -1,0 +1,206 @@
+"""``ReplayGDNAttnBackend``: SGLang's ``GDNAttnBackend`` with ReplaySSM decode (Qwen3-Next, Qwen3.5).
+
+Installed by class REPLACE (``hooks/backends.py``).  What changes:
+
+- **Metadata**: as in ``mamba2.py`` (``metadata.build_eager`` for eager forwards; per-bs static
+  cursor / flush buffers filled by ``init_forward_metadata_in_graph`` inside the captured graph).
+  Extend forwards empty the rings of all their rows: ``forward_extend`` (stock) runs the chunked
+  delta rule from ``temporal`` and writes the final state as the new checkpoint.
+- **Decode**: ``forward_decode`` runs SGLang's ``causal_conv1d_update`` (stock), splits the packed
+  ``mixed_qkv`` into q, k, v and calls ``replayssm_kernels.gdn_replay_decode`` with this layer's
+  rings, then the stock decode radix track-copy (its rows were force-flushed).
+- **Mixed chunks** (``--enable-mixed-chunk``) are refused: SGLang runs the decode rows of a MIXED
+  forward through ``chunk_gated_delta_rule`` on ``temporal``, which would ignore a non-empty ring.
+- **CPU**: not supported (``cpu-serving.md`` lists the SGLang gaps: RoPE import, the model layer's
+  Triton split kernel, the backend's Triton conv); refused at startup with a message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+from sglang_replayssm.mamba2 import PERF_NOTE
+from sglang_replayssm.metadata import GraphBuffers, ReplayStep, build_eager
+from sglang_replayssm.pool import ReplayMambaPool
+
+__all__ = ["ReplayGDNAttnBackend"]
+
+logger = logging.getLogger(__name__)
+
+
+def decode_kernel(device: torch.device) -> Callable[..., None]:
+    """The GDN ring decode for ``device``: the Triton kernel on CUDA, the torch reference on CPU."""
+    import replayssm_kernels
+
+    if device.type == "cuda":
+        return replayssm_kernels.gdn_replay_decode
+    if device.type == "cpu":
+        return replayssm_kernels.gdn_replay_decode_ref
+    raise ValueError(f"ReplaySSM GDN decode: unsupported device {device}")
+
+
+class ReplayGDNAttnBackend(GDNAttnBackend):
+    """``GDNAttnBackend`` that decodes through the ReplaySSM rings (see the module docstring)."""
+
+    def __init__(self, model_runner):
+        if torch.device(model_runner.device).type == "cpu":
+            raise ValueError(
+                "ReplaySSM: Gated DeltaNet models (Qwen3-Next / Qwen3.5) are not supported on --device cpu "
+                "(SGLang's GDN layer and backend are Triton-only); only Mamba-2 hybrids run on CPU"
+            )
+        super().__init__(model_runner)
+        pool = self.req_to_token_pool.mamba_pool
+        if not isinstance(pool, ReplayMambaPool) or pool.replay.family != "gdn":
+            raise RuntimeError(
+                "ReplaySSM: the GDN backend needs the ReplaySSM mamba pool with GDN rings, got "
+                f"{type(pool).__name__}"
+            )
+        args = model_runner.server_args
+        if args.speculative_algorithm:
+            raise ValueError("ReplaySSM (--ssm-backend replay) does not support speculative decoding yet")
+        if getattr(args, "enable_mixed_chunk", False):
+            raise ValueError(
+                "ReplaySSM: --enable-mixed-chunk is not supported for Gated DeltaNet models (SGLang runs the "
+                "decode rows of a mixed forward through the chunked prefill kernel, which ignores the ring)"
+            )
+        self.pool = pool
+        self.window = pool.replay.window
+        self.rows = pool.ring_spec.rows
+        self._decode = decode_kernel(torch.device(self.device))
+        self._step: ReplayStep | None = None
+        self._graph: GraphBuffers | None = None
+        self._graph_bs: int | None = None
+        if not self.is_draft_worker:
+            logger.info(
+                "ReplaySSM GDN backend: window L=%d, ring rows R=%d, device %s. Note: %s.",
+                self.window, self.rows, self.device, PERF_NOTE,
+            )
+
+    # ------------------------------------------------------------------ metadata
+
+    def init_forward_metadata(self, forward_batch):
+        super().init_forward_metadata(forward_batch)
+        mode = forward_batch.forward_mode
+        md = self.forward_metadata
+        self._graph_bs = None
+        if mode.is_target_verify():
+            raise NotImplementedError("ReplaySSM: speculative verify is not supported yet")
+        if mode.is_decode_or_idle():
+            n = md.mamba_cache_indices.shape[0]
+            self._step = build_eager(
+                cursors=self.pool.cursors,
+                slot_idx=md.mamba_cache_indices,
+                num_prefills=0,
+                num_decodes=n,
+                track_mask=forward_batch.mamba_track_mask,
+                window=self.window,
+                rows=self.rows,
+            )
+        else:
+            if mode.is_mixed():
+                raise NotImplementedError("ReplaySSM: MIXED forwards are not supported for GDN")
+            self._step = build_eager(
+                cursors=self.pool.cursors,
+                slot_idx=md.mamba_cache_indices,
+                num_prefills=md.mamba_cache_indices.shape[0],
+                num_decodes=0,
+                track_mask=None,
+                window=self.window,
+                rows=self.rows,
+            )
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
+        self._graph = GraphBuffers(max_bs, self.device)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+        if not forward_batch.forward_mode.is_decode_or_idle():
+            raise NotImplementedError(
+                f"ReplaySSM: graph forward mode {forward_batch.forward_mode} is not supported"
+            )
+        if self._graph is None:
+            raise RuntimeError("ReplaySSM: init_cuda_graph_state was not called before a graph forward")
+        bs = forward_batch.batch_size
+        i = bs - 1
+        self._graph_bs = bs
+        self._step = ReplayStep(
+            slot_idx=self.state_indices_list[i],
+            ring_start=self._graph.ring_start[i],
+            ring_len=self._graph.ring_len[i],
+            flush=self._graph.flush[i],
+        )
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        super().init_forward_metadata_in_graph(forward_batch)
+        bs = self._graph_bs
+        if bs is None:
+            return
+        self._graph.step(
+            bs=bs,
+            cursors=self.pool.cursors,
+            slots=self.state_indices_list[bs - 1],
+            track_mask=getattr(forward_batch, "mamba_track_mask", None),
+            window=self.window,
+            rows=self.rows,
+        )
+
+    # ------------------------------------------------------------------ decode
+
+    def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        from sglang.srt.layers.attention.linear.gdn_backend import causal_conv1d_update
+
+        if not isinstance(mixed_qkv, torch.Tensor):
+            raise NotImplementedError("ReplaySSM GDN decode: split (tuple) mixed_qkv is not supported")
+        step = self._step
+        if step is None:
+            raise RuntimeError("ReplaySSM: GDN decode without a cursor snapshot")
+        layer_cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
+        conv_states = layer_cache.conv[0]
+        ssm_states = layer_cache.temporal
+        cache_indices = self.forward_metadata.mamba_cache_indices
+        rings = self.pool.layer_rings(self.req_to_token_pool.mamba_map[layer.layer_id])
+
+        mixed_qkv = causal_conv1d_update(
+            mixed_qkv,
+            conv_states,
+            layer.conv_weights,
+            layer.bias,
+            layer.activation,
+            conv_state_indices=cache_indices,
+        )
+        q, k, v = torch.split(mixed_qkv, [layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
+        bs = mixed_qkv.shape[0]
+        q = q.view(bs, layer.num_q_heads, layer.head_q_dim)
+        k = k.view(bs, layer.num_k_heads, layer.head_k_dim)
+        v = v.view(bs, layer.num_v_heads, layer.head_v_dim)
+        out = mixed_qkv.new_empty(bs, layer.num_v_heads, layer.head_v_dim)
+        self._decode(
+            ssm_states,
+            rings["u"],
+            rings["k"],
+            rings["v"],
+            rings["g"],
+            rings["beta"],
+            q,
+            k,
+            v,
+            a,
+            b,
+            layer.A_log,
+            layer.dt_bias,
+            out,
+            step.slot_idx,
+            step.ring_start,
+            step.ring_len,
+            step.flush,
+            scale=layer.head_k_dim**-0.5,
+            use_qk_l2norm=True,
+        )
+        self._track_mamba_state_decode(forward_batch, conv_states, ssm_states, cache_indices, layer.layer_id)
+        # SGLang's decode output layout: [1, B, HV, V].
+        return out.unsqueeze(0)

@@ -1,0 +1,257 @@
+"""``ReplayMamba2AttnBackend``: SGLang's ``Mamba2AttnBackend`` with ReplaySSM decode.
+
+Installed by class REPLACE (``hooks/backends.py``), so NemotronH / Falcon-H1 / Granite's
+``isinstance(backend, Mamba2AttnBackend)`` asserts hold.  What changes:
+
+- **Metadata.** ``init_forward_metadata`` (eager: decode, extend, mixed) snapshots and advances the
+  cursors of the decode rows once per forward and empties the rings of the extend rows
+  (``metadata.build_eager``).  Under CUDA graphs, ``init_cuda_graph_state`` allocates per-bs static
+  cursor / flush buffers; ``init_forward_metadata_out_graph`` hands the layers those buffers, and
+  ``init_forward_metadata_in_graph`` (recorded inside the captured graph) runs the cursor step into
+  them, so every replay advances the cursors on the device with no host sync.  Warmup and capture
+  run on SGLang's dummy slot 0 (the null slot), whose cursors and rings are never read for real rows.
+- **Decode (GPU).** ``forward`` calls SGLang's ``MambaMixer2.forward`` unchanged inside a ReplaySSM
+  context; the mixer's only decode SSU call site, ``selective_state_update`` (AROUND hook), runs
+  ``replayssm_kernels.mamba2_replay_decode`` with this layer's rings and the forward's snapshot.  The
+  context must be consumed exactly once per layer with decode rows, which catches a silent bypass.
+- **Extend (GPU).** Stock: the chunked scan writes the final state into ``temporal`` (the new
+  checkpoint); the ring of those rows was emptied by the metadata build.
+- **CPU.** ``forward`` runs ``cpu.mamba2_mixer`` (pure torch; ring decode through the plain-torch
+  reference with the same signature), because stock SGLang cannot run Mamba-2 layers on a CPU.
+- **Radix tracking.** Rows in ``forward_batch.mamba_track_mask`` force-flush, so the stock
+  track-copy after the layer reads a current checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+
+from sglang_replayssm.metadata import GraphBuffers, ReplayStep, build_eager
+from sglang_replayssm.pool import ReplayMambaPool
+
+__all__ = ["ReplayMamba2AttnBackend", "replay_selective_state_update", "PERF_NOTE"]
+
+logger = logging.getLogger(__name__)
+
+PERF_NOTE = (
+    "published end-to-end results for ReplaySSM decode show no gain at batch size 1 (0.96-0.99x of "
+    "the stock kernel) and break-even around batch 8-32; this build runs the ReplaySSM path at every "
+    "batch size (no per-batch-size switch yet)"
+)
+
+
+def decode_kernel(device: torch.device) -> Callable[..., None]:
+    """The ring decode for ``device``: the Triton kernel on CUDA, the torch reference on CPU."""
+    import replayssm_kernels
+
+    if device.type == "cuda":
+        return replayssm_kernels.mamba2_replay_decode
+    if device.type == "cpu":
+        return replayssm_kernels.mamba2_replay_decode_ref
+    raise ValueError(f"ReplaySSM Mamba-2 decode: unsupported device {device}")
+
+
+@dataclasses.dataclass(kw_only=True)
+class _LayerContext:
+    rings: dict[str, torch.Tensor]
+    step: ReplayStep
+    decode: Callable[..., None]
+    calls: int = 0
+
+
+_ACTIVE: _LayerContext | None = None
+
+
+def replay_selective_state_update(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook for ``mamba.selective_state_update`` (transparent outside a ReplaySSM layer).
+
+    ``MambaMixer2.forward`` calls ``selective_state_update(state, x, dt, A, B, C, D, z=None,
+    dt_bias=, dt_softplus=True, state_batch_indices=, out=)`` for its decode rows; inside a ReplaySSM
+    layer context this runs the ring decode with the same tensors instead.  Verify calls
+    (``disable_state_update`` / ``intermediate_states_buffer``) are refused: speculative decoding is
+    not supported yet and is rejected at startup.
+    """
+    ctx = _ACTIVE
+    if ctx is None:
+        return original(*args, **kwargs)
+    if kwargs.get("disable_state_update") or kwargs.get("intermediate_states_buffer") is not None:
+        raise NotImplementedError("ReplaySSM: speculative verify through selective_state_update")
+    names = ("state", "x", "dt", "A", "B", "C", "D")
+    bound = dict(zip(names, args))
+    for k in names:
+        if k in kwargs:
+            bound[k] = kwargs[k]
+    slot_idx = kwargs["state_batch_indices"]
+    out = kwargs["out"]
+    step = ctx.step
+    if slot_idx.shape[0] != step.slot_idx.shape[0]:
+        raise RuntimeError(
+            f"ReplaySSM: decode rows {slot_idx.shape[0]} != cursor snapshot rows {step.slot_idx.shape[0]}"
+        )
+    ctx.calls += 1
+    ctx.decode(
+        bound["state"],
+        ctx.rings["x"],
+        ctx.rings["dt"],
+        ctx.rings["B"],
+        bound["x"],
+        bound["dt"],
+        bound["A"],
+        bound["B"],
+        bound["C"],
+        out,
+        slot_idx,
+        step.ring_start,
+        step.ring_len,
+        step.flush,
+        D=bound.get("D"),
+        z=kwargs.get("z"),
+        dt_bias=kwargs.get("dt_bias"),
+        dt_softplus=kwargs.get("dt_softplus", False),
+    )
+    return out
+
+
+class ReplayMamba2AttnBackend(Mamba2AttnBackend):
+    """``Mamba2AttnBackend`` that decodes through the ReplaySSM rings (see the module docstring)."""
+
+    def __init__(self, model_runner):
+        super().__init__(model_runner)
+        pool = self.req_to_token_pool.mamba_pool
+        if not isinstance(pool, ReplayMambaPool):
+            raise RuntimeError(
+                "ReplaySSM: the Mamba-2 backend needs the ReplaySSM mamba pool, got "
+                f"{type(pool).__name__} (unified memory / PD decode pools are not supported)"
+            )
+        if model_runner.server_args.speculative_algorithm:
+            raise ValueError("ReplaySSM (--ssm-backend replay) does not support speculative decoding yet")
+        self.pool = pool
+        self.window = pool.replay.window
+        self.rows = pool.ring_spec.rows
+        self._decode = decode_kernel(torch.device(self.device))
+        self._step: ReplayStep | None = None
+        self._graph: GraphBuffers | None = None
+        self._graph_bs: int | None = None
+        if not self.is_draft_worker:
+            logger.info(
+                "ReplaySSM Mamba-2 backend: window L=%d, ring rows R=%d, device %s. Note: %s.",
+                self.window,
+                self.rows,
+                self.device,
+                PERF_NOTE,
+            )
+
+    # ------------------------------------------------------------------ metadata
+
+    def init_forward_metadata(self, forward_batch):
+        super().init_forward_metadata(forward_batch)
+        md = self.forward_metadata
+        if md.is_target_verify:
+            raise NotImplementedError("ReplaySSM: speculative verify is not supported yet")
+        self._graph_bs = None
+        self._step = build_eager(
+            cursors=self.pool.cursors,
+            slot_idx=md.mamba_cache_indices,
+            num_prefills=md.num_prefills,
+            num_decodes=md.num_decodes,
+            track_mask=forward_batch.mamba_track_mask,
+            window=self.window,
+            rows=self.rows,
+        )
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
+        self._graph = GraphBuffers(max_bs, self.device)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+        if not forward_batch.forward_mode.is_decode_or_idle():
+            raise NotImplementedError(
+                f"ReplaySSM: graph forward mode {forward_batch.forward_mode} is not supported"
+            )
+        if self._graph is None:
+            raise RuntimeError("ReplaySSM: init_cuda_graph_state was not called before a graph forward")
+        bs = forward_batch.batch_size
+        i = bs - 1
+        # The layers read the static buffers; init_forward_metadata_in_graph (inside the graph)
+        # fills them.  SGLang refreshed state_indices_list[i] in place just now.
+        self._graph_bs = bs
+        self._step = ReplayStep(
+            slot_idx=self.state_indices_list[i],
+            ring_start=self._graph.ring_start[i],
+            ring_len=self._graph.ring_len[i],
+            flush=self._graph.flush[i],
+        )
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        super().init_forward_metadata_in_graph(forward_batch)
+        bs = self._graph_bs
+        if bs is None:
+            return
+        self._graph.step(
+            bs=bs,
+            cursors=self.pool.cursors,
+            slots=self.state_indices_list[bs - 1],
+            track_mask=getattr(forward_batch, "mamba_track_mask", None),
+            window=self.window,
+            rows=self.rows,
+        )
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        mixer,
+        hidden_states: torch.Tensor,
+        output: torch.Tensor | None,
+        layer_id: int,
+        forward_batch,
+        mup_vector: torch.Tensor | None = None,
+        use_triton_causal_conv: bool = False,
+    ):
+        global _ACTIVE
+        md = self.forward_metadata
+        rings = self.pool.layer_rings(self.req_to_token_pool.mamba_map[layer_id])
+        if hidden_states.device.type == "cpu":
+            from sglang_replayssm.cpu.mamba2_mixer import mamba2_mixer_forward_cpu
+
+            if forward_batch.mamba_track_mask is not None:
+                raise NotImplementedError("ReplaySSM CPU path: mamba radix tracking (extra_buffer)")
+            layer_cache = self.req_to_token_pool.mamba2_layer_cache(layer_id)
+            return mamba2_mixer_forward_cpu(
+                mixer,
+                hidden_states=hidden_states,
+                output=output,
+                layer_cache=layer_cache,
+                metadata=md,
+                rings=rings,
+                step=self._step if md.num_decodes else None,
+                decode_fn=self._decode,
+                mup_vector=mup_vector,
+            )
+        if not md.num_decodes:
+            return super().forward(
+                mixer, hidden_states, output, layer_id, forward_batch, mup_vector, use_triton_causal_conv
+            )
+        if self._step is None:
+            raise RuntimeError("ReplaySSM: decode rows without a cursor snapshot")
+        ctx = _LayerContext(rings=rings, step=self._step, decode=self._decode)
+        _ACTIVE = ctx
+        try:
+            result = super().forward(
+                mixer, hidden_states, output, layer_id, forward_batch, mup_vector, use_triton_causal_conv
+            )
+        finally:
+            _ACTIVE = None
+        if ctx.calls != 1:
+            raise RuntimeError(
+                f"ReplaySSM: the Mamba-2 mixer called selective_state_update {ctx.calls} times for its "
+                "decode rows (expected 1); the selective_state_update hook is not in effect"
+            )
+        return result

@@ -1,0 +1,147 @@
+"""Per-forward ReplaySSM metadata: the cursor snapshot and advance, once per forward.
+
+Every forward that runs decode rows through the ring kernels snapshots the cursors of those rows
+and advances them **once**, before any layer runs (``replayssm_kernels.decode_cursor_step``).  The
+layers only read the snapshot (``ReplayStep``).  Extend rows (prefill, chunked prefill including a
+final one-token chunk, radix-hit suffixes) write a fresh checkpoint, so their rings are emptied here.
+
+Force-flush rows: SGLang's decode radix tracking (``extra_buffer``) copies ``temporal`` and ``conv``
+of the rows in ``forward_batch.mamba_track_mask`` to their track slots after the layer ran.  The copy
+knows nothing of the ring, so exactly those rows must flush in this step; we pass that mask (a
+device tensor, no host sync) as ``force_flush``.
+
+Two builders:
+
+- ``build_eager``: eager forwards (decode, extend, mixed); allocates small tensors per forward.
+- ``GraphBuffers``: CUDA-graph decode; per-batch-size static buffers that the captured kernels read
+  by address, refreshed in place (``copy_``) on every replay; padded rows carry slot ``-1``.
+  Nothing here synchronises with the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from replayssm_kernels import decode_cursor_step
+
+__all__ = ["ReplayStep", "build_eager", "reset_extend_rows", "GraphBuffers"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReplayStep:
+    """The ring snapshot of the decode rows of one forward (read by every layer).
+
+    Attributes
+    ----------
+    slot_idx : torch.Tensor
+        ``[num_decodes]`` int32 physical slot per decode row, ``-1`` for padding.
+    ring_start, ring_len : torch.Tensor
+        ``[num_decodes]`` int32 cursor snapshot (padding rows 0).
+    flush : torch.Tensor
+        ``[num_decodes]`` bool, rows that fold their ring into the checkpoint this step.
+    """
+
+    slot_idx: torch.Tensor
+    ring_start: torch.Tensor
+    ring_len: torch.Tensor
+    flush: torch.Tensor
+
+
+def reset_extend_rows(cursors: torch.Tensor, extend_slots: torch.Tensor) -> None:
+    """Empty the rings of the slots an extend forward writes (padding ``-1`` goes to null slot 0)."""
+    if extend_slots.numel() == 0:
+        return
+    idx = extend_slots.to(device=cursors.device, dtype=torch.long).clamp(min=0)
+    cursors.index_fill_(0, idx, 0)
+
+
+def _step_into(
+    cursors: torch.Tensor,
+    slots: torch.Tensor,
+    force_flush: torch.Tensor | None,
+    window: int,
+    rows: int,
+    out_start: torch.Tensor,
+    out_len: torch.Tensor,
+    out_flush: torch.Tensor,
+) -> None:
+    if force_flush is not None:
+        force_flush = force_flush.to(device=slots.device, dtype=torch.bool)
+    decode_cursor_step(cursors, slots, force_flush, window, rows, out_start, out_len, out_flush)
+
+
+def build_eager(
+    *,
+    cursors: torch.Tensor,
+    slot_idx: torch.Tensor,
+    num_prefills: int,
+    num_decodes: int,
+    track_mask: torch.Tensor | None,
+    window: int,
+    rows: int,
+) -> ReplayStep | None:
+    """Cursor work of one eager forward; returns the decode rows' snapshot (None without decode rows).
+
+    Parameters
+    ----------
+    cursors : torch.Tensor
+        The pool's ``[slots, 2]`` int32 cursors (updated in place).
+    slot_idx : torch.Tensor
+        ``Mamba2Metadata.mamba_cache_indices``: extend rows first, then decode rows; ``-1`` padding.
+    num_prefills, num_decodes : int
+        Row counts (a mixed batch has both).
+    track_mask : torch.Tensor or None
+        ``forward_batch.mamba_track_mask`` (bool, one per row, decode rows last) or None.
+    window, rows : int
+        ``L`` and ``R``.
+    """
+    if num_prefills:
+        reset_extend_rows(cursors, slot_idx[:num_prefills])
+    if not num_decodes:
+        return None
+    slots = slot_idx[num_prefills : num_prefills + num_decodes]
+    force = track_mask[-num_decodes:] if track_mask is not None else None
+    dev = slots.device
+    out_start = torch.empty(num_decodes, dtype=torch.int32, device=dev)
+    out_len = torch.empty(num_decodes, dtype=torch.int32, device=dev)
+    out_flush = torch.empty(num_decodes, dtype=torch.bool, device=dev)
+    _step_into(cursors, slots, force, window, rows, out_start, out_len, out_flush)
+    return ReplayStep(slot_idx=slots, ring_start=out_start, ring_len=out_len, flush=out_flush)
+
+
+class GraphBuffers:
+    """Static per-batch-size cursor and flush buffers for CUDA-graph decode.
+
+    ``step(bs, slots, track_mask)`` refreshes the buffers of batch size ``bs`` in place and returns
+    a ``ReplayStep`` whose tensors are those buffers, so a graph captured with it reads the new
+    values on replay.  ``slots`` is SGLang's static ``state_indices_list[bs - 1]`` (already refreshed
+    in place, padded rows ``-1``).
+    """
+
+    def __init__(self, max_bs: int, device: torch.device | str) -> None:
+        self.max_bs = max_bs
+        self.ring_start = [torch.zeros(i + 1, dtype=torch.int32, device=device) for i in range(max_bs)]
+        self.ring_len = [torch.zeros(i + 1, dtype=torch.int32, device=device) for i in range(max_bs)]
+        self.flush = [torch.zeros(i + 1, dtype=torch.bool, device=device) for i in range(max_bs)]
+
+    def step(
+        self,
+        *,
+        bs: int,
+        cursors: torch.Tensor,
+        slots: torch.Tensor,
+        track_mask: torch.Tensor | None,
+        window: int,
+        rows: int,
+    ) -> ReplayStep:
+        if not 1 <= bs <= self.max_bs:
+            raise ValueError(f"bs: expected 1..{self.max_bs}, got {bs}")
+        if slots.shape[0] != bs:
+            raise ValueError(f"slots: expected [{bs}], got {tuple(slots.shape)}")
+        i = bs - 1
+        force = track_mask[:bs] if track_mask is not None else None
+        _step_into(cursors, slots, force, window, rows, self.ring_start[i], self.ring_len[i], self.flush[i])
+        return ReplayStep(
+            slot_idx=slots, ring_start=self.ring_start[i], ring_len=self.ring_len[i], flush=self.flush[i]
+        )

@@ -1,0 +1,187 @@
+"""``ReplayMambaPool``: SGLang's ``MambaPool`` plus the ReplaySSM rings and cursors.
+
+The checkpoint is SGLang's own ``temporal`` tensor.  This pool adds, per linear-attention layer, the
+ring tensors of ``sizing.ring_spec`` (``[layers, slots, heads, R, ...]``) and, per slot, one int32
+cursor pair ``(start, len)`` shared by all layers (``kernels/README.md``).  Slot 0 is SGLang's null
+slot (never allocated; CUDA-graph warmup and padding rows write there).
+
+Cursor rules (``anchors.md`` section 4, "stale cursors"): a slot's ring is emptied whenever its
+checkpoint is written from outside the ring protocol:
+
+- allocation: ``HybridReqToTokenPool.alloc`` zeroes ``replayssm_write_pos[slot]``.  We expose the
+  ``len`` column of our cursors under that name, so SGLang's own resets (alloc, ``copy_from``
+  destination, finished-request donation capped by ``len`` in ``MambaComponent``) apply to our
+  rings unchanged.  ``start`` needs no reset: with ``len == 0`` no row is read.
+- ``clear_slots`` (deferred zeroing of a fresh slot) and ``copy_from`` (copy-on-write destination):
+  reset here.
+- prefill / extend: the metadata build resets the rows it extends (``metadata.py``).
+- offload / reload (``get_cpu_copy`` / ``load_cpu_copy``, PD decode retraction): the rings and
+  cursors travel with the checkpoint, so a reloaded slot continues exactly.
+
+The rings are attributes of the pool, not fields of ``MambaPool.State``: PD transfer iterates the
+state's fields, and the rings must not be sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
+from sglang.srt.mem_cache.memory_pool import MambaPool
+
+from sglang_replayssm.sizing import RingSpec, ring_spec
+
+__all__ = ["ReplayPoolSpec", "ReplayMambaPool"]
+
+logger = logging.getLogger(__name__)
+_GB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReplayPoolSpec:
+    """What the pool cannot learn from SGLang's constructor arguments.
+
+    Attributes
+    ----------
+    family : str
+        ``"mamba2"`` or ``"gdn"``.
+    window : int
+        Decode window ``L``.
+    act_dtype : torch.dtype
+        Model activation dtype (ring records are stored in it).
+    """
+
+    family: str
+    window: int
+    act_dtype: torch.dtype
+
+
+class ReplayMambaPool(MambaPool):
+    """``MambaPool`` with ReplaySSM rings and per-slot cursors.
+
+    Parameters
+    ----------
+    replay : ReplayPoolSpec
+        Family, window and activation dtype.
+    **kwargs
+        ``MambaPool``'s keyword-only arguments, as ``HybridReqToTokenPool._init_mamba_pool`` passes
+        them.
+
+    Attributes
+    ----------
+    ring_spec : RingSpec
+        Shapes and bytes.
+    rings : dict[str, torch.Tensor]
+        ``name -> [layers, slots, heads, R, ...]`` (see ``sizing``).
+    cursors : torch.Tensor
+        ``[slots, 2]`` int32 ``(start, len)``.
+    replayssm_write_pos : torch.Tensor
+        ``cursors[:, 1]`` (a view), the name SGLang's pool and radix code reset and read.
+    """
+
+    def __init__(self, *, replay: ReplayPoolSpec, **kwargs):
+        if kwargs.get("enable_linear_replayssm") or kwargs.get("enable_linear_replayssm_spec"):
+            raise ValueError(
+                "ReplaySSM (--ssm-backend replay) cannot run together with SGLang's built-in "
+                "--enable-linear-replayssm / --enable-linear-replayssm-spec; pick one."
+            )
+        if kwargs.get("speculative_num_draft_tokens"):
+            raise ValueError(
+                "ReplaySSM (--ssm-backend replay) does not support speculative decoding yet; "
+                "run without --speculative-algorithm or with --ssm-backend default."
+            )
+        super().__init__(**kwargs)
+        cache_params = kwargs["cache_params"]
+        num_layers = len(kwargs["mamba_layer_ids"])
+        size = kwargs["size"]
+        device = kwargs["device"]
+        shape = cache_params.shape
+        self.replay = replay
+        self.ring_spec: RingSpec = ring_spec(
+            family=replay.family,
+            temporal_shape=tuple(shape.temporal),
+            conv_dim=shape.conv[0][0],
+            num_k_heads=shape.num_k_heads_per_tp,
+            num_layers=num_layers,
+            window=replay.window,
+            act_dtype=replay.act_dtype,
+        )
+        num_slots = size + 1
+        with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
+            self.rings = {
+                name: torch.zeros((num_layers, num_slots, *s), dtype=dt, device=device)
+                for name, (s, dt) in self.ring_spec.tensors.items()
+            }
+            self.cursors = torch.zeros((num_slots, 2), dtype=torch.int32, device=device)
+        # SGLang resets / reads this name on alloc, copy_from and finished-request donation.
+        self.replayssm_write_pos = self.cursors[:, 1]
+        ring_bytes = sum(t.numel() * t.element_size() for t in self.rings.values())
+        ring_bytes += self.cursors.numel() * self.cursors.element_size()
+        self.replay_ring_bytes = ring_bytes
+        self.mem_usage += ring_bytes / _GB
+        logger.info(
+            "ReplaySSM rings are allocated. family=%s, window L=%d, rows R=%d, slots=%d, "
+            "layers=%d, %s, ring size: %.3fGB (%d B per slot), mamba cache total: %.3fGB",
+            replay.family,
+            replay.window,
+            self.ring_spec.rows,
+            num_slots,
+            num_layers,
+            ", ".join(f"{n}={tuple(t.shape)} {t.dtype}" for n, t in self.rings.items()),
+            ring_bytes / _GB,
+            self.ring_spec.bytes_per_slot,
+            self.mem_usage,
+        )
+
+    # ------------------------------------------------------------------ views for the kernels
+
+    def layer_rings(self, layer_idx: int) -> dict[str, torch.Tensor]:
+        """Per-layer ring views ``name -> [slots, heads, R, ...]`` (pool layer index)."""
+        return {name: t[layer_idx] for name, t in self.rings.items()}
+
+    def reset_slots(self, indices: torch.Tensor) -> None:
+        """Empty the rings of ``indices`` (negative entries, i.e. padding, are ignored)."""
+        idx = indices.to(device=self.cursors.device, dtype=torch.long).reshape(-1)
+        # Padding rows (-1) are sent to the null slot 0, whose cursor is never meaningful.
+        idx = idx.clamp(min=0)
+        self.cursors.index_fill_(0, idx, 0)
+
+    # ------------------------------------------------------------------ SGLang pool API
+
+    def clear_slots(self, indices: torch.Tensor):
+        super().clear_slots(indices)
+        self.reset_slots(indices)
+
+    def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
+        # SGLang's invariant: the source is a flushed checkpoint (ring empty, or its length capped
+        # out of the radix key); the destination starts with an empty ring.
+        super().copy_from(src_indices, dst_indices)
+        self.reset_slots(dst_indices)
+
+    def get_cpu_copy(self, indices):
+        conv_cpu, temporal_cpu = super().get_cpu_copy(indices)[:2]
+        rings_cpu = {name: t[:, indices].to("cpu") for name, t in self.rings.items()}
+        cursors_cpu = self.cursors[indices].to("cpu")
+        return conv_cpu, temporal_cpu, _RingCopy(rings=rings_cpu, cursors=cursors_cpu)
+
+    def load_cpu_copy(self, mamba_cache_cpu, indices):
+        conv_cpu, temporal_cpu, ring_copy = mamba_cache_cpu
+        if not isinstance(ring_copy, _RingCopy):
+            raise TypeError(
+                f"ReplayMambaPool.load_cpu_copy: expected a copy made by ReplayMambaPool.get_cpu_copy, "
+                f"got a third element of type {type(ring_copy).__name__}"
+            )
+        super().load_cpu_copy((conv_cpu, temporal_cpu), indices)
+        for name, t in self.rings.items():
+            t[:, indices] = ring_copy.rings[name].to(t.device)
+        self.cursors[indices] = ring_copy.cursors.to(self.cursors.device)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RingCopy:
+    """Host copy of some slots' rings and cursors (offload / reload)."""
+
+    rings: dict[str, torch.Tensor]
+    cursors: torch.Tensor

@@ -1,0 +1,157 @@
+"""One shape and bytes calculator for the ReplaySSM rings (pool, memory budget, benchmarks).
+
+The rings follow ``kernels/README.md`` (the binding protocol).  Per layer and slot:
+
+Mamba-2 (``family="mamba2"``), temporal state ``(H, P, N)``, ``G`` groups:
+
+==========  ==============  ==========
+tensor      shape           dtype
+==========  ==============  ==========
+``x``       ``[H, R, P]``   activation
+``dt``      ``[H, R]``      fp32
+``B``       ``[G, R, N]``   activation
+==========  ==============  ==========
+
+Gated DeltaNet (``family="gdn"``), temporal state ``(HV, V, K)``, ``Hk`` key heads:
+
+==========  ===============  ==========
+tensor      shape            dtype
+==========  ===============  ==========
+``u``       ``[HV, R, V]``   activation
+``k``       ``[Hk, R, K]``   activation
+``v``       ``[HV, R, V]``   activation
+``g``       ``[HV, R]``      fp32
+``beta``    ``[HV, R]``      fp32
+==========  ===============  ==========
+
+plus one int32 cursor pair ``(start, len)`` per slot, shared by all layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+__all__ = ["FAMILIES", "RingSpec", "ring_spec", "ring_rows"]
+
+FAMILIES = ("mamba2", "gdn")
+CURSOR_BYTES_PER_SLOT = 2 * 4
+
+
+def ring_rows(window: int, spec_tokens: int = 0) -> int:
+    """Physical ring rows ``R`` for decode window ``L`` (``R >= L``; ``+ T`` for spec verify)."""
+    if window < 1:
+        raise ValueError(f"window: expected >= 1, got {window}")
+    if spec_tokens < 0:
+        raise ValueError(f"spec_tokens: expected >= 0, got {spec_tokens}")
+    return window + spec_tokens
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RingSpec:
+    """Ring tensor shapes of one layer and slot, and the bytes they cost.
+
+    Attributes
+    ----------
+    family : str
+        ``"mamba2"`` or ``"gdn"``.
+    window, rows : int
+        Decode window ``L`` and physical rows ``R``.
+    tensors : dict[str, tuple[tuple[int, ...], torch.dtype]]
+        Per-slot, per-layer shape (without the leading ``[layers, slots]``) and dtype of each ring.
+    num_layers : int
+        Linear-attention layers held by this rank.
+    """
+
+    family: str
+    window: int
+    rows: int
+    tensors: dict[str, tuple[tuple[int, ...], torch.dtype]]
+    num_layers: int
+
+    @property
+    def bytes_per_slot_layer(self) -> int:
+        total = 0
+        for shape, dtype in self.tensors.values():
+            n = 1
+            for s in shape:
+                n *= s
+            total += n * dtype.itemsize
+        return total
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """Ring bytes of one slot over all layers, plus its cursor pair."""
+        return self.bytes_per_slot_layer * self.num_layers + CURSOR_BYTES_PER_SLOT
+
+    def bytes_total(self, num_slots: int) -> int:
+        return self.bytes_per_slot * num_slots
+
+
+def ring_spec(
+    *,
+    family: str,
+    temporal_shape: tuple[int, int, int],
+    conv_dim: int,
+    num_k_heads: int,
+    num_layers: int,
+    window: int,
+    act_dtype: torch.dtype,
+    spec_tokens: int = 0,
+) -> RingSpec:
+    """Ring shapes for one rank.
+
+    Parameters
+    ----------
+    family : str
+        ``"mamba2"`` or ``"gdn"``.
+    temporal_shape : tuple of int
+        SGLang's per-slot temporal state shape after TP sharding: ``(H, P, N)`` for Mamba-2,
+        ``(HV, V, K)`` for GDN (``Mamba2StateShape.temporal``).
+    conv_dim : int
+        Per-rank conv channels (``Mamba2StateShape.conv[0][0]``); Mamba-2 derives its group count
+        from it: ``G = (conv_dim - H*P) / (2N)`` (this includes SGLang's extra groups for head
+        shards).
+    num_k_heads : int
+        GDN key heads per rank (``Mamba2StateShape.num_k_heads_per_tp``); ignored for Mamba-2.
+    num_layers : int
+        Linear-attention layers on this rank.
+    window : int
+        Decode window ``L >= 1``.
+    act_dtype : torch.dtype
+        Activation dtype (model dtype): x / B / u / k / v records are stored in it.
+    spec_tokens : int
+        Extra rows for speculative verify (0 for plain decode).
+    """
+    rows = ring_rows(window, spec_tokens)
+    fp32 = torch.float32
+    if family == "mamba2":
+        h, p, n = temporal_shape
+        rest = conv_dim - h * p
+        if rest <= 0 or rest % (2 * n) != 0:
+            raise ValueError(
+                f"conv_dim: expected H*P + 2*G*N with H={h}, P={p}, N={n}, got {conv_dim}"
+            )
+        g = rest // (2 * n)
+        tensors = {
+            "x": ((h, rows, p), act_dtype),
+            "dt": ((h, rows), fp32),
+            "B": ((g, rows, n), act_dtype),
+        }
+    elif family == "gdn":
+        hv, v, k = temporal_shape
+        if num_k_heads < 1 or hv % num_k_heads != 0:
+            raise ValueError(
+                f"num_k_heads: expected a divisor of HV={hv}, got {num_k_heads}"
+            )
+        tensors = {
+            "u": ((hv, rows, v), act_dtype),
+            "k": ((num_k_heads, rows, k), act_dtype),
+            "v": ((hv, rows, v), act_dtype),
+            "g": ((hv, rows), fp32),
+            "beta": ((hv, rows), fp32),
+        }
+    else:
+        raise ValueError(f"family: expected one of {FAMILIES}, got {family!r}")
+    return RingSpec(family=family, window=window, rows=rows, tensors=tensors, num_layers=num_layers)

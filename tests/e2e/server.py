@@ -1,0 +1,97 @@
+"""Start and stop a real ``sglang.launch_server`` on 127.0.0.1 for CPU end-to-end tests.
+
+Flags SGLang 0.5.17 needs to serve a hybrid model on a CPU (``../shared/design/cpu-serving.md``):
+``--device cpu --disable-cuda-graph --mamba-radix-cache-strategy no_buffer --disable-overlap-schedule
+--max-mamba-cache-size 16`` and ``SGLANG_MAMBA_CONV_DTYPE=float32``; plus a capped KV pool
+(``--max-total-tokens``), since the CPU pool is otherwise sized from host RAM (minutes to allocate).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import requests
+
+__all__ = ["CPU_FLAGS", "free_port", "launch", "server"]
+
+CPU_FLAGS: tuple[str, ...] = (
+    "--device", "cpu",
+    "--dtype", "float32",
+    "--disable-cuda-graph",
+    "--mamba-radix-cache-strategy", "no_buffer",
+    "--disable-overlap-schedule",
+    "--max-mamba-cache-size", "16",
+    "--max-total-tokens", "16384",
+    "--skip-server-warmup",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["SGLANG_PLUGINS"] = "replayssm"
+    env["SGLANG_MAMBA_CONV_DTYPE"] = "float32"
+    env.pop("SGLANG_REPLAYSSM_CONFIG", None)
+    env.update(extra or {})
+    return env
+
+
+def launch(model: Path, args: Sequence[str], log: Path, *, port: int, env: dict[str, str] | None = None):
+    """Start a server (new process group); return the ``Popen``."""
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
+           "--port", str(port), *CPU_FLAGS, *args]
+    fh = open(log, "w")
+    return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_env(env), start_new_session=True,
+                            cwd=str(log.parent))
+
+
+def wait_ready(proc: subprocess.Popen, port: int, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"server not ready in {timeout}s:\n{log.read_text()[-4000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def server(model: Path, args: Sequence[str], log: Path, *, timeout: float = 240.0,
+           env: dict[str, str] | None = None) -> Iterator[str]:
+    """Context manager: a ready server's base URL; the process group is killed on exit."""
+    port = free_port()
+    proc = launch(model, args, log, port=port, env=env)
+    try:
+        wait_ready(proc, port, log, timeout)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
