@@ -622,6 +622,18 @@ class Mamba2Family:
 
     ring_names = ("ring_x", "ring_dt", "ring_B")
 
+    def peer_conventional(self, a: dict):
+        """SGLang's conventional step on refcheck args (as MambaMixer2 calls it); returns out."""
+        ssu = self.peers.get("ssu")
+        if ssu is None:
+            return None
+        P, N = self.sh.P, self.sh.N
+        ssu(a["state"], a["x"], a["dt"][:, :, None].expand(-1, -1, P),
+            self.A[:, None, None].expand(-1, P, N), a["B"], a["C"],
+            self.D[:, None].expand(-1, P), z=None, dt_bias=self.dt_bias[:, None].expand(-1, P),
+            dt_softplus=True, state_batch_indices=a["slot_idx"], out=a["out"])
+        return a["out"]
+
 
 class GDNFamily:
     """One Qwen3.5 Gated DeltaNet layer: the pool (state + our rings + SGLang's built-in rings).
@@ -753,7 +765,8 @@ class GDNFamily:
             "ring_beta": torch.sigmoid(rng.normal((slots, HV, R), torch.float32)),
         }
         inp = self.inputs(rows, contiguous=getattr(self, "_contiguous", False))
-        args.update(q=inp["q"], k=inp["k"], v=inp["v"], a=inp["a"], b=inp["b"])
+        args.update(q=inp["q"], k=inp["k"], v=inp["v"], a=inp["a"], b=inp["b"],
+                    mixed_qkv=inp["mixed_qkv"])
         args["out"] = torch.full((rows, HV, V), float("nan"), dtype=self.adt, device=dev)
         args["slot_idx"] = torch.tensor(slot_idx, dtype=torch.int32, device=dev)
         args["ring_start"] = rng.ints((rows,), R, torch.int32)
@@ -769,6 +782,18 @@ class GDNFamily:
            scale=self.scale, use_qk_l2norm=True)
 
     ring_names = ("ring_u", "ring_k", "ring_v", "ring_g", "ring_beta")
+
+    def peer_conventional(self, a: dict):
+        """SGLang's packed decode on refcheck args (as GDNAttnBackend calls it); returns out."""
+        packed = self.peers.get("packed")
+        if packed is None:
+            return None
+        o = torch_empty_like4(a["out"])
+        o.fill_(float("nan"))
+        packed(mixed_qkv=a["mixed_qkv"], a=a["a"], b=a["b"], A_log=self.A_log,
+               dt_bias=self.dt_bias, scale=self.scale, initial_state=a["state"], out=o,
+               ssm_state_indices=a["slot_idx"], use_qk_l2norm_in_kernel=True)
+        return o[:, 0]
 
 
 def torch_empty_like4(out3):
@@ -945,6 +970,37 @@ def refcheck_family(fam, kernel, ref) -> dict:
         if not err <= lim:  # NaN fails too
             res["problems"].append(f"{name}: rel err {err:.3e} > {lim:.0e}")
     res["ok"] = not res["problems"]
+    return res
+
+
+def crosscheck_conventional(fam, kernel) -> dict | None:
+    """Our kernel with an empty ring and every row flushing IS the conventional step: compare it
+    with SGLang's conventional kernel (selective_state_update / packed decode) on identical
+    copies. Checks the peers' invocation as much as ours. Informational (not a gate): the claim
+    is bitwise for an fp32 state, and the report says whether it holds."""
+    import torch
+
+    args, slot_idx, _ = fam.refcheck_args()
+    args["ring_len"].zero_()
+    args["flush"].fill_(True)
+    args["flush"][[i for i, s in enumerate(slot_idx) if s < 0]] = False
+    a_o = {k: v.clone() for k, v in args.items()}
+    a_p = {k: v.clone() for k, v in args.items()}
+    fam.refcheck_call(kernel, a_o)
+    out_p = fam.peer_conventional(a_p)
+    if out_p is None:
+        return None
+    if fam.cfg.device == "cuda":
+        torch.cuda.synchronize()
+    live = [i for i, s in enumerate(slot_idx) if s >= 0]
+    slots = sorted({s for s in slot_idx if s >= 0})
+    res = {
+        "out": _rel_err(a_o["out"][live], out_p[live]),
+        "state": _rel_err(a_o["state"][slots], a_p["state"][slots]),
+        "out_bitwise": bool(torch.equal(a_o["out"][live], out_p[live])),
+        "state_bitwise": bool(torch.equal(a_o["state"][slots], a_p["state"][slots])),
+    }
+    res["ok"] = res["out"] <= 2e-2 and res["state"] <= 1e-2
     return res
 
 
@@ -1446,8 +1502,9 @@ def run_family(cfg: Config, fam, timer: Timer, models: dict, skip_ours: str | No
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    if cfg.device == "cpu" and cfg.impl == "kernel" and not cfg.dry_run:
-        # Triton reads this when a kernel is defined: set it before our kernels are imported.
+    if cfg.device == "cpu" and not cfg.dry_run:
+        # Triton reads this when a kernel is defined: set it before any kernel is imported (ours
+        # and SGLang's both run under the interpreter on CPU).
         os.environ.setdefault("TRITON_INTERPRET", "1")
     meta = environment(cfg)
     meta.update(
@@ -1473,6 +1530,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         copy = measure_copy_bandwidth(cfg)
         if cfg.device == "cuda":
             _log(f"copy bandwidth: {copy['bytes_per_s'] / 1e12:.3f} TB/s (read + write)")
+        if cfg.device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            from benchmarks import _cpu_shims
+
+            meta["cpu_shims"] = _cpu_shims.apply()
         kernels, refs, kerr = load_ours(cfg)
         peers, perr = load_peers(cfg)
         for k, e in {**{f"ours/{k}": v for k, v in kerr.items()},
@@ -1506,6 +1567,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                          + ("" if rc["ok"] else f" problems: {rc['problems']}"))
                     if not rc["ok"]:
                         skip_ours = "refcheck failed: " + "; ".join(rc["problems"])
+                    try:
+                        xc = crosscheck_conventional(fam, kernels[fam_name])
+                    except Exception as e:  # noqa: BLE001 (informational only)
+                        xc = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+                    if xc is not None:
+                        rc["vs_sglang_conventional"] = xc
+                        _log(f"crosscheck {fam_name} (empty ring, all rows flush) vs SGLang "
+                             f"conventional: " + ", ".join(f"{k} {v}" for k, v in xc.items()))
             if skip_ours:
                 status[f"{fam_name}/ours"] = f"not timed: {skip_ours}"
             rows += run_family(cfg, fam, timer, models, skip_ours, status)

@@ -1,0 +1,97 @@
+"""Triton-interpreter shims for the CPU smoke run of the benchmark (``--device cpu`` only).
+
+They exist so that the CPU run calls SGLang's kernels exactly as the GPU run does (same argument
+names, shapes and layouts), which is what the smoke run is there to check. Never applied on CUDA.
+
+1. fp32 -> bf16 casts: the Triton 3.6 interpreter truncates; the GPU rounds to nearest even.
+2. ``torch.cpu.device`` does not exist; SGLang's wrappers enter
+   ``torch.get_device_module(x.device).device(index)``.
+3. SGLang's fla modules alias ``exp = tl.exp`` at module level, a builtin the interpreter refuses
+   outside ``@triton.jit``: it becomes a jitted wrapper.
+4. ``selective_state_update`` asks the CUDA arch whether to launch with PDL: on CPU, no.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+__all__ = ["apply"]
+
+_applied = False
+
+
+def _rtne_bf16(orig):
+    import numpy as np
+    import triton.language as tl
+
+    def convert(input, input_dtype, output_dtype, rounding_mode):  # noqa: A002 (interpreter API)
+        if input_dtype == tl.float32 and output_dtype == tl.bfloat16:
+            arr = np.ascontiguousarray(input)
+            bits = arr.view(np.uint32).astype(np.uint64)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            nan = np.isnan(arr.view(np.float32))
+            rounded = np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
+            return rounded.reshape(np.shape(input))
+        return orig(input, input_dtype, output_dtype, rounding_mode)
+
+    convert._bench_rtne = True
+    return convert
+
+
+# jitted exp for fla's module-level alias (module level: the interpreter resolves ``tl`` here)
+_jit_exp = None
+
+
+def _make_exp():
+    global _jit_exp, tl  # noqa: PLW0603 (the jitted body resolves ``tl`` in this module's globals)
+    if _jit_exp is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def _exp(x):
+            return tl.exp(x)
+
+        _jit_exp = _exp
+    return _jit_exp
+
+
+def apply() -> list[str]:
+    """Apply the shims (idempotent; only under ``TRITON_INTERPRET=1``). Returns what was done."""
+    global _applied  # noqa: PLW0603
+    done: list[str] = []
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") or _applied:
+        return done
+    import torch
+
+    try:
+        from triton.runtime import interpreter
+
+        if not getattr(interpreter._convert_float, "_bench_rtne", False):
+            interpreter._convert_float = _rtne_bf16(interpreter._convert_float)
+            done.append("bf16 rtne")
+    except Exception:  # noqa: BLE001 (another Triton: leave the interpreter as it is)
+        pass
+    if not hasattr(torch.cpu, "device"):
+        torch.cpu.device = lambda index=None: contextlib.nullcontext()
+        done.append("torch.cpu.device")
+    try:
+        import triton.language as tl
+
+        import sglang.kernels.ops.attention.fla.fused_recurrent  # noqa: F401
+        import sglang.kernels.ops.attention.fla.fused_recurrent_linear_replayssm  # noqa: F401
+        import sglang.kernels.ops.mamba.triton_ops.mamba_ssm as ssm
+
+        exp = _make_exp()
+        for name, mod in list(sys.modules.items()):
+            if name.startswith("sglang.kernels.ops") and getattr(mod, "exp", None) is tl.exp:
+                mod.exp = exp
+                done.append(f"{name}.exp")
+        ssm.is_arch_support_pdl = lambda: False
+        done.append("mamba_ssm.is_arch_support_pdl")
+    except Exception:  # noqa: BLE001 (no SGLang here: the peers are reported unavailable)
+        pass
+    _applied = True
+    return done
