@@ -17,6 +17,9 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import triton  # noqa: E402  (after TRITON_INTERPRET is set)
+import triton.language as tl  # noqa: E402
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip ``@pytest.mark.gpu`` tests, with a reason, when no CUDA device is present."""
@@ -69,6 +72,12 @@ def interpreter_bf16_rtne():
     interpreter._convert_float = orig
 
 
+@triton.jit
+def _fla_exp(x):
+    # Stand-in for fla's ``exp = tl.exp`` alias; module level so ``tl`` is in its globals.
+    return tl.exp(x)
+
+
 @pytest.fixture(scope="session")
 def sglang_fla_interpret(interpreter_bf16_rtne):
     """Let SGLang's fla Triton kernels run under the interpreter (CPU).
@@ -84,16 +93,9 @@ def sglang_fla_interpret(interpreter_bf16_rtne):
     import contextlib
     import sys
 
-    import triton
-    import triton.language as tl
-
     added_device = not hasattr(torch.cpu, "device")
     if added_device:
         torch.cpu.device = lambda index=None: contextlib.nullcontext()
-
-    @triton.jit
-    def _exp(x):
-        return tl.exp(x)
 
     import sglang.kernels.ops.attention.fla.fused_recurrent  # noqa: F401  (loads fla.op too)
 
@@ -101,7 +103,7 @@ def sglang_fla_interpret(interpreter_bf16_rtne):
     for name, mod in list(sys.modules.items()):
         if name.startswith("sglang.kernels.ops.attention.fla") and getattr(mod, "exp", None) is tl.exp:
             patched.append(mod)
-            mod.exp = _exp
+            mod.exp = _fla_exp
     yield
     for mod in patched:
         mod.exp = tl.exp
