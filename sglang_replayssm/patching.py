@@ -221,7 +221,7 @@ def fingerprint(target: str) -> dict[str, str | None]:
     dict
         ``kind`` (``"function"``, ``"classmethod"``, ``"staticmethod"`` or ``"class"``),
         ``signature`` (``str(inspect.signature(...))``, ``None`` where it has none) and
-        ``source_sha256`` (of ``inspect.getsource(...)``).
+        ``source_sha256`` (of ``inspect.getsource(...)``, ``None`` without a source file).
     """
     _owner, _attr, raw = resolve_target(target)
     if isinstance(raw, (classmethod, staticmethod)):
@@ -233,7 +233,10 @@ def fingerprint(target: str) -> dict[str, str | None]:
         signature: str | None = str(inspect.signature(obj))
     except (TypeError, ValueError):
         signature = None
-    source_sha256 = hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
+    try:
+        source_sha256: str | None = hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
+    except (OSError, TypeError):  # no source file (e.g. defined in `python -c`)
+        source_sha256 = None
     return {"kind": kind, "signature": signature, "source_sha256": source_sha256}
 
 
@@ -263,9 +266,9 @@ def _check_fingerprints(specs: Sequence[HookSpec], version: str) -> None:
     if problems:
         raise ReplaySSMStartupError(
             f"SGLang {version} differs from the targets pinned in patches/targets/sglang-{version}.json, "
-            "so the hooks written against them are not verified; refusing to start. "
-            + " | ".join(problems)
-            + f" | If the change is intended, review each hook against the new source and run {REGENERATE}."
+            "so the hooks written against them are not verified; refusing to start.\n"
+            + "".join(f"  - {problem}\n" for problem in problems)
+            + f"If the change is intended, review each hook against the new source and run {REGENERATE}."
         )
 
 

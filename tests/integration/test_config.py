@@ -1,0 +1,136 @@
+"""ReplaySSMConfig: validation, the SGLANG_REPLAYSSM_CONFIG round trip, and the hand-over from the
+command line to a spawned process (the way SGLang starts its schedulers)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sglang_replayssm.config import BACKENDS, ENV_VAR, ReplaySSMConfig
+from sglang_replayssm.errors import ReplaySSMStartupError
+
+
+def test_defaults() -> None:
+    assert ReplaySSMConfig() == ReplaySSMConfig(backend="default", window=16)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"backend": "fast"}, "ssm backend: expected one of default, replay, got 'fast'"),
+        ({"window": 0}, "window L: expected an integer >= 1, got 0"),
+        ({"window": -3}, "window L: expected an integer >= 1, got -3"),
+        ({"window": True}, "window L: expected an integer >= 1, got bool True"),
+        ({"window": "8"}, "window L: expected an integer >= 1, got str '8'"),
+        ({"window": 8.0}, "window L: expected an integer >= 1, got float 8.0"),
+    ],
+)
+def test_invalid_fields_are_rejected_with_expected_and_actual(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ReplaySSMConfig(**fields)
+
+
+def test_config_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ReplaySSMConfig().window = 4  # type: ignore[misc]
+
+
+@given(backend=st.sampled_from(BACKENDS), window=st.integers(min_value=1, max_value=2**31))
+def test_env_round_trip(backend: str, window: int) -> None:
+    config = ReplaySSMConfig(backend=backend, window=window)
+    environ: dict[str, str] = {}
+    config.export(environ)
+    assert ReplaySSMConfig.from_env(environ) == config
+
+
+@pytest.mark.parametrize("environ", [{}, {ENV_VAR: ""}])
+def test_unset_env_gives_defaults(environ: dict[str, str]) -> None:
+    assert ReplaySSMConfig.from_env(environ) == ReplaySSMConfig()
+
+
+def test_partial_env_value_keeps_other_defaults() -> None:
+    assert ReplaySSMConfig.from_env_value('{"window": 4}') == ReplaySSMConfig(window=4)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("{oops", "expected a JSON object, got '{oops'"),
+        ("[1, 2]", "expected a JSON object, got list"),
+        ('{"L": 3}', r"expected keys among \['backend', 'window'\], got unknown \['L'\]"),
+        ('{"window": 0}', "window L: expected an integer >= 1, got 0"),
+    ],
+)
+def test_bad_env_values_name_the_variable(value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        ReplaySSMConfig.from_env_value(value)
+    assert str(info.value).startswith(f"{ENV_VAR}: ")
+
+
+def _server_parser() -> argparse.ArgumentParser:
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def test_cli_config_reaches_a_spawned_child(stock_sglang: None) -> None:
+    """`--ssm-backend replay --replayssm-window 8` is exported before anything else happens; a
+    process started with the spawn method (as SGLang starts its schedulers) reads the same config.
+    Until the backend is built, parsing then refuses to start."""
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
+
+    load_plugins()
+    args = _server_parser().parse_args(["--model-path", "m", "--ssm-backend", "replay", "--replayssm-window", "8"])
+    with pytest.raises(ReplaySSMStartupError, match="not built yet"):
+        ServerArgs.from_cli_args(args)
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        child_config = pool.submit(ReplaySSMConfig.from_env).result(timeout=120)
+    assert child_config == ReplaySSMConfig(backend="replay", window=8)
+
+
+def test_window_below_one_is_a_usage_error(stock_sglang: None, capsys: pytest.CaptureFixture[str]) -> None:
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    with pytest.raises(SystemExit) as info:
+        _server_parser().parse_args(["--model-path", "m", "--replayssm-window", "0"])
+    assert info.value.code == 2
+    assert "argument --replayssm-window: expected an integer >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_env_value_is_the_flags_default(stock_sglang: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    monkeypatch.setenv(ENV_VAR, '{"window": 4}')
+    args = _server_parser().parse_args(["--model-path", "m"])
+    assert (args.ssm_backend, args.replayssm_window) == ("default", 4)
+    args = _server_parser().parse_args(["--model-path", "m", "--replayssm-window", "2"])
+    assert args.replayssm_window == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("{oops", f"sglang-replayssm: {ENV_VAR}: expected a JSON object"),
+        ('{"backend": "replay"}', "not built yet"),
+    ],
+)
+def test_env_config_is_checked_when_plugins_load(
+    stock_sglang: None, monkeypatch: pytest.MonkeyPatch, value: str, message: str
+) -> None:
+    """The `sglang.Engine(**kwargs)` route: SGLang's load_plugins() swallows Exception, not this."""
+    from sglang.srt.plugins import load_plugins
+
+    monkeypatch.setenv(ENV_VAR, value)
+    with pytest.raises(ReplaySSMStartupError, match=message):
+        load_plugins()
