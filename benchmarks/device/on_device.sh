@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Run one command on the lent H200 with SGLang 0.5.17 and this project importable, then exit with its status.
+#
+#   usage (on the device machine, from the repository root):
+#     bash benchmarks/device/on_device.sh COMMAND [ARG ...]
+#
+# The machine has Python 3.12, torch 2.11, triton 3.6 and nvcc, but no SGLang and no network. This
+# unpacks .device/sgl517.tar.xz (made by payload.sh; it must be carried: it is git-ignored) into
+# /tmp/sgl unless the same archive is already there from an earlier command on the same warm machine,
+# puts it on PYTHONPATH, installs this project offline and without dependencies (editable, so the
+# `replayssm` entry point exists), selects only this plug-in (SGLANG_PLUGINS=replayssm) and runs
+# COMMAND. See README.md here for the one-call pattern.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+archive=.device/sgl517.tar.xz
+if [ ! -f "$archive" ]; then
+  echo "on_device.sh: $archive missing: run benchmarks/device/payload.sh first and carry .device" >&2
+  exit 2
+fi
+sum=$(md5sum "$archive" | cut -d' ' -f1)
+if [ "$(cat /tmp/sgl/.archive-md5 2>/dev/null)" != "$sum" ]; then
+  rm -rf /tmp/sgl && mkdir -p /tmp/sgl
+  tar -C /tmp/sgl -xJf "$archive"
+  echo "$sum" > /tmp/sgl/.archive-md5
+fi
+export PYTHONPATH=/tmp/sgl/site${PYTHONPATH:+:$PYTHONPATH}
+export SGLANG_PLUGINS=replayssm
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >&2
+"$@"
