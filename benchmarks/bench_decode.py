@@ -1248,40 +1248,55 @@ def write_plot(rows: list[Row], path: Path, title: str) -> str:
         import matplotlib.pyplot as plt
     except Exception:  # noqa: BLE001 (no matplotlib in this venv: fall back to Pillow)
         plt = None
+    mpl_error = ""
     if plt is not None:
-        fig, axes = plt.subplots(2, len(families), figsize=(6.5 * len(families), 8.5),
-                                 squeeze=False)
-        for j, fam in enumerate(families):
-            ser = _plot_series(rows, fam)
-            for label, pts in ser.items():
-                key = next(r.kernel for r in rows if r.label == label)
-                color = tuple(c / 255 for c in _COLORS.get(key, (100, 100, 100)))
-                ls = "--" if "mixed" in label else "-"
-                xs = [p[0] for p in pts]
-                axes[0][j].plot(xs, [p[1] for p in pts], ls, marker="o", color=color,
-                                label=label, ms=4)
-                axes[1][j].plot(xs, [p[2] for p in pts], ls, marker="o", color=color,
-                                label=label, ms=4)
-            axes[0][j].set_xscale("log", base=2)
-            axes[0][j].set_yscale("log")
-            axes[0][j].set_title(f"{fam}: median us per layer step")
-            axes[1][j].set_xscale("log", base=2)
-            axes[1][j].set_title(f"{fam}: % of measured copy bandwidth")
-            axes[1][j].set_xlabel("batch")
-            axes[1][j].set_ylim(bottom=0)
-            for i in range(2):
-                axes[i][j].grid(True, which="both", alpha=0.3)
-                axes[i][j].legend(fontsize=7)
-        fig.suptitle(title, fontsize=9)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return "matplotlib"
+        try:
+            _write_plot_mpl(rows, families, path, title, plt, matplotlib)
+            return "matplotlib"
+        except Exception as e:  # noqa: BLE001 (an odd matplotlib: fall back to Pillow, say so)
+            mpl_error = f"; matplotlib failed: {type(e).__name__}: {e}"
     try:
         _write_plot_pil(rows, families, path, title)
-        return "pillow (matplotlib not importable)"
+        return "pillow" + (mpl_error or " (matplotlib not importable)")
     except Exception as e:  # noqa: BLE001 (no plotting library at all: say so, keep the rest)
-        return f"no plot: {type(e).__name__}: {e}"
+        return f"no plot: {type(e).__name__}: {e}{mpl_error}"
+
+
+def _write_plot_mpl(rows: list[Row], families: list[str], path: Path, title: str, plt,
+                    matplotlib) -> None:
+    import matplotlib.ticker  # noqa: F401 (NullLocator below)
+
+    fig, axes = plt.subplots(2, len(families), figsize=(6.5 * len(families), 8.5),
+                             squeeze=False)
+    for j, fam in enumerate(families):
+        ser = _plot_series(rows, fam)
+        for label, pts in ser.items():
+            key = next(r.kernel for r in rows if r.label == label)
+            color = tuple(c / 255 for c in _COLORS.get(key, (100, 100, 100)))
+            ls = "--" if "mixed" in label else "-"
+            xs = [p[0] for p in pts]
+            axes[0][j].plot(xs, [p[1] for p in pts], ls, marker="o", color=color,
+                            label=label, ms=4)
+            axes[1][j].plot(xs, [p[2] for p in pts], ls, marker="o", color=color,
+                            label=label, ms=4)
+        batches = sorted({p[0] for pts in ser.values() for p in pts})
+        for i in range(2):
+            axes[i][j].set_xscale("log", base=2)
+            axes[i][j].set_xticks(batches)
+            axes[i][j].set_xticklabels([str(b) for b in batches])
+            axes[i][j].xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        axes[0][j].set_yscale("log")
+        axes[0][j].set_title(f"{fam}: median us per layer step")
+        axes[1][j].set_title(f"{fam}: % of measured copy bandwidth")
+        axes[1][j].set_xlabel("batch")
+        axes[1][j].set_ylim(bottom=0)
+        for i in range(2):
+            axes[i][j].grid(True, which="both", alpha=0.3)
+            axes[i][j].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _write_plot_pil(rows: list[Row], families: list[str], path: Path, title: str) -> None:
