@@ -132,11 +132,12 @@ def check_version() -> str:
     version = sglang.__version__
     supported = supported_versions()
     if version not in supported:
+        versions = ", ".join(supported) or "no version (its fingerprint files are missing)"
         raise ReplaySSMStartupError(
-            f"SGLang {version} is not supported: sglang-replayssm {__version__} supports SGLang "
-            f"{', '.join(supported)} only (patches/targets/sglang-<version>.json). Install a supported "
-            "SGLang (pip install 'sglang==" + supported[-1] + "'), or leave this plug-in out by setting "
-            "SGLANG_PLUGINS to a comma-separated list of plug-in names without 'replayssm'."
+            f"SGLang {version} is not supported: sglang-replayssm {__version__} supports SGLang {versions} "
+            "only (patches/targets/sglang-<version>.json). Install a supported SGLang, or leave this "
+            "plug-in out by setting SGLANG_PLUGINS to a comma-separated list of plug-in names without "
+            "'replayssm'."
         )
     return version
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import types
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -18,10 +20,29 @@ REPO = Path(__file__).resolve().parents[2]
 ENV_VAR = "SGLANG_REPLAYSSM_CONFIG"
 
 
+def _unpropagate(patched: object, stock: object) -> None:
+    """Undo HookRegistry's rebinding of module-level names (``from X import Y``) to ``patched``.
+
+    A replacement class's own name (``ReplayMamba2AttnBackend`` in the module defining it, or
+    imported by that name) is kept: only names that were the stock object's are put back.
+    """
+    own_name = getattr(patched, "__name__", None)
+    keep = own_name if own_name != getattr(stock, "__name__", None) else None
+    for module in list(sys.modules.values()):
+        if not isinstance(module, types.ModuleType):
+            continue
+        for name, value in list(vars(module).items()):
+            if value is patched and name != keep:
+                try:
+                    setattr(module, name, stock)
+                except (AttributeError, TypeError):  # as HookRegistry: skip read-only modules
+                    pass
+
+
 def _restore_stock() -> None:
     """Put SGLang's own objects back at every hooked target and forget all plug-in state."""
     from sglang.srt import plugins
-    from sglang.srt.plugins.hook_registry import HookRegistry, _propagate_patch
+    from sglang.srt.plugins.hook_registry import HookRegistry
 
     from sglang_replayssm import patching
 
@@ -40,7 +61,7 @@ def _restore_stock() -> None:
         if stock is not raw:
             setattr(owner, attr, stock)
             if not isinstance(raw, (classmethod, staticmethod)):
-                _propagate_patch(raw, stock, owner)  # undo the rebinding of `from X import Y` names
+                _unpropagate(raw, stock)
     HookRegistry.reset()
     plugins._plugins_loaded = False
 
