@@ -109,6 +109,7 @@ def _mamba2_replay_decode_fwd_kernel(
     HAS_Z: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr,
 ):
     i_p = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -160,33 +161,46 @@ def _mamba2_replay_decode_fwd_kernel(
 
     if do_flush:
         # Exact fold: replay the committed raw records, then the current token, in the
-        # conventional kernel's op order. The state stays fp32 in registers across tokens.
-        for j in range(0, length):
-            row = (start + j) % R
-            b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_p, other=0.0).to(tl.float32)
-            dtj = tl.load(p_rdt + row * stride_rdt_row)
-            b_Bj = tl.load(p_rB + row * stride_rB_row, mask=m_n, other=0.0).to(tl.float32)
-            dA = tl.exp(A * dtj)
-            dB = b_Bj * dtj
-            b_s = b_s * dA + dB * b_xj[:, None]
+        # conventional kernel's op order; the state stays fp32 in registers across tokens.
+        # The inner loop is unrolled with masked loads that do not depend on the state, so the
+        # BLOCK_L record loads are in flight together instead of one load latency per record.
+        for c in range(0, length, BLOCK_L):
+            for jj in tl.static_range(BLOCK_L):
+                ok = c + jj < length
+                row = (start + c + jj) % R
+                b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_p & ok, other=0.0)
+                dtj = tl.load(p_rdt + row * stride_rdt_row, mask=ok, other=0.0)
+                b_Bj = tl.load(p_rB + row * stride_rB_row, mask=m_n & ok, other=0.0)
+                dA = tl.exp(A * dtj)
+                dB = b_Bj.to(tl.float32) * dtj
+                b_s = tl.where(ok, b_s * dA + dB * b_xj.to(tl.float32)[:, None], b_s)
         dA = tl.exp(A * dt)
         dB = b_B * dt
         b_s = b_s * dA + dB * b_x[:, None]
         tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_pn)
         b_y = tl.sum(b_s * b_C[None, :], axis=1)
     else:
-        # Inner-product route, newest record first: lam = λ_j = Π_{i>j} a_i, ending as ā.
-        b_sc = tl.sum(b_s * b_C[None, :], axis=1)
+        # Inner-product route (math.md §2), a chunk of BLOCK_L records at a time, newest first:
+        # λ_j = exp(A·s_j) with s_j the Δ-sum of every newer token (the current one included),
+        # carried across chunks in `s_newer`; ā = exp(A·(all Δ)).
         b_acc = (dt * tl.sum(b_B * b_C)) * b_x
-        lam = tl.exp(A * dt)
-        for i in range(0, length):
-            row = (start + (length - 1 - i)) % R
-            b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_p, other=0.0).to(tl.float32)
-            dtj = tl.load(p_rdt + row * stride_rdt_row)
-            b_Bj = tl.load(p_rB + row * stride_rB_row, mask=m_n, other=0.0).to(tl.float32)
-            b_acc += (lam * dtj * tl.sum(b_Bj * b_C)) * b_xj
-            lam = lam * tl.exp(A * dtj)
-        b_y = lam * b_sc + b_acc
+        s_newer = dt
+        o_l = tl.arange(0, BLOCK_L)
+        for c in range(0, length, BLOCK_L):
+            j = length - 1 - c - o_l  # logical rows, newest first
+            m_l = j >= 0
+            row = (start + j) % R
+            b_d = tl.load(p_rdt + row * stride_rdt_row, mask=m_l, other=0.0)
+            p_Bj = p_rB + row[:, None] * stride_rB_row
+            b_Bj = tl.load(p_Bj, mask=m_l[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+            p_xj = ring_x_ptr + slot * stride_rx_slot + i_h * stride_rx_head
+            p_xj += row[:, None] * stride_rx_row + o_p[None, :] * stride_rx_p
+            b_xj = tl.load(p_xj, mask=m_l[:, None] & m_p[None, :], other=0.0).to(tl.float32)
+            b_beta = tl.sum(b_Bj * b_C[None, :], axis=1)  # B_j·C, [BLOCK_L]
+            b_lam = tl.exp(A * (s_newer + (tl.cumsum(b_d, axis=0) - b_d)))
+            b_acc += tl.sum((b_lam * b_d * b_beta)[:, None] * b_xj, axis=0)
+            s_newer += tl.sum(b_d, axis=0)
+        b_y = tl.exp(A * s_newer) * tl.sum(b_s * b_C[None, :], axis=1) + b_acc
         # Append the current record at logical row `length`.
         row = (start + length) % R
         tl.store(p_rx + row * stride_rx_row, b_x_raw, mask=m_p)
@@ -205,15 +219,18 @@ def _mamba2_replay_decode_fwd_kernel(
     tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=m_p)
 
 
-def launch_config(P: int, N: int) -> tuple[int, int]:
-    """Fixed launch parameters ``(BLOCK_P, num_warps)`` (no autotune: the kernel writes the pool).
+def launch_config(P: int, N: int, R: int) -> tuple[int, int, int]:
+    """Fixed launch parameters ``(BLOCK_P, BLOCK_L, num_warps)``; no autotune (the kernel writes
+    the pool).
 
     ``BLOCK_P = 16`` divides Nano-4B's P = 80 (5 tiles of ``16 × 128``: 8 KiB of fp32 state per
-    program, 16 elements per thread at 4 warps); other P are masked. Small P uses one tile.
+    program, 16 elements per thread at 4 warps); other P are masked, small P uses one tile.
+    ``BLOCK_L = 16`` records per chunk covers a whole L = 16 window in one chunk.
     """
     block_p = min(16, triton.next_power_of_2(P))
+    block_l = min(16, triton.next_power_of_2(R))
     num_warps = 4 if triton.next_power_of_2(N) * block_p >= 1024 else 2
-    return block_p, num_warps
+    return block_p, block_l, num_warps
 
 
 def mamba2_replay_decode_fwd(
@@ -241,11 +258,13 @@ def mamba2_replay_decode_fwd(
     stride_D: tuple[int, int],
     stride_dt_bias_head: int,
     block_p: int | None = None,
+    block_l: int | None = None,
     num_warps: int | None = None,
 ) -> None:
     """Launch the kernel on validated arguments (no checks; see ``mamba2_replay_decode``).
 
-    ``block_p`` / ``num_warps`` override ``launch_config`` (benchmarks and tuning only).
+    ``block_p`` / ``block_l`` / ``num_warps`` override ``launch_config`` (tests, benchmarks and
+    tuning only).
     """
     batch, H, P = x.shape
     N = state.shape[3]
@@ -253,8 +272,9 @@ def mamba2_replay_decode_fwd(
     R = ring_x.shape[2]
     if batch == 0:
         return
-    bp, nw = launch_config(P, N)
+    bp, bl, nw = launch_config(P, N, R)
     block_p = bp if block_p is None else block_p
+    block_l = bl if block_l is None else block_l
     num_warps = nw if num_warps is None else num_warps
     z_strides = (z.stride(0), z.stride(1), z.stride(2)) if z is not None else (0, 0, 0)
     grid = (triton.cdiv(P, block_p), H, batch)
@@ -281,6 +301,7 @@ def mamba2_replay_decode_fwd(
         HAS_Z=z is not None,
         BLOCK_P=block_p,
         BLOCK_N=triton.next_power_of_2(N),
+        BLOCK_L=block_l,
         num_warps=num_warps,
     )
 
