@@ -58,8 +58,11 @@ def _make_exp():
     return _jit_exp
 
 
-def apply() -> list[str]:
-    """Apply the shims (idempotent; only under ``TRITON_INTERPRET=1``). Returns what was done."""
+def apply(sglang: bool = True) -> list[str]:
+    """Apply the shims (idempotent; only under ``TRITON_INTERPRET=1``). Returns what was done.
+
+    ``sglang=False`` skips the SGLang ones (and SGLang's slow import) when no peer is run.
+    """
     global _applied  # noqa: PLW0603
     done: list[str] = []
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") or _applied:
@@ -77,6 +80,9 @@ def apply() -> list[str]:
     if not hasattr(torch.cpu, "device"):
         torch.cpu.device = lambda index=None: contextlib.nullcontext()
         done.append("torch.cpu.device")
+    if not sglang:
+        _applied = True
+        return done
     try:
         import triton.language as tl
 

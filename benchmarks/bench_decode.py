@@ -34,6 +34,7 @@ buffer leaves no dirty lines whose write-back would be billed to the timed kerne
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -1548,7 +1549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cfg.device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
             from benchmarks import _cpu_shims
 
-            meta["cpu_shims"] = _cpu_shims.apply()
+            meta["cpu_shims"] = _cpu_shims.apply(sglang=not cfg.skip_peers)
         kernels, refs, kerr = load_ours(cfg)
         peers, perr = load_peers(cfg)
         for k, e in {**{f"ours/{k}": v for k, v in kerr.items()},
@@ -1559,47 +1560,70 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta["l2_flush_bytes"] = timer.flush_bytes
         rows = []
         for fam_name in cfg.families:
-            fam = (Mamba2Family if fam_name == "mamba2" else GDNFamily)(cfg, kernels, peers)
-            models = byte_models(cfg, fam_name)
-            meta[f"{fam_name}_pool_bytes_per_slot"] = fam.bytes_per_slot()
-            skip_ours = None
-            if kernels.get(fam_name) is not None:
-                err = probe_layout(fam, kernels[fam_name])
-                if err is not None:
-                    skip_ours = f"refused every input layout: {err}"
-            if cfg.refcheck and kernels.get(fam_name) is not None and not skip_ours:
-                if refs.get(fam_name) is None:
-                    skip_ours = "no torch reference found for --refcheck"
-                else:
-                    try:
-                        rc = refcheck_family(fam, kernels[fam_name], refs[fam_name])
-                    except Exception as e:  # noqa: BLE001 (a crash is a failed check)
-                        traceback.print_exc()
-                        rc = {"ok": False, "problems": [f"{type(e).__name__}: {e}"]}
-                    refchecks[fam_name] = rc
-                    errs = ", ".join(f"{k} {v:.2e}" for k, v in rc.get("errors", {}).items())
-                    _log(f"refcheck {fam_name}: {'PASS' if rc['ok'] else 'FAIL'} ({errs})"
-                         + ("" if rc["ok"] else f" problems: {rc['problems']}"))
-                    if not rc["ok"]:
-                        skip_ours = "refcheck failed: " + "; ".join(rc["problems"])
-                    try:
-                        xc = crosscheck_conventional(fam, kernels[fam_name])
-                    except Exception as e:  # noqa: BLE001 (informational only)
-                        xc = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-                    if xc is not None:
-                        rc["vs_sglang_conventional"] = xc
-                        _log(f"crosscheck {fam_name} (empty ring, all rows flush) vs SGLang "
-                             f"conventional: " + ", ".join(f"{k} {v}" for k, v in xc.items()))
-            if skip_ours:
-                status[f"{fam_name}/ours"] = f"not timed: {skip_ours}"
-            rows += run_family(cfg, fam, timer, models, skip_ours, status)
-            del fam
+            try:
+                rows += _run_one_family(cfg, fam_name, kernels, refs, peers, timer, meta,
+                                        refchecks, status)
+            except Exception as e:  # noqa: BLE001 (e.g. a device fault: keep what was measured)
+                traceback.print_exc()
+                status[f"{fam_name}/all"] = f"aborted: {type(e).__name__}: {e}"
+                _log(f"[{fam_name}] ABORTED: {type(e).__name__}: {e}")
+            # written after every family, so a later crash keeps the finished ones
+            write_outputs(cfg, meta, copy, refchecks, status, rows, t_start, final=False)
             if cfg.device == "cuda":
                 torch.cuda.empty_cache()
 
+    rows = write_outputs(cfg, meta, copy, refchecks, status, rows, t_start, final=True)
+    failed = any(not rc.get("ok", False) for rc in refchecks.values())
+    return 1 if failed else 0
+
+
+def _run_one_family(cfg: Config, fam_name: str, kernels: dict, refs: dict, peers: dict,
+                    timer: Timer, meta: dict, refchecks: dict, status: dict) -> list[Row]:
+    """Layout probe, refcheck / crosscheck, then timing of one family."""
+    fam = (Mamba2Family if fam_name == "mamba2" else GDNFamily)(cfg, kernels, peers)
+    models = byte_models(cfg, fam_name)
+    meta[f"{fam_name}_pool_bytes_per_slot"] = fam.bytes_per_slot()
+    skip_ours = None
+    if kernels.get(fam_name) is not None:
+        err = probe_layout(fam, kernels[fam_name])
+        if err is not None:
+            skip_ours = f"refused every input layout: {err}"
+    if cfg.refcheck and kernels.get(fam_name) is not None and not skip_ours:
+        if refs.get(fam_name) is None:
+            skip_ours = "no torch reference found for --refcheck"
+        else:
+            try:
+                rc = refcheck_family(fam, kernels[fam_name], refs[fam_name])
+            except Exception as e:  # noqa: BLE001 (a crash is a failed check)
+                traceback.print_exc()
+                rc = {"ok": False, "problems": [f"{type(e).__name__}: {e}"]}
+            refchecks[fam_name] = rc
+            errs = ", ".join(f"{k} {v:.2e}" for k, v in rc.get("errors", {}).items())
+            _log(f"refcheck {fam_name}: {'PASS' if rc['ok'] else 'FAIL'} ({errs})"
+                 + ("" if rc["ok"] else f" problems: {rc['problems']}"))
+            if not rc["ok"]:
+                skip_ours = "refcheck failed: " + "; ".join(rc["problems"])
+            try:
+                xc = crosscheck_conventional(fam, kernels[fam_name])
+            except Exception as e:  # noqa: BLE001 (informational only)
+                xc = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            if xc is not None:
+                rc["vs_sglang_conventional"] = xc
+                _log(f"crosscheck {fam_name} (empty ring, all rows flush) vs SGLang "
+                     f"conventional: " + ", ".join(f"{k} {v}" for k, v in xc.items()))
+    if skip_ours:
+        status[f"{fam_name}/ours"] = f"not timed: {skip_ours}"
+    return run_family(cfg, fam, timer, models, skip_ours, status)
+
+
+def write_outputs(cfg: Config, meta: dict, copy: dict, refchecks: dict, status: dict,
+                  rows: list[Row], t_start: float, final: bool) -> list[Row]:
+    """Write results.json, results.md and the PNG; on the final call also print the summary."""
+    rows = [dataclasses.replace(r) for r in rows]  # finish_rows fills fields: work on copies
     copy_bw = copy["bytes_per_s"]
     meta["copy_bw"] = copy_bw
     meta["shapes"] = {"mamba2": cfg.mamba2_shape.name, "gdn": cfg.gdn_shape.name}
+    meta["complete"] = final
     finish_rows(rows, copy_bw)
     order = {"ours": 0, "builtin": 1, "ssu": 2, "packed": 2}
     rows.sort(key=lambda r: (cfg.families.index(r.family), r.batch, order[r.kernel],
@@ -1631,6 +1655,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if status:
         md += "\nStatus:\n\n" + "\n".join(f"- {k}: {v}" for k, v in status.items()) + "\n"
     (cfg.out / "results.md").write_text(md)
+    if not final:
+        return rows
 
     _log("")
     for k, v in status.items():
@@ -1643,8 +1669,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for t in targets:
         _log(f"target {t['family']} {t['metric']} @256: {_fmt(t['value'], '.2f')} "
              f"(>= {t['target']}) {'met' if t['met'] else 'MISSED'}")
-    failed = any(not rc.get("ok", False) for rc in refchecks.values())
-    return 1 if failed else 0
+    return rows
 
 
 if __name__ == "__main__":
