@@ -113,8 +113,18 @@ def gdn_replay_decode_fwd_kernel(
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
 
-    # Padding row: touches nothing, not even its output row.
+    # Every per-row scalar is requested at once (one memory round trip); padding rows read their
+    # own (unused) cursor and gate entries, which exist since they are batch-shaped.
     i_s = tl.load(slot_idx + i_n).to(tl.int64)
+    r_start = tl.load(ring_start + i_n).to(tl.int32)
+    r_len = tl.load(ring_len + i_n).to(tl.int32)
+    is_flush = tl.load(flush + i_n).to(tl.int32) != 0
+    a_val = tl.load(a + i_n * stride_a_b + i_hv * stride_a_h).to(tl.float32)
+    b_val = tl.load(b + i_n * stride_b_b + i_hv * stride_b_h).to(tl.float32)
+    A_log_val = tl.load(A_log + i_hv).to(tl.float32)
+    dt_bias_val = tl.load(dt_bias + i_hv).to(tl.float32)
+
+    # Padding row: touches nothing, not even its output row.
     if i_s < 0:
         return
 
@@ -124,16 +134,8 @@ def gdn_replay_decode_fwd_kernel(
     mask_v = o_v < V
     mask_h = mask_v[:, None] & mask_k[None, :]
 
-    r_start = tl.load(ring_start + i_n).to(tl.int32)
-    r_len = tl.load(ring_len + i_n).to(tl.int32)
-    is_flush = tl.load(flush + i_n).to(tl.int32) != 0
-
     # Gates of the current token: the conventional kernel's expressions, so g and β (stored in
     # the ring and replayed by a later flush) carry the bits that kernel would have used.
-    a_val = tl.load(a + i_n * stride_a_b + i_hv * stride_a_h).to(tl.float32)
-    b_val = tl.load(b + i_n * stride_b_b + i_hv * stride_b_h).to(tl.float32)
-    A_log_val = tl.load(A_log + i_hv).to(tl.float32)
-    dt_bias_val = tl.load(dt_bias + i_hv).to(tl.float32)
     x = a_val + dt_bias_val
     softplus_x = tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
     g_val = -tl.exp(A_log_val) * softplus_x
@@ -150,22 +152,43 @@ def gdn_replay_decode_fwd_kernel(
     p_k = k + i_n * stride_k_b + i_h * stride_k_h + o_k * stride_k_k
     p_v = v + i_n * stride_v_b + i_hv * stride_v_h + o_v * stride_v_v
     p_o = o + i_n * stride_o_b + i_hv * stride_o_h + o_v * stride_o_v
+    p_rk = ring_k + i_s * stride_rk_n + i_h * stride_rk_h
+    p_rv = ring_v + i_s * stride_rv_n + i_hv * stride_rv_h
+    p_ru = ring_u + i_s * stride_u_n + i_hv * stride_u_h
+    p_rg = ring_g + i_s * stride_g_n + i_hv * stride_g_h
+    p_rb = ring_beta + i_s * stride_beta_n + i_hv * stride_beta_h
 
     if is_flush:
-        # ---- Exact fold: every line below mirrors the conventional packed-decode kernel. ----
+        # ---- Exact fold: the arithmetic mirrors the conventional packed-decode kernel. ----
         b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
+        # Raw records are prefetched two ahead (plain loads into the same layouts as in the
+        # conventional kernel), so the sequential replay does not wait on memory every step.
+        row = r_start % R
+        pf = r_len > 0
+        n0_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
+        n0_v = tl.load(p_rv + row * stride_rv_r + o_v * stride_rv_v, mask=mask_v & pf, other=0)
+        n0_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
+        n0_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
+        row = (r_start + 1) % R
+        pf = r_len > 1
+        n1_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
+        n1_v = tl.load(p_rv + row * stride_rv_r + o_v * stride_rv_v, mask=mask_v & pf, other=0)
+        n1_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
+        n1_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
         for i_r in range(0, r_len):
-            row = (r_start + i_r) % R
-            p_kr = ring_k + i_s * stride_rk_n + i_h * stride_rk_h + row * stride_rk_r
-            p_vr = ring_v + i_s * stride_rv_n + i_hv * stride_rv_h + row * stride_rv_r
-            b_k = tl.load(p_kr + o_k * stride_rk_k, mask=mask_k, other=0).to(tl.float32)
-            b_v = tl.load(p_vr + o_v * stride_rv_v, mask=mask_v, other=0).to(tl.float32)
+            b_k = n0_k.to(tl.float32)
+            b_v = n0_v.to(tl.float32)
+            b_g = n0_g
+            b_beta = n0_b
+            n0_k, n0_v, n0_g, n0_b = n1_k, n1_v, n1_g, n1_b
+            row = (r_start + i_r + 2) % R
+            pf = i_r + 2 < r_len
+            n1_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
+            n1_v = tl.load(p_rv + row * stride_rv_r + o_v * stride_rv_v, mask=mask_v & pf, other=0)
+            n1_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
+            n1_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
             if USE_QK_L2NORM:
                 b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-            b_g = tl.load(ring_g + i_s * stride_g_n + i_hv * stride_g_h + row * stride_g_r)
-            b_beta = tl.load(
-                ring_beta + i_s * stride_beta_n + i_hv * stride_beta_h + row * stride_beta_r
-            )
             b_h *= tl.exp(b_g)
             b_v -= tl.sum(b_h * b_k[None, :], 1)
             b_v *= b_beta
@@ -187,9 +210,27 @@ def gdn_replay_decode_fwd_kernel(
         tl.store(p_s, b_h.to(state.dtype.element_ty), mask=mask_h)
     else:
         # ---- Output from S0 + committed records + current token; append the record. ----
+        # All loads first (checkpoint tile, the newest chunk of records, the token), then math.
+        b_h0 = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
+        n_chunks = tl.cdiv(r_len, BR)
+        o_rc = (n_chunks - 1) * BR + tl.arange(0, BR)
+        mask_r = (o_rc < r_len) & (o_rc >= 0)
+        rows = (r_start + o_rc) % R
+        c_g = tl.load(p_rg + rows * stride_g_r, mask=mask_r, other=0.0)
+        c_k = tl.load(
+            p_rk + rows[:, None] * stride_rk_r + o_k[None, :] * stride_rk_k,
+            mask=mask_r[:, None] & mask_k[None, :],
+            other=0,
+        )
+        c_u = tl.load(
+            p_ru + rows[:, None] * stride_u_r + o_v[None, :] * stride_u_v,
+            mask=mask_r[:, None] & mask_v[None, :],
+            other=0,
+        )
         b_q_raw = tl.load(p_q, mask=mask_k, other=0)
         b_k_raw = tl.load(p_k, mask=mask_k, other=0)
         b_v_raw = tl.load(p_v, mask=mask_v, other=0)
+
         b_q = b_q_raw.to(tl.float32)
         b_k = b_k_raw.to(tl.float32)
         b_v = b_v_raw.to(tl.float32)
@@ -197,55 +238,41 @@ def gdn_replay_decode_fwd_kernel(
             b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
             b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
         b_q = b_q * scale
-
         # Checkpoint: one read, two mat-vecs.
-        b_h0 = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
         b_hk = tl.sum(b_h0 * b_k[None, :], 1)
         b_hq = tl.sum(b_h0 * b_q[None, :], 1)
 
-        # Records, newest chunk first, so the suffix gate sums ω_j = exp(Σ_{i>j} g_i) are
-        # accumulated without cancellation.
-        o_r = tl.arange(0, BR)
+        # Records, newest chunk first, so that ω_j = exp(Σ_{i>j} g_i) is a suffix sum (no
+        # cancellation).  With R <= BR (decode) there is exactly one chunk and no loop.
         b_acc_k = tl.zeros([BV], dtype=tl.float32)
         b_acc_q = tl.zeros([BV], dtype=tl.float32)
-        b_gsum = 0.0  # Σ g over the chunks already processed (the later records)
-        n_chunks = tl.cdiv(r_len, BR)
+        b_gsum = tl.sum(tl.zeros([BR], dtype=tl.float32), 0)  # Σ g of the later records
         for i_c in range(0, n_chunks):
-            o_rc = (n_chunks - 1 - i_c) * BR + o_r
-            mask_r = o_rc < r_len
-            rows = (r_start + o_rc) % R
-            b_g = tl.load(
-                ring_g + i_s * stride_g_n + i_hv * stride_g_h + rows * stride_g_r,
-                mask=mask_r,
-                other=0.0,
-            )
-            b_suffix = tl.cumsum(b_g, 0, reverse=True) - b_g + b_gsum
-            b_w = tl.where(mask_r, tl.exp(b_suffix), 0.0)
-            b_gsum += tl.sum(b_g, 0)
-
-            p_kr = (
-                ring_k
-                + i_s * stride_rk_n
-                + i_h * stride_rk_h
-                + rows[:, None] * stride_rk_r
-                + o_k[None, :] * stride_rk_k
-            )
-            b_kr = tl.load(p_kr, mask=mask_r[:, None] & mask_k[None, :], other=0).to(tl.float32)
+            if i_c > 0:
+                o_rc = (n_chunks - 1 - i_c) * BR + tl.arange(0, BR)
+                mask_r = o_rc < r_len
+                rows = (r_start + o_rc) % R
+                c_g = tl.load(p_rg + rows * stride_g_r, mask=mask_r, other=0.0)
+                c_k = tl.load(
+                    p_rk + rows[:, None] * stride_rk_r + o_k[None, :] * stride_rk_k,
+                    mask=mask_r[:, None] & mask_k[None, :],
+                    other=0,
+                )
+                c_u = tl.load(
+                    p_ru + rows[:, None] * stride_u_r + o_v[None, :] * stride_u_v,
+                    mask=mask_r[:, None] & mask_v[None, :],
+                    other=0,
+                )
+            b_w = tl.where(mask_r, tl.exp(tl.cumsum(c_g, 0, reverse=True) - c_g + b_gsum), 0.0)
+            b_gsum += tl.sum(c_g, 0)
+            b_kr = c_k.to(tl.float32)
             b_kk = tl.sum(b_kr * b_k[None, :], 1)
             b_kq = tl.sum(b_kr * b_q[None, :], 1)
             if USE_QK_L2NORM:
                 b_rn = 1.0 / tl.sqrt(tl.sum(b_kr * b_kr, 1) + 1e-6)
                 b_kk = b_kk * b_rn
                 b_kq = b_kq * b_rn
-
-            p_ur = (
-                ring_u
-                + i_s * stride_u_n
-                + i_hv * stride_u_h
-                + rows[:, None] * stride_u_r
-                + o_v[None, :] * stride_u_v
-            )
-            b_u = tl.load(p_ur, mask=mask_r[:, None] & mask_v[None, :], other=0).to(tl.float32)
+            b_u = c_u.to(tl.float32)
             b_acc_k += tl.sum(b_u * (b_w * b_kk)[:, None], 0)
             b_acc_q += tl.sum(b_u * (b_w * b_kq)[:, None], 0)
 
@@ -259,20 +286,14 @@ def gdn_replay_decode_fwd_kernel(
 
         # Append the current record at logical row len.
         w_row = (r_start + r_len) % R
-        p_uw = ring_u + i_s * stride_u_n + i_hv * stride_u_h + w_row * stride_u_r
-        tl.store(p_uw + o_v * stride_u_v, b_u_c.to(ring_u.dtype.element_ty), mask=mask_v)
-        p_vw = ring_v + i_s * stride_rv_n + i_hv * stride_rv_h + w_row * stride_rv_r
-        tl.store(p_vw + o_v * stride_rv_v, b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)
+        tl.store(p_ru + w_row * stride_u_r + o_v * stride_u_v, b_u_c.to(ring_u.dtype.element_ty), mask=mask_v)
+        tl.store(p_rv + w_row * stride_rv_r + o_v * stride_rv_v, b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)
         if i_v == 0:
-            tl.store(ring_g + i_s * stride_g_n + i_hv * stride_g_h + w_row * stride_g_r, g_val)
-            tl.store(
-                ring_beta + i_s * stride_beta_n + i_hv * stride_beta_h + w_row * stride_beta_r,
-                beta_val,
-            )
+            tl.store(p_rg + w_row * stride_g_r, g_val)
+            tl.store(p_rb + w_row * stride_beta_r, beta_val)
             if i_hv % (HV // H) == 0:
-                p_kw = ring_k + i_s * stride_rk_n + i_h * stride_rk_h + w_row * stride_rk_r
                 tl.store(
-                    p_kw + o_k * stride_rk_k,
+                    p_rk + w_row * stride_rk_r + o_k * stride_rk_k,
                     b_k_raw.to(ring_k.dtype.element_ty),
                     mask=mask_k,
                 )
