@@ -3,8 +3,10 @@
 See README.md in this folder for the ring protocol, record layouts and bytes per record.
 """
 
+from replayssm_kernels.conventional.gdn import gdn_conventional_f64
 from replayssm_kernels.conventional.mamba2 import mamba2_conventional_f64
 from replayssm_kernels.cursors import decode_cursor_step, reset_cursors
+from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
 from replayssm_kernels.mamba2_decode import mamba2_replay_decode, mamba2_replay_decode_ref
 
 __all__ = [
@@ -13,4 +15,7 @@ __all__ = [
     "mamba2_replay_decode",
     "mamba2_replay_decode_ref",
     "mamba2_conventional_f64",
+    "gdn_replay_decode",
+    "gdn_replay_decode_ref",
+    "gdn_conventional_f64",
 ]
