@@ -66,15 +66,6 @@ TARGETS_PACKAGE = "sglang_replayssm._targets"
 REGENERATE = "python -m sglang_replayssm.patching --write-targets"
 FINGERPRINT_KEYS: tuple[str, ...] = ("kind", "signature", "source_sha256")
 
-# Removed when the serving backend lands (issue 4): until then "replay" must not start at all,
-# rather than serve with SGLang's default kernels under a ReplaySSM flag.
-REPLAY_NOT_BUILT = (
-    "the ReplaySSM serving backend (--ssm-backend replay, or backend 'replay' in "
-    f"SGLANG_REPLAYSSM_CONFIG) is not built yet in sglang-replayssm {__version__}; refusing to start "
-    "rather than serve with SGLang's default kernels. Use --ssm-backend default."
-)
-
-
 def _identity(*args: Any, **kwargs: Any) -> Any:
     return args, kwargs
 
@@ -318,12 +309,10 @@ def install(config: ReplaySSMConfig) -> None:
     Raises
     ------
     ReplaySSMStartupError
-        On an unsupported SGLang version, a target whose fingerprint differs, a hook SGLang did not
-        apply, or ``backend="replay"`` (not built yet).
+        On an unsupported SGLang version, a target whose fingerprint differs, or a hook SGLang did
+        not apply.
     """
     version = check_version()
-    if config.backend == "replay":
-        raise ReplaySSMStartupError(REPLAY_NOT_BUILT)
     specs = select_hooks(all_hooks(), config)
     pending = [spec for spec in specs if not in_effect(spec)]
     if not pending:

@@ -20,10 +20,12 @@
 
 ``model_config.ModelConfig.from_server_args`` (AFTER)
     Why: a model family ReplaySSM does not support would otherwise start stock silently (no pool or
-    backend hook fires for it).
+    backend hook fires for it), and some server options conflict with the rings.
     How: refuses to start (``ReplaySSMStartupError``) unless the target model is a supported Mamba-2
-    or GDN hybrid; draft models are not checked.  Runs during ``ServerArgs`` resolution, in the
-    launching process, before anything is loaded.
+    or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, speculative decoding, unified
+    memory, PD disaggregation, and for GDN ``--device cpu`` / ``--enable-mixed-chunk``; draft model
+    configs are not checked.  Runs during ``ServerArgs`` resolution, in the launching process,
+    before anything is loaded (and again in each scheduler).
     Removal: never (it is the plug-in's own validation), unless SGLang grows a capability query.
 """
 
@@ -35,18 +37,54 @@ from sglang_replayssm.hooks import HookSpec
 from sglang_replayssm.hooks.pool import replay_family
 from sglang_replayssm.mamba2 import ReplayMamba2AttnBackend, replay_selective_state_update
 
-__all__ = ["HOOKS", "check_model_family"]
+__all__ = ["HOOKS", "validate_startup"]
 
 
-def check_model_family(result, *args, **kwargs):
-    """AFTER ``ModelConfig.from_server_args``: refuse unsupported model families."""
-    is_draft = kwargs.get("is_draft_model", args[3] if len(args) > 3 else False)
-    if is_draft:
-        return result
+def _refusals(model_config, server_args) -> list[str]:
+    problems = []
     try:
-        replay_family(result)
+        family = replay_family(model_config)
     except ValueError as exc:
-        raise ReplaySSMStartupError(str(exc)) from None
+        return [str(exc)]
+    if getattr(server_args, "enable_linear_replayssm", False) or getattr(
+        server_args, "enable_linear_replayssm_spec", False
+    ):
+        problems.append(
+            "SGLang's built-in --enable-linear-replayssm / --enable-linear-replayssm-spec cannot be combined "
+            "with --ssm-backend replay; use one of them"
+        )
+    if getattr(server_args, "speculative_algorithm", None):
+        problems.append("speculative decoding is not supported with --ssm-backend replay yet")
+    if getattr(server_args, "enable_unified_memory", False):
+        problems.append("--enable-unified-memory is not supported with --ssm-backend replay")
+    if getattr(server_args, "disaggregation_mode", "null") not in (None, "null"):
+        problems.append("prefill/decode disaggregation is not supported with --ssm-backend replay yet")
+    if family == "gdn":
+        if getattr(server_args, "device", None) == "cpu":
+            problems.append(
+                "Gated DeltaNet models (Qwen3-Next / Qwen3.5) do not run on --device cpu with ReplaySSM "
+                "(SGLang's GDN layer and backend are Triton-only); only Mamba-2 hybrids do"
+            )
+        if getattr(server_args, "enable_mixed_chunk", False):
+            problems.append(
+                "--enable-mixed-chunk is not supported for Gated DeltaNet models with --ssm-backend replay"
+            )
+    return problems
+
+
+def validate_startup(result, *args, **kwargs):
+    """AFTER ``ModelConfig.from_server_args(server_args, ..., is_draft_model=...)``: refuse bad setups.
+
+    Refused with ``ReplaySSMStartupError``: an unsupported model family, SGLang's built-in ReplaySSM
+    flags, speculative decoding, unified memory, PD disaggregation, and (GDN) ``--device cpu`` or
+    ``--enable-mixed-chunk``.  Draft model configs are not checked.
+    """
+    if getattr(result, "is_draft_model", False):
+        return result
+    server_args = kwargs.get("server_args", args[0] if args else None)
+    problems = _refusals(result, server_args)
+    if problems:
+        raise ReplaySSMStartupError("--ssm-backend replay refused: " + "; ".join(problems))
     return result
 
 
@@ -68,7 +106,7 @@ HOOKS: list[HookSpec] = [
     ),
     HookSpec(
         target="sglang.srt.configs.model_config.ModelConfig.from_server_args",
-        hook=check_model_family,
+        hook=validate_startup,
         hook_type="after",
     ),
 ]

@@ -84,13 +84,13 @@ def _server_parser() -> argparse.ArgumentParser:
 def test_cli_config_reaches_a_spawned_child(stock_sglang: None) -> None:
     """`--ssm-backend replay --replayssm-window 8` is exported before anything else happens; a
     process started with the spawn method (as SGLang starts its schedulers) reads the same config.
-    Until the backend is built, parsing then refuses to start."""
+    (Resolving ``ServerArgs`` then fails on the fake model path "m"; only the hand-over matters.)"""
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import ServerArgs
 
     load_plugins()
     args = _server_parser().parse_args(["--model-path", "m", "--ssm-backend", "replay", "--replayssm-window", "8"])
-    with pytest.raises(ReplaySSMStartupError, match="not built yet"):
+    with pytest.raises(Exception):  # noqa: B017 -- "m" is no model; any SGLang error will do
         ServerArgs.from_cli_args(args)
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         child_config = pool.submit(ReplaySSMConfig.from_env).result(timeout=120)
@@ -122,7 +122,7 @@ def test_env_value_is_the_flags_default(stock_sglang: None, monkeypatch: pytest.
     ("value", "message"),
     [
         ("{oops", f"sglang-replayssm: {ENV_VAR}: expected a JSON object"),
-        ('{"backend": "replay"}', "not built yet"),
+        ('{"backend": "replay", "window": 0}', f"sglang-replayssm: {ENV_VAR}: replayssm window L: expected an integer >= 1, got 0"),
     ],
 )
 def test_env_config_is_checked_when_plugins_load(

@@ -1,5 +1,5 @@
 """The plug-in as SGLang sees it: entry point, load_plugins(), the flags of the real server command
-lines, the refusal of the unbuilt replay backend, a stock SGLang under `--ssm-backend default`, and
+lines, the start-up refusal of an unsupported model family under `--ssm-backend replay`, a stock SGLang under `--ssm-backend default`, and
 the README's commands as CI runs them."""
 
 from __future__ import annotations
@@ -70,11 +70,11 @@ def test_launch_server_help_lists_both_flags(run_cli: Callable) -> None:
     ],
     ids=["launch_server", "sglang-serve"],
 )
-def test_replay_backend_is_refused_at_startup(run_cli: Callable, command: list[str]) -> None:
-    result = run_cli([*command, "--model-path", TINY_MODEL, "--device", "cpu", "--ssm-backend", "replay"])
+def test_unsupported_family_is_refused_at_startup(run_cli: Callable, command: list[str]) -> None:
+    result = run_cli([*command, "--model-path", "tests/models/llama_tiny", "--device", "cpu", "--ssm-backend", "replay"])
     assert result.returncode == 1, result.stderr[-3000:]
-    assert "sglang-replayssm: the ReplaySSM serving backend" in result.stderr
-    assert "is not built yet" in result.stderr
+    assert "sglang-replayssm: --ssm-backend replay refused: --ssm-backend replay supports" in result.stderr
+    assert "LlamaForCausalLM is not one of them" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -33,7 +33,7 @@ import torch
 __all__ = ["MODELS", "materialize", "build_tokenizer"]
 
 HERE = Path(__file__).resolve().parent
-MODELS = ("nemotron_h_tiny", "qwen3_5_tiny")
+MODELS = ("nemotron_h_tiny", "qwen3_5_tiny", "llama_tiny")
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 
 
@@ -195,7 +195,12 @@ def _qwen3_5_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
     return w
 
 
-_BUILDERS = {"nemotron_h_tiny": (_nemotron_h_weights, 1234), "qwen3_5_tiny": (_qwen3_5_weights, 4321)}
+_BUILDERS = {
+    "nemotron_h_tiny": (_nemotron_h_weights, 1234),
+    "qwen3_5_tiny": (_qwen3_5_weights, 4321),
+    # config + tokenizer only: an unsupported family, refused before any weight is read
+    "llama_tiny": (None, 0),
+}
 
 
 def _vocab_size(cfg: dict) -> int:
@@ -220,9 +225,10 @@ def materialize(name: str, out_dir: str | Path, *, dtype: torch.dtype = torch.fl
     out.mkdir(parents=True, exist_ok=True)
     cfg = json.loads(cfg_text)
     builder, seed = _BUILDERS[name]
-    weights = builder(cfg, _Gen(seed))
-    save_file({k: t.to(dtype).contiguous() for k, t in weights.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+    if builder is not None:
+        weights = builder(cfg, _Gen(seed))
+        save_file({k: t.to(dtype).contiguous() for k, t in weights.items()}, str(out / "model.safetensors"),
+                  metadata={"format": "pt"})
     shutil.copyfile(src_cfg, out / "config.json")
     build_tokenizer(_vocab_size(cfg), out)
     stamp.write_text(cfg_text)
