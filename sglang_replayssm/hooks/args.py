@@ -66,7 +66,7 @@ def add_flags(result: None, parser: argparse.ArgumentParser) -> None:
         choices=BACKENDS,
         default=defaults.backend,
         help="How the SSM layers keep their recurrent state. 'default': SGLang's own kernels, "
-        "unchanged. 'replay': ReplaySSM (not built yet in this version: the server refuses to start). "
+        "unchanged. 'replay': ReplaySSM (Mamba-2 and Gated DeltaNet hybrids). "
         "Default: %(default)s.",
     )
     group.add_argument(
