@@ -286,8 +286,10 @@ def gdn_replay_decode_fwd_kernel(
 
         # Append the current record at logical row len.
         w_row = (r_start + r_len) % R
-        tl.store(p_ru + w_row * stride_u_r + o_v * stride_u_v, b_u_c.to(ring_u.dtype.element_ty), mask=mask_v)
-        tl.store(p_rv + w_row * stride_rv_r + o_v * stride_rv_v, b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)
+        p_uw = p_ru + w_row * stride_u_r + o_v * stride_u_v
+        tl.store(p_uw, b_u_c.to(ring_u.dtype.element_ty), mask=mask_v)
+        p_vw = p_rv + w_row * stride_rv_r + o_v * stride_rv_v
+        tl.store(p_vw, b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)
         if i_v == 0:
             tl.store(p_rg + w_row * stride_g_r, g_val)
             tl.store(p_rb + w_row * stride_beta_r, beta_val)
@@ -421,9 +423,9 @@ def gdn_replay_decode(
       ``(u, raw k, raw v, g, β)`` of the current token is written at physical ring row
       ``(ring_start[b] + ring_len[b]) % R``.  ``state[s]`` is not written.
     * flush: the records and then the current token are folded sequentially into ``state[s]``
-      from the raw inputs, in the conventional packed-decode kernel's fp32 op order, and ``state[s]``
-      is written once (a 16-bit state is rounded once); ``out[b]`` is read from the folded state.
-      No record is written.
+      from the raw inputs, in the conventional packed-decode kernel's fp32 op order, and
+      ``state[s]`` is written once (a 16-bit state is rounded once); ``out[b]`` is read from the
+      folded state.  No record is written.
 
     Value head ``hv`` uses key head ``hv // (HV // Hk)``.
 

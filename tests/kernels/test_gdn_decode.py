@@ -138,7 +138,9 @@ class Sim:
         start = torch.empty(B, dtype=torch.int32, device=self.dev)
         length = torch.empty(B, dtype=torch.int32, device=self.dev)
         flush = torch.empty(B, dtype=torch.bool, device=self.dev)
-        decode_cursor_step(self.cursors, inp["slot_idx"], inp["force"], c.L, c.R, start, length, flush)
+        decode_cursor_step(
+            self.cursors, inp["slot_idx"], inp["force"], c.L, c.R, start, length, flush
+        )
         out = torch.full((B, c.HV, c.V), math.nan, dtype=c.act_dtype, device=self.dev)
         before = [t.clone() for t in self.full_tensors()]
         fn(
@@ -475,7 +477,8 @@ ours = build(
 )
 
 KEEP = re.compile(r"^(arith\.(mulf|addf|subf|divf|extf|truncf)|math\.\w+|\"tt\.reduce\"|"
-                  r"tt\.reshape|ttg\.convert_layout|tt\.expand_dims|tt\.broadcast|tt\.splat|\}\) : \(tensor)")
+                  r"tt\.reshape|ttg\.convert_layout|tt\.expand_dims|tt\.broadcast|tt\.splat|"
+                  r"\}\) : \(tensor)")
 
 def seq(txt, lo=0, hi=None):
     """Float tensor ops with their layouts spelled out and SSA names erased."""
@@ -517,9 +520,14 @@ def test_fold_codegen_matches_sglang():
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-c", _CODEGEN_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _CODEGEN_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    if proc.returncode != 0 and "nvidia" in proc.stderr.lower() and "backend" in proc.stderr.lower():
+    err = proc.stderr.lower()
+    if proc.returncode != 0 and "nvidia" in err and "backend" in err:
         pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
