@@ -1202,7 +1202,7 @@ def format_markdown(rows: list[Row], meta: dict) -> str:
         f"{meta.get('l2_flush_bytes', 0) / 2**20:.0f} MiB between repetitions; "
         f"{'CUDA-graph replay' if meta.get('graph') else 'eager launches'}; median of "
         f"{meta.get('repeats')} × {meta.get('passes')} passes per phase",
-        "- `median us`: phased kernels (`L16`): mean over the L phases of each phase's median "
+        f"- `median us`: phased kernels (`L{meta.get('L')}`): mean over the L phases of each phase's median "
         "(flush step included); `mixed`: one launch with rows spread over the phases; "
         "`MB moved`: byte model (benchmarks/bytes_model.py) for the whole batch; "
         "`± %`: spread between passes",
@@ -1528,7 +1528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gdn_u_dtype=cfg.gdn_u_dtype, slots=cfg.slots, batches=cfg.batches,
         families=cfg.families, impl=cfg.impl, repeats=cfg.repeats, warmup=cfg.warmup,
         passes=cfg.passes, l2_flush=cfg.l2_flush, graph=cfg.graph, seed=cfg.seed,
-        shapes={"mamba2": asdict(cfg.mamba2_shape), "gdn": asdict(cfg.gdn_shape)},
+        shape_dims={"mamba2": asdict(cfg.mamba2_shape), "gdn": asdict(cfg.gdn_shape)},
     )
     status: dict[str, str] = {}
     refchecks: dict[str, dict] = {}
@@ -1558,6 +1558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _log(f"  {k}: unavailable ({e})")
         timer = Timer(cfg)
         meta["l2_flush_bytes"] = timer.flush_bytes
+        meta["l2_flush"] = timer.mode
         rows = []
         for fam_name in cfg.families:
             try:
@@ -1622,7 +1623,9 @@ def write_outputs(cfg: Config, meta: dict, copy: dict, refchecks: dict, status: 
     rows = [dataclasses.replace(r) for r in rows]  # finish_rows fills fields: work on copies
     copy_bw = copy["bytes_per_s"]
     meta["copy_bw"] = copy_bw
-    meta["shapes"] = {"mamba2": cfg.mamba2_shape.name, "gdn": cfg.gdn_shape.name}
+    meta["shapes"] = ", ".join(
+        f"{f} {cfg.mamba2_shape.name if f == 'mamba2' else cfg.gdn_shape.name}"
+        for f in cfg.families)
     meta["complete"] = final
     finish_rows(rows, copy_bw)
     order = {"ours": 0, "builtin": 1, "ssu": 2, "packed": 2}
