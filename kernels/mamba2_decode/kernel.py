@@ -110,6 +110,7 @@ def _mamba2_replay_decode_fwd_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_L: tl.constexpr,
+    FOLD_UNROLL: tl.constexpr,
 ):
     i_p = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -162,10 +163,10 @@ def _mamba2_replay_decode_fwd_kernel(
     if do_flush:
         # Exact fold: replay the committed raw records, then the current token, in the
         # conventional kernel's op order; the state stays fp32 in registers across tokens.
-        # The inner loop is unrolled with masked loads that do not depend on the state, so the
-        # BLOCK_L record loads are in flight together instead of one load latency per record.
-        for c in range(0, length, BLOCK_L):
-            for jj in tl.static_range(BLOCK_L):
+        # The inner loop is unrolled with masked loads that do not depend on the state, so
+        # FOLD_UNROLL record loads are in flight together instead of one latency per record.
+        for c in range(0, length, FOLD_UNROLL):
+            for jj in tl.static_range(FOLD_UNROLL):
                 ok = c + jj < length
                 row = (start + c + jj) % R
                 b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_p & ok, other=0.0)
@@ -219,18 +220,21 @@ def _mamba2_replay_decode_fwd_kernel(
     tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=m_p)
 
 
-def launch_config(P: int, N: int, R: int) -> tuple[int, int, int]:
-    """Fixed launch parameters ``(BLOCK_P, BLOCK_L, num_warps)``; no autotune (the kernel writes
-    the pool).
+def launch_config(P: int, N: int, R: int) -> tuple[int, int, int, int]:
+    """Fixed launch parameters ``(BLOCK_P, BLOCK_L, FOLD_UNROLL, num_warps)``; no autotune (the
+    kernel writes the pool).
 
-    ``BLOCK_P = 16`` divides Nano-4B's P = 80 (5 tiles of ``16 × 128``: 8 KiB of fp32 state per
-    program, 16 elements per thread at 4 warps); other P are masked, small P uses one tile.
-    ``BLOCK_L = 16`` records per chunk covers a whole L = 16 window in one chunk.
+    - ``BLOCK_P = 16`` divides Nano-4B's P = 80: 5 tiles of ``16 × 128``, 8 KiB of fp32 state per
+      program, 16 elements per thread at 4 warps. Other P are masked; small P use one tile.
+    - ``BLOCK_L = 16`` records per non-flush chunk: a whole L = 16 window in one chunk.
+    - ``FOLD_UNROLL = 4``: four record loads in flight per fold step. At the Nano-4B shape (fp32
+      state, bf16 activations, sm_90a, contiguous pool) ptxas reports 96 registers and no spills
+      (5 CTAs per SM); 8 gives 128 registers with a spill, 16 gives 153.
     """
     block_p = min(16, triton.next_power_of_2(P))
     block_l = min(16, triton.next_power_of_2(R))
     num_warps = 4 if triton.next_power_of_2(N) * block_p >= 1024 else 2
-    return block_p, block_l, num_warps
+    return block_p, block_l, 4, num_warps
 
 
 def mamba2_replay_decode_fwd(
@@ -259,12 +263,13 @@ def mamba2_replay_decode_fwd(
     stride_dt_bias_head: int,
     block_p: int | None = None,
     block_l: int | None = None,
+    fold_unroll: int | None = None,
     num_warps: int | None = None,
 ) -> None:
     """Launch the kernel on validated arguments (no checks; see ``mamba2_replay_decode``).
 
-    ``block_p`` / ``block_l`` / ``num_warps`` override ``launch_config`` (tests, benchmarks and
-    tuning only).
+    ``block_p`` / ``block_l`` / ``fold_unroll`` / ``num_warps`` override ``launch_config`` (tests,
+    benchmarks and tuning only).
     """
     batch, H, P = x.shape
     N = state.shape[3]
@@ -272,9 +277,10 @@ def mamba2_replay_decode_fwd(
     R = ring_x.shape[2]
     if batch == 0:
         return
-    bp, bl, nw = launch_config(P, N, R)
+    bp, bl, fu, nw = launch_config(P, N, R)
     block_p = bp if block_p is None else block_p
     block_l = bl if block_l is None else block_l
+    fold_unroll = fu if fold_unroll is None else fold_unroll
     num_warps = nw if num_warps is None else num_warps
     z_strides = (z.stride(0), z.stride(1), z.stride(2)) if z is not None else (0, 0, 0)
     grid = (triton.cdiv(P, block_p), H, batch)
@@ -302,6 +308,7 @@ def mamba2_replay_decode_fwd(
         BLOCK_P=block_p,
         BLOCK_N=triton.next_power_of_2(N),
         BLOCK_L=block_l,
+        FOLD_UNROLL=fold_unroll,
         num_warps=num_warps,
     )
 
