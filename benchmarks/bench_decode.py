@@ -1572,10 +1572,46 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_outputs(cfg, meta, copy, refchecks, status, rows, t_start, final=False)
             if cfg.device == "cuda":
                 torch.cuda.empty_cache()
+        if kernels.get("mamba2") is not None or kernels.get("gdn") is not None:
+            meta["cursor_step_us"] = time_cursor_step(cfg, timer)
 
     rows = write_outputs(cfg, meta, copy, refchecks, status, rows, t_start, final=True)
     failed = any(not rc.get("ok", False) for rc in refchecks.values())
     return 1 if failed else 0
+
+
+def time_cursor_step(cfg: Config, timer: Timer) -> dict:
+    """``decode_cursor_step`` (once per forward, shared by all layers), median us per batch."""
+    import importlib
+
+    import torch
+
+    try:
+        step = getattr(importlib.import_module(cfg.kernels_module), "decode_cursor_step")
+    except Exception as e:  # noqa: BLE001 (informational only)
+        return {"error": f"{type(e).__name__}: {e}"}
+    rng = _Rand(cfg.device, cfg.seed + 3)
+    res: dict = {}
+    for batch in cfg.batches:
+        cursors = torch.stack([rng.ints((cfg.slots,), cfg.R, torch.int32),
+                               rng.ints((cfg.slots,), cfg.L, torch.int32)], dim=1).contiguous()
+        slot_idx = _row_slots(rng, cfg.slots, batch)
+        outs = (torch.empty(batch, dtype=torch.int32, device=cfg.device),
+                torch.empty(batch, dtype=torch.int32, device=cfg.device),
+                torch.empty(batch, dtype=torch.bool, device=cfg.device))
+
+        def fn(c=cursors, s=slot_idx, o=outs):
+            # the cursors wander over the run; only the time matters here
+            step(c, s, None, cfg.L, cfg.R, *o)
+
+        try:
+            fn()
+            run = capture_graph(fn).replay if cfg.graph else fn
+            ts = timer.measure(run, max(cfg.repeats // 2, 1), cfg.warmup)
+            res[str(batch)] = _median(ts)
+        except Exception as e:  # noqa: BLE001 (informational only)
+            res[str(batch)] = f"{type(e).__name__}: {e}"
+    return res
 
 
 def _run_one_family(cfg: Config, fam_name: str, kernels: dict, refs: dict, peers: dict,
@@ -1669,6 +1705,10 @@ def write_outputs(cfg: Config, meta: dict, copy: dict, refchecks: dict, status: 
     _log(f"copy bandwidth {_fmt(copy_bw / 1e12, '.3f')} TB/s"
          + (" (DRY RUN: synthetic timings)" if cfg.dry_run else ""))
     _log(format_text_table(rows))
+    cs = meta.get("cursor_step_us")
+    if isinstance(cs, dict):
+        _log("decode_cursor_step (once per forward, all layers), median us: " + ", ".join(
+            f"b{k} {_fmt(v, '.1f') if isinstance(v, float) else v}" for k, v in cs.items()))
     for t in targets:
         _log(f"target {t['family']} {t['metric']} @256: {_fmt(t['value'], '.2f')} "
              f"(>= {t['target']}) {'met' if t['met'] else 'MISSED'}")
