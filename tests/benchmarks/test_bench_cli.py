@@ -7,7 +7,7 @@ defined, so it must be set before any kernel module is imported.
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import json
 import math
 import os
@@ -24,29 +24,34 @@ from benchmarks.shapes import GDN_TINY, MAMBA2_TINY, NANO_4B, QWEN35_4B
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _kernels_importable(*names: str) -> bool:
-    """True when ``replayssm_kernels`` provides every name (kernels may still be in progress)."""
-    try:
-        mod = importlib.import_module("replayssm_kernels")
-    except Exception:  # noqa: BLE001
-        return False
+@functools.lru_cache(maxsize=None)
+def _importable(*names: str) -> bool:
+    """True when ``replayssm_kernels`` provides every name (the kernels may still be in progress).
+
+    Probed in a subprocess: importing the kernels here would decorate their Triton functions
+    before ``tests/kernels/conftest.py`` turns the interpreter on for the kernel tests.
+    """
+    code = "import importlib, sys\n"
+    code += "m = importlib.import_module('replayssm_kernels')\n"
+    code += "ok = True\n"
     for n in names:
         fam = "mamba2" if n.startswith("mamba2") else "gdn"
-        sub = f"replayssm_kernels.{fam}_decode"
-        if getattr(mod, n, None) is None:
-            try:
-                if getattr(importlib.import_module(sub), n, None) is None:
-                    return False
-            except Exception:  # noqa: BLE001
-                return False
-    return True
+        code += (
+            f"f = getattr(m, {n!r}, None)\n"
+            f"if f is None:\n"
+            f"    f = getattr(importlib.import_module('replayssm_kernels.{fam}_decode'), {n!r}, None)\n"
+            f"ok = ok and f is not None\n"
+        )
+    code += "sys.exit(0 if ok else 1)\n"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                       timeout=300, check=False)
+    return r.returncode == 0
 
 
-import importlib  # noqa: E402
-
-HAS_REFS = _kernels_importable("mamba2_replay_decode_ref", "gdn_replay_decode_ref")
-HAS_KERNELS = _kernels_importable("mamba2_replay_decode", "gdn_replay_decode") and HAS_REFS
-HAS_MAMBA2_REF = _kernels_importable("mamba2_replay_decode_ref")
+def _require(*names: str) -> None:
+    if not _importable(*names):
+        pytest.skip(f"replayssm_kernels does not provide {', '.join(names)} yet")
 
 
 def _run_cli(args: list[str], extra_env: dict | None = None, timeout: int = 600):
@@ -226,9 +231,9 @@ def test_dry_run_end_to_end(tmp_path):
     assert (out / "decode_bench.png").exists()
 
 
-@pytest.mark.skipif(not HAS_REFS, reason="replayssm_kernels references not importable yet")
 def test_cpu_smoke_references(tmp_path):
     """The whole CLI on CPU with our torch references as 'ours' (no interpreter, no SGLang)."""
+    _require("mamba2_replay_decode_ref", "gdn_replay_decode_ref")
     r = _run_cli(["--device", "cpu", "--impl", "ref", "--skip-peers", "--batch", "1,3",
                   "--window", "3", "--repeats", "1", "--warmup", "0", "--passes", "1",
                   "--refcheck", "--out", str(tmp_path)])
@@ -244,10 +249,11 @@ def test_cpu_smoke_references(tmp_path):
     assert res["refcheck"]["mamba2"]["ok"] and res["refcheck"]["gdn"]["ok"]
 
 
-@pytest.mark.skipif(not HAS_KERNELS, reason="replayssm_kernels kernels not importable yet")
 def test_cpu_smoke_interpreter_with_sglang_peers(tmp_path):
     """Our Triton kernels and SGLang's three kernels, all under the Triton interpreter, called
     exactly as on the GPU; refcheck and the crosscheck against SGLang's conventional kernels."""
+    _require("mamba2_replay_decode", "gdn_replay_decode", "mamba2_replay_decode_ref",
+             "gdn_replay_decode_ref")
     pytest.importorskip("sglang")
     r = _run_cli(["--device", "cpu", "--batch", "1,2", "--window", "2", "--repeats", "1",
                   "--warmup", "0", "--passes", "1", "--refcheck", "--out", str(tmp_path)],
@@ -266,8 +272,8 @@ def test_cpu_smoke_interpreter_with_sglang_peers(tmp_path):
                if x["kernel"] in ("ours", "builtin"))
 
 
-@pytest.mark.skipif(not HAS_MAMBA2_REF, reason="replayssm_kernels mamba2 reference not importable")
 def test_refcheck_failure_is_not_timed(tmp_path):
+    _require("mamba2_replay_decode_ref")
     r = _run_cli(["--device", "cpu", "--kernels-module", "broken_kernels", "--skip-peers",
                   "--batch", "2", "--window", "2", "--repeats", "1", "--warmup", "0",
                   "--passes", "1", "--refcheck", "--out", str(tmp_path)])
