@@ -33,7 +33,7 @@ import torch
 __all__ = ["MODELS", "materialize", "build_tokenizer"]
 
 HERE = Path(__file__).resolve().parent
-MODELS = ("nemotron_h_tiny", "qwen3_5_tiny", "llama_tiny")
+MODELS = ("nemotron_h_tiny", "qwen3_next_tiny", "llama_tiny")
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 
 
@@ -146,31 +146,41 @@ def _nemotron_h_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
     return w
 
 
-def _qwen3_5_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
-    tc = cfg["text_config"]
-    d, v = tc["hidden_size"], tc["vocab_size"]
-    hk, hv = tc["linear_num_key_heads"], tc["linear_num_value_heads"]
-    dk, dv = tc["linear_key_head_dim"], tc["linear_value_head_dim"]
-    kconv = tc["linear_conv_kernel_dim"]
-    nh, nkv, hd = tc["num_attention_heads"], tc["num_key_value_heads"], tc["head_dim"]
-    f = tc["intermediate_size"]
+def _qwen3_next_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
+    """Qwen3-Next (GDN + gated full attention, MoE MLP), in the split checkpoint names SGLang maps.
+
+    The in-projection is written as ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` / ``in_proj_a``
+    (the loader stacks them); with random weights the packing order is immaterial.
+    """
+    d, v = cfg["hidden_size"], cfg["vocab_size"]
+    hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    kconv = cfg["linear_conv_kernel_dim"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    ne, fe, fs = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
     key_dim, value_dim = hk * dk, hv * dv
     conv_dim = 2 * key_dim + value_dim
-    pre0 = "model.language_model"
     w: dict[str, torch.Tensor] = {
-        f"{pre0}.embed_tokens.weight": gen.normal(v, d, std=1.0),
-        # Qwen3.5 RMSNorm is (1 + weight) * x: store small offsets
-        f"{pre0}.norm.weight": gen.normal(d, std=0.05),
+        "model.embed_tokens.weight": gen.normal(v, d, std=1.0),
+        # Gemma-style RMSNorm, (1 + weight) * x: store small offsets
+        "model.norm.weight": gen.normal(d, std=0.05),
         "lm_head.weight": gen.linear(v, d, gain=3.0),
     }
-    for i, kind in enumerate(tc["layer_types"]):
-        pre = f"{pre0}.layers.{i}"
+    interval = cfg["full_attention_interval"]
+    for i in range(cfg["num_hidden_layers"]):
+        pre = f"model.layers.{i}"
         w[f"{pre}.input_layernorm.weight"] = gen.normal(d, std=0.05)
         w[f"{pre}.post_attention_layernorm.weight"] = gen.normal(d, std=0.05)
-        w[f"{pre}.mlp.gate_proj.weight"] = gen.linear(f, d)
-        w[f"{pre}.mlp.up_proj.weight"] = gen.linear(f, d)
-        w[f"{pre}.mlp.down_proj.weight"] = gen.linear(d, f, gain=0.5)
-        if kind == "linear_attention":
+        w[f"{pre}.mlp.gate.weight"] = gen.linear(ne, d)
+        for e in range(ne):
+            w[f"{pre}.mlp.experts.{e}.gate_proj.weight"] = gen.linear(fe, d)
+            w[f"{pre}.mlp.experts.{e}.up_proj.weight"] = gen.linear(fe, d)
+            w[f"{pre}.mlp.experts.{e}.down_proj.weight"] = gen.linear(d, fe, gain=0.5)
+        w[f"{pre}.mlp.shared_expert.gate_proj.weight"] = gen.linear(fs, d)
+        w[f"{pre}.mlp.shared_expert.up_proj.weight"] = gen.linear(fs, d)
+        w[f"{pre}.mlp.shared_expert.down_proj.weight"] = gen.linear(d, fs, gain=0.5)
+        w[f"{pre}.mlp.shared_expert_gate.weight"] = gen.linear(1, d)
+        if (i + 1) % interval:
             la = f"{pre}.linear_attn"
             w[f"{la}.in_proj_qkv.weight"] = gen.linear(conv_dim, d)
             w[f"{la}.in_proj_z.weight"] = gen.linear(value_dim, d)
@@ -181,30 +191,28 @@ def _qwen3_5_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
             w[f"{la}.dt_bias"] = _inv_softplus(gen.uniform(hv, lo=0.01, hi=0.08))
             w[f"{la}.norm.weight"] = gen.norm(dv)
             w[f"{la}.out_proj.weight"] = gen.linear(d, value_dim, gain=0.5)
-        elif kind == "full_attention":
+        else:
             sa = f"{pre}.self_attn"
-            # Qwen3.5 full attention has an output gate: q_proj emits [q | gate] per head
+            # gated attention: q_proj emits [q | gate] per head
             w[f"{sa}.q_proj.weight"] = gen.linear(2 * nh * hd, d)
             w[f"{sa}.k_proj.weight"] = gen.linear(nkv * hd, d)
             w[f"{sa}.v_proj.weight"] = gen.linear(nkv * hd, d)
             w[f"{sa}.o_proj.weight"] = gen.linear(d, nh * hd, gain=0.5)
             w[f"{sa}.q_norm.weight"] = gen.normal(hd, std=0.05)
             w[f"{sa}.k_norm.weight"] = gen.normal(hd, std=0.05)
-        else:
-            raise ValueError(f"layer type {kind!r} not supported by the tiny generator")
     return w
 
 
 _BUILDERS = {
     "nemotron_h_tiny": (_nemotron_h_weights, 1234),
-    "qwen3_5_tiny": (_qwen3_5_weights, 4321),
+    "qwen3_next_tiny": (_qwen3_next_weights, 4321),
     # config + tokenizer only: an unsupported family, refused before any weight is read
     "llama_tiny": (None, 0),
 }
 
 
 def _vocab_size(cfg: dict) -> int:
-    return cfg["vocab_size"] if "vocab_size" in cfg else cfg["text_config"]["vocab_size"]
+    return cfg["vocab_size"]
 
 
 def materialize(name: str, out_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> Path:

@@ -1,0 +1,136 @@
+"""Backend wiring on CPU, without a server: the SSU routing hook and the GDN decode path.
+
+The real CUDA kernels are exercised on the H200 (see the report / benchmarks); here the plain-torch
+references with the same signatures stand in, which checks that the backends pass the right tensors
+(shapes, strides, head split, output layout) and drive the cursors once per forward.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_replayssm import mamba2
+from sglang_replayssm.metadata import build_eager
+
+
+def test_ssu_hook_is_transparent_without_a_layer_context():
+    seen = {}
+
+    def original(*args, **kwargs):
+        seen["args"], seen["kwargs"] = args, kwargs
+        return "stock"
+
+    assert mamba2._ACTIVE is None
+    assert mamba2.replay_selective_state_update(original, 1, 2, x=3) == "stock"
+    assert seen == {"args": (1, 2), "kwargs": {"x": 3}}
+
+
+def test_ssu_hook_maps_the_mixer_call_onto_the_ring_decode():
+    b, H, P, N, G = 2, 4, 3, 5, 2
+    t = lambda *s: torch.randn(*s)  # noqa: E731
+    state, x, B, C, out = t(6, H, P, N), t(b, H, P), t(b, G, N), t(b, G, N), torch.empty(b, H, P)
+    dt = t(b, H)[:, :, None].expand(-1, -1, P)
+    A = t(H)[:, None, None].expand(-1, P, N)
+    D = t(H)[:, None].expand(-1, P)
+    dt_bias = t(H)[:, None].expand(-1, P)
+    slots = torch.tensor([1, 4], dtype=torch.int32)
+    cursors = torch.zeros(6, 2, dtype=torch.int32)
+    step = build_eager(cursors=cursors, slot_idx=slots, num_prefills=0, num_decodes=b, track_mask=None,
+                       window=4, rows=4)
+    rings = {"x": t(6, H, 4, P), "dt": t(6, H, 4), "B": t(6, G, 4, N)}
+    calls = []
+
+    def decode(*args, **kwargs):
+        calls.append((args, kwargs))
+
+    ctx = mamba2._LayerContext(rings=rings, step=step, decode=decode)
+    mamba2._ACTIVE = ctx
+    try:
+        # exactly the call MambaMixer2.forward makes for its decode rows
+        r = mamba2.replay_selective_state_update(
+            lambda *a, **k: pytest.fail("stock SSU called inside a ReplaySSM layer"),
+            state, x, dt, A, B, C, D, z=None, dt_bias=dt_bias, dt_softplus=True,
+            state_batch_indices=slots, out=out,
+        )
+    finally:
+        mamba2._ACTIVE = None
+    assert r is out and ctx.calls == 1
+    (args, kwargs), = calls
+    expected = (state, rings["x"], rings["dt"], rings["B"], x, dt, A, B, C, out, slots, step.ring_start,
+                step.ring_len, step.flush)
+    assert len(args) == len(expected) and all(a is e for a, e in zip(args, expected))
+    assert kwargs["D"] is D and kwargs["dt_bias"] is dt_bias and kwargs["z"] is None and kwargs["dt_softplus"]
+
+
+def test_ssu_hook_refuses_speculative_verify():
+    step = SimpleNamespace(slot_idx=torch.zeros(1, dtype=torch.int32))
+    mamba2._ACTIVE = mamba2._LayerContext(rings={}, step=step, decode=None)
+    try:
+        with pytest.raises(NotImplementedError):
+            mamba2.replay_selective_state_update(lambda *a, **k: None, disable_state_update=True)
+    finally:
+        mamba2._ACTIVE = None
+
+
+def _gdn_backend(window: int, monkeypatch):
+    """A ReplayGDNAttnBackend without SGLang's constructor (it needs a model runner), on CPU."""
+    import replayssm_kernels
+
+    from sglang_replayssm import gdn
+    from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
+    from tests.integration.test_pool import SIZE, _params
+
+    import sglang.srt.layers.attention.linear.gdn_backend as gb
+
+    # SGLang's conv update is Triton; the GDN decode path only needs it to return the mixed qkv.
+    monkeypatch.setattr(gb, "causal_conv1d_update", lambda x, *a, **k: x, raising=False)
+    pool = ReplayMambaPool(
+        replay=ReplayPoolSpec(family="gdn", window=window, act_dtype=torch.float32),
+        size=SIZE, spec_state_size=SIZE, cache_params=_params("gdn"), mamba_layer_ids=[0, 2, 4], device="cpu",
+    )
+    be = gdn.ReplayGDNAttnBackend.__new__(gdn.ReplayGDNAttnBackend)
+    be.pool, be.window, be.rows = pool, window, pool.ring_spec.rows
+    be._decode = replayssm_kernels.gdn_replay_decode_ref
+    be._graph_bs = None
+    be.req_to_token_pool = SimpleNamespace(
+        mamba_map={0: 0, 2: 1, 4: 2},
+        mamba2_layer_cache=lambda layer_id: pool.mamba2_layer_cache({0: 0, 2: 1, 4: 2}[layer_id]),
+    )
+    be._track_mamba_state_decode = lambda *a, **k: None
+    return be, pool
+
+
+def test_gdn_decode_window4_matches_window1(monkeypatch):
+    """Seven decode steps of two requests through forward_decode: L=4 (two ring cycles) == L=1."""
+    HV, V, Hk, K = 4, 8, 2, 8
+    layer = SimpleNamespace(layer_id=2, conv_weights=None, bias=None, activation="silu", q_dim=Hk * K,
+                            k_dim=Hk * K, v_dim=HV * V, num_q_heads=Hk, head_q_dim=K, num_k_heads=Hk,
+                            head_k_dim=K, num_v_heads=HV, head_v_dim=V,
+                            A_log=torch.log(torch.linspace(0.5, 2.0, HV)), dt_bias=torch.full((HV,), -2.0))
+    g = torch.Generator().manual_seed(0)
+    steps = [(torch.randn(2, 2 * Hk * K + HV * V, generator=g), torch.randn(2, HV, generator=g),
+              torch.randn(2, HV, generator=g)) for _ in range(7)]
+    outs = {}
+    for window in (4, 1):
+        be, pool = _gdn_backend(window, monkeypatch)
+        pool.mamba_cache.temporal.copy_(0.1 * torch.randn(pool.mamba_cache.temporal.shape, generator=g.manual_seed(1)))
+        slots = torch.tensor([3, 5], dtype=torch.int32)
+        res = []
+        for qkv, a, b in steps:
+            be.forward_metadata = SimpleNamespace(mamba_cache_indices=slots)
+            be._step = build_eager(cursors=pool.cursors, slot_idx=slots, num_prefills=0, num_decodes=2,
+                                   track_mask=None, window=window, rows=be.rows)
+            o = be.forward_decode(layer, SimpleNamespace(), qkv, a, b)
+            assert o.shape == (1, 2, HV, V)
+            res.append(o)
+        outs[window] = (torch.stack(res), pool.mamba_cache.temporal[1, 3].clone(), pool.cursors.clone())
+    o4, s4, c4 = outs[4]
+    o1, s1, c1 = outs[1]
+    torch.testing.assert_close(o4, o1, rtol=1e-5, atol=1e-5)
+    # L=4: one flush at the 4th step (3 records + the token), then 3 records pending
+    assert c4[3].tolist() == [3, 3] and c1[3].tolist() == [0, 0]
+    # so the L=4 checkpoint lags the L=1 one by those 3 tokens
+    assert not torch.equal(s4, s1)
