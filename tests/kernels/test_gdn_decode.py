@@ -57,6 +57,7 @@ class Case:
     spare_slots: int = 2  # allocated, never used: must stay bit-identical
     pad_rows: int = 1
     noncontig: bool = False
+    idx64: bool = False  # int64 slot_idx (int32 otherwise)
     steps: int | None = None  # default: 3 full ring cycles + 2
     force_p: float = 0.15
     tol_out: float = 1e-2
@@ -129,7 +130,8 @@ class Sim:
         ab = torch.randn(B, 2 * c.HV, generator=self.g).to(c.act_dtype).to(self.dev)
         a, b = ab[:, : c.HV], ab[:, c.HV :]
         force = (torch.rand(B, generator=g) < c.force_p).to(self.dev)
-        slot_idx = torch.tensor(rows, dtype=torch.int32, device=self.dev)
+        idx_dtype = torch.int64 if c.idx64 else torch.int32
+        slot_idx = torch.tensor(rows, dtype=idx_dtype, device=self.dev)
         return dict(mixed=mixed, q=q, k=k, v=v, a=a, b=b, force=force, slot_idx=slot_idx)
 
     def step(self, fn, inp):
@@ -212,7 +214,7 @@ class Sim:
 BF16, FP32 = torch.bfloat16, torch.float32
 CPU_CASES = [
     Case(HV=4, Hk=2, K=32, V=32, L=1, R=1, steps=6),
-    Case(HV=6, Hk=3, K=24, V=40, L=4, R=6, state_dtype=BF16, tol_state=2e-3),
+    Case(HV=6, Hk=3, K=80, V=40, L=4, R=6, state_dtype=BF16, tol_state=2e-3, idx64=True),
     Case(HV=4, Hk=2, K=32, V=16, L=16, R=16, noncontig=True, u_dtype=FP32),
     Case(
         HV=2, Hk=1, K=16, V=16, L=16, R=16, act_dtype=FP32, requests=2, pad_rows=1,
@@ -241,8 +243,6 @@ def test_reference_vs_f64(case):
 @pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c.id)
 def test_kernel_vs_f64_and_ref(case):
     """Kernel vs float64, and kernel vs reference on the same inputs in lockstep."""
-    if HAS_CUDA:
-        pytest.skip("CPU interpreter case; the gpu cases cover the device")
     sim = Sim(case, seed=2)
     ref = Sim(case, seed=2)
     steps = case.steps or 3 * case.L + 2
@@ -338,6 +338,11 @@ def test_bitwise_vs_sglang_packed_decode_gpu(L):
 
 def _args(HV=4, Hk=2, K=16, V=16, R=4, B=3, slots=4):
     f32, bf = torch.float32, torch.bfloat16
+    with torch.device(DEVICE):
+        return _args_here(HV, Hk, K, V, R, B, slots, f32, bf)
+
+
+def _args_here(HV, Hk, K, V, R, B, slots, f32, bf):
     return dict(
         state=torch.zeros(slots, HV, V, K),
         ring_u=torch.zeros(slots, HV, R, V, dtype=bf),
@@ -364,7 +369,7 @@ BAD = {
     "state-rank": ("state", lambda a: a["state"][0], "state"),
     "state-dtype": ("state", lambda a: a["state"].double(), "state"),
     "K-too-large": ("state", None, "state"),
-    "heads-not-divisible": ("q", lambda a: torch.zeros(3, 3, 16, dtype=torch.bfloat16), "q"),
+    "heads-not-divisible": ("q", lambda a: a["q"].new_zeros(3, 3, 16), "q"),
     "k-shape": ("k", lambda a: a["k"][:, :1], "k"),
     "v-shape": ("v", lambda a: a["v"][:, :, :8], "v"),
     "ring_k-dtype": ("ring_k", lambda a: a["ring_k"].float(), "ring_k"),
@@ -373,7 +378,7 @@ BAD = {
     "ring_g-dtype": ("ring_g", lambda a: a["ring_g"].bfloat16(), "ring_g"),
     "ring_beta-shape": ("ring_beta", lambda a: a["ring_beta"][:2], "ring_beta"),
     "a-shape": ("a", lambda a: a["a"][:2], "a"),
-    "A_log-strided": ("A_log", lambda a: torch.zeros(8)[::2], "A_log"),
+    "A_log-strided": ("A_log", lambda a: a["A_log"].new_zeros(8)[::2], "A_log"),
     "out-shape": ("out", lambda a: a["out"][:, :2], "out"),
     "slot_idx-float": ("slot_idx", lambda a: a["slot_idx"].float(), "slot_idx"),
     "ring_len-batch": ("ring_len", lambda a: a["ring_len"][:2], "ring_len"),
