@@ -720,7 +720,6 @@ class GDNFamily:
 
             out.append(Case("gdn", "ours", ours, inp["out"], cur.set_phase, cur.set_mixed,
                             cur.mixed, note=getattr(self, "_note", "")))
-        sh = self.sh
         packed = self.peers.get("packed")
         if packed is not None:
             out_p = torch_empty_like4(inp["out"])
@@ -904,8 +903,6 @@ def load_peers(cfg: Config) -> tuple[dict, dict]:
 
 
 def _rel_err(a, b) -> float:
-    import torch
-
     a64, b64 = a.double(), b.double()
     den = b64.norm().item()
     num = (a64 - b64).norm().item()
@@ -1179,10 +1176,10 @@ def table_lines(rows: list[Row]) -> list[list[str]]:
 
 def format_text_table(rows: list[Row]) -> str:
     lines = [list(TABLE_COLS)] + table_lines(rows)
-    widths = [max(len(l[i]) for l in lines) for i in range(len(TABLE_COLS))]
-    fmt = "  ".join("{:<%d}" % w if i < 2 else "{:>%d}" % w for i, w in enumerate(widths))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(TABLE_COLS))]
+    fmt = "  ".join(f"{{:<{w}}}" if i < 2 else f"{{:>{w}}}" for i, w in enumerate(widths))
     text = [fmt.format(*lines[0]), fmt.format(*["-" * w for w in widths])]
-    text += [fmt.format(*l) for l in lines[1:]]
+    text += [fmt.format(*line) for line in lines[1:]]
     return "\n".join(text)
 
 
@@ -1210,8 +1207,8 @@ def format_markdown(rows: list[Row], meta: dict) -> str:
         "| " + " | ".join(cols) + " |",
         "|" + "|".join("---" if i < 2 else "---:" for i in range(len(cols))) + "|",
     ]
-    for l in table_lines(rows):
-        md.append("| " + " | ".join(l) + " |")
+    for line in table_lines(rows):
+        md.append("| " + " | ".join(line) + " |")
     md.append("")
     return "\n".join(md)
 
@@ -1587,7 +1584,7 @@ def time_cursor_step(cfg: Config, timer: Timer) -> dict:
     import torch
 
     try:
-        step = getattr(importlib.import_module(cfg.kernels_module), "decode_cursor_step")
+        step = importlib.import_module(cfg.kernels_module).decode_cursor_step
     except Exception as e:  # noqa: BLE001 (informational only)
         return {"error": f"{type(e).__name__}: {e}"}
     rng = _Rand(cfg.device, cfg.seed + 3)
