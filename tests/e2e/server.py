@@ -49,10 +49,11 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
-def launch(model: Path, args: Sequence[str], log: Path, *, port: int, env: dict[str, str] | None = None):
+def launch(model: Path, args: Sequence[str], log: Path, *, port: int, env: dict[str, str] | None = None,
+           base_flags: Sequence[str] = CPU_FLAGS):
     """Start a server (new process group); return the ``Popen``."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
-           "--port", str(port), *CPU_FLAGS, *args]
+           "--port", str(port), *base_flags, *args]
     fh = open(log, "w")
     return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_env(env), start_new_session=True,
                             cwd=str(log.parent))
@@ -86,10 +87,10 @@ def stop(proc: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def server(model: Path, args: Sequence[str], log: Path, *, timeout: float = 240.0,
-           env: dict[str, str] | None = None) -> Iterator[str]:
+           env: dict[str, str] | None = None, base_flags: Sequence[str] = CPU_FLAGS) -> Iterator[str]:
     """Context manager: a ready server's base URL; the process group is killed on exit."""
     port = free_port()
-    proc = launch(model, args, log, port=port, env=env)
+    proc = launch(model, args, log, port=port, env=env, base_flags=base_flags)
     try:
         wait_ready(proc, port, log, timeout)
         yield f"http://127.0.0.1:{port}"
