@@ -72,7 +72,7 @@ def _workload(url: str) -> dict[str, tuple[list[int], list[float], int]]:
     return out
 
 
-def _bench_serving(url: str, tokenizer: Path) -> subprocess.CompletedProcess:
+def _bench_serving(url: str, tokenizer: Path, workdir: Path) -> subprocess.CompletedProcess:
     host, port = url.removeprefix("http://").split(":")
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     return subprocess.run(
@@ -80,7 +80,7 @@ def _bench_serving(url: str, tokenizer: Path) -> subprocess.CompletedProcess:
          "--dataset-name", "random-ids", "--tokenizer", str(tokenizer), "--model", str(tokenizer),
          "--num-prompts", "8", "--random-input-len", "64", "--random-output-len", "40",
          "--max-concurrency", "4", "--seed", "1"],
-        capture_output=True, text=True, timeout=300, env=env,
+        capture_output=True, text=True, timeout=300, env=env, cwd=workdir,  # its result .jsonl lands there
     )
 
 
@@ -94,7 +94,7 @@ def test_replay_window16_equals_window1_and_bench_serving(nemotron: Path, tmp_pa
         with srv.server(nemotron, args, log) as url:
             results[window] = _workload(url)
             if window == 16:
-                bench = _bench_serving(url, nemotron)
+                bench = _bench_serving(url, nemotron, tmp_path)
                 assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
                 assert "Successful requests:                     8" in bench.stdout, bench.stdout[-3000:]
         text = log.read_text()
