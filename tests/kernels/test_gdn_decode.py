@@ -41,6 +41,18 @@ pytestmark = [
 
 OPS = {"kernel": gdn_replay_decode, "ref": gdn_replay_decode_ref}
 
+_INT_OF = {4: torch.int32, 2: torch.int16, 1: torch.int8, 8: torch.int64}
+
+
+def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, msg: str = "") -> None:
+    """Bitwise equality (distinguishes -0.0 from +0.0 and compares NaN payloads)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if got.dtype.is_floating_point:
+        it = _INT_OF[got.element_size()]
+        got, want = got.view(it), want.view(it)
+    n_diff = int((got != want).sum())
+    assert n_diff == 0, f"{msg}: {n_diff} elements differ bitwise"
+
 
 @dataclasses.dataclass(frozen=True)
 class Case:
@@ -162,9 +174,9 @@ class Sim:
         for new, old in zip(self.full_tensors(), before):
             for s in range(self.slots):
                 if s not in touched:
-                    torch.testing.assert_close(new[s], old[s], atol=0, rtol=0, equal_nan=True)
+                    assert_bits_equal(new[s], old[s], f"untouched slot {s}")
             if c.noncontig:
-                torch.testing.assert_close(new[:, 0], old[:, 0], atol=0, rtol=0, equal_nan=True)
+                assert_bits_equal(new[:, 0], old[:, 0], "other layer of the allocation")
         st_new, st_old = self.full_tensors()[0], before[0]
         if c.noncontig:
             st_new, st_old = st_new[:, 1], st_old[:, 1]
@@ -194,7 +206,7 @@ class Sim:
                 self.max_state_err = max(self.max_state_err, err)
                 assert err < c.tol_state, f"slot {s}: checkpoint rel err {err:.3e}"
             else:
-                torch.testing.assert_close(st_new[s], st_old[s], atol=0, rtol=0)
+                assert_bits_equal(st_new[s], st_old[s], f"non-flush row wrote slot {s}")
         if den > 0:
             err = math.sqrt(num / den)
             self.max_out_err = max(self.max_out_err, err)
@@ -307,8 +319,8 @@ def _bitwise_vs_sglang(case: Case, steps: int, seed: int):
         out, flush = sim.step(gdn_replay_decode, inp)
         for i, s in enumerate(inp["slot_idx"].tolist()):
             if s >= 0 and flush[i]:
-                torch.testing.assert_close(sim.state[s], sg_state[s], atol=0, rtol=0)
-                torch.testing.assert_close(out[i], sg_out[i, 0], atol=0, rtol=0)
+                assert_bits_equal(sim.state[s], sg_state[s], f"checkpoint of slot {s}")
+                assert_bits_equal(out[i], sg_out[i, 0], f"flush output of row {i}")
                 checked += 1
     assert checked >= 3
     return checked
@@ -412,7 +424,7 @@ def test_all_padding_touches_nothing():
     before = {k: v.clone() for k, v in args.items()}
     gdn_replay_decode(**args, scale=0.25)
     for k, v in args.items():
-        torch.testing.assert_close(v, before[k], atol=0, rtol=0, equal_nan=True)
+        assert_bits_equal(v, before[k], k)
 
 
 # ---------------------------------------------------------------------------------------------
