@@ -443,7 +443,7 @@ from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_fwd_kernel as 
 H, HV, K, V, R = 16, 32, 128, 128, 16
 TARGET = GPUTarget("cuda", 90, 32)
 
-def build(kern, ptrs, ints, const):
+def build(kern, ptrs, ints, const, num_stages):
     names = list(inspect.signature(kern.fn).parameters)
     sig, cx, attrs = {}, {}, {}
     for i, n in enumerate(names):
@@ -460,7 +460,8 @@ def build(kern, ptrs, ints, const):
             if ints[n] % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=kern, signature=sig, constexprs=cx, attrs=attrs)
-    return triton.compile(src, target=TARGET, options=dict(num_warps=1, num_stages=1)).asm["ttgir"]
+    opts = dict(num_warps=1, num_stages=num_stages)
+    return triton.compile(src, target=TARGET, options=opts).asm["ttgir"]
 
 D = 2 * H * K + HV * V
 sg = build(
@@ -472,6 +473,7 @@ sg = build(
          stride_init_state_token=HV * V * K, stride_final_state_token=HV * V * K,
          stride_indices_seq=1, H=H, HV=HV, K=K, V=V, BK=128, BV=32, SOFTPLUS_THRESHOLD=20.0,
          USE_QK_L2NORM_IN_KERNEL=True),
+    3,  # as SGLang's launcher
 )
 strides = dict(
     R=R, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
@@ -491,6 +493,7 @@ ours = build(
          ring_len="*i32", flush="*i1", scale="fp32"),
     strides,
     dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, BR=16, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True),
+    1,  # as gdn_replay_decode_fwd
 )
 
 KEEP = re.compile(r"^(arith\.(mulf|addf|subf|divf|extf|truncf)|math\.\w+|\"tt\.reduce\"|"
