@@ -400,7 +400,8 @@ def mamba2_replay_decode(
     )
     if state.device.type != "cuda" and not _interpreting():
         raise ValueError(
-            f"state: expected a CUDA tensor (or TRITON_INTERPRET=1 on CPU), got device {state.device}"
+            "state: expected a CUDA tensor (or TRITON_INTERPRET=1 on CPU), "
+            f"got device {state.device}"
         )
     launch = lambda: mamba2_replay_decode_fwd(  # noqa: E731
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,

@@ -112,7 +112,7 @@ def make_pool(
     else:
         raise AssertionError(layout)
     st = st.to(device=device, dtype=state_dtype)
-    state = _same_view(st, state, device, state_dtype)
+    state = _same_view(st, state)
     # Rings start NaN: a read of a row that was never written poisons the outputs.
     nan = float("nan")
     rx = torch.full((layers, slots, H, R, P), nan, dtype=act_dtype, device=device)
@@ -125,10 +125,9 @@ def make_pool(
     return Pool(state, rx[layer], rdt[layer], rB[layer], (st, rx, rdt, rB))
 
 
-def _same_view(full: torch.Tensor, view_cpu: torch.Tensor, device: str, dtype) -> torch.Tensor:
-    """Rebuild on ``full`` (moved) the view that ``view_cpu`` is of its (CPU, fp32) base."""
-    elem = view_cpu.storage_offset()
-    return torch.as_strided(full, view_cpu.shape, view_cpu.stride(), elem)
+def _same_view(full: torch.Tensor, view_cpu: torch.Tensor) -> torch.Tensor:
+    """Rebuild on ``full`` (moved/cast) the view that ``view_cpu`` is of its CPU fp32 base."""
+    return torch.as_strided(full, view_cpu.shape, view_cpu.stride(), view_cpu.storage_offset())
 
 
 @dataclasses.dataclass
@@ -148,8 +147,19 @@ def make_step(shape: Shape, batch: int, act_dtype, gen, device, with_z: bool) ->
     B = torch.randn(batch, G, N, generator=gen) / math.sqrt(N)
     C = torch.randn(batch, G, N, generator=gen)
     z = torch.randn(batch, H, P, generator=gen) if with_z else None
-    cv = lambda t: None if t is None else t.to(device=device, dtype=act_dtype)  # noqa: E731
-    return Step(cv(x), cv(dt), cv(B), cv(C), cv(z))
+    # The mixer's layout: x, B and C are column slices of one conv output row per token, dt a
+    # slice of the in_proj row, so none of them is contiguous over the batch.
+    hp, gn = H * P, G * N
+    xBC = torch.cat([x.reshape(batch, hp), B.reshape(batch, gn), C.reshape(batch, gn)], dim=1)
+    xBC = xBC.to(device=device, dtype=act_dtype)
+    proj = torch.cat([torch.zeros(batch, 3), dt], dim=1).to(device=device, dtype=act_dtype)
+    return Step(
+        xBC[:, :hp].view(batch, H, P),
+        proj[:, 3:],
+        xBC[:, hp : hp + gn].view(batch, G, N),
+        xBC[:, hp + gn :].view(batch, G, N),
+        None if z is None else z.to(device=device, dtype=act_dtype),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +247,7 @@ def run_cycles(
         # Expected pools: `before` with only the protocol-allowed regions replaced.
         exp_full = [t.clone() for t in before]
         exp_view = dataclasses.replace(
-            pool, **{k: _rebase(getattr(pool, k), pool.full[i], exp_full[i])
+            pool, **{k: _rebase(getattr(pool, k), exp_full[i])
                      for i, k in enumerate(("state", "ring_x", "ring_dt", "ring_B"))})
         rows_cpu = slot_idx.cpu().tolist()
         for b, s in enumerate(rows_cpu):
@@ -298,8 +308,8 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(as_int), b.view(as_int))
 
 
-def _rebase(view: torch.Tensor, full: torch.Tensor, other_full: torch.Tensor) -> torch.Tensor:
-    """The same view as ``view`` (of ``full``), taken of ``other_full``."""
+def _rebase(view: torch.Tensor, other_full: torch.Tensor) -> torch.Tensor:
+    """The same view as ``view`` (of its pool allocation), taken of ``other_full``."""
     return torch.as_strided(other_full, view.shape, view.stride(), view.storage_offset())
 
 
