@@ -163,6 +163,11 @@ def _mamba2_replay_decode_fwd_kernel(
     if do_flush:
         # Exact fold: replay the committed raw records, then the current token, in the
         # conventional kernel's op order; the state stays fp32 in registers across tokens.
+        # `S = S·dA + dB·x` is written as fma(S, dA, dB·x) because that is what
+        # selective_state_update's `state * dA + dB * x[:, None]` compiles to (sm_90, Triton 3.6;
+        # tests/kernels/test_mamba2_decode.py checks both kernels' PTX). Left to LLVM, the same
+        # expression here was contracted the other way, fma(dB, x, S·dA), on one of the two
+        # sites. The interpreter evaluates tl.fma unfused, as it evaluates SGLang's kernel.
         # The inner loop is unrolled with masked loads that do not depend on the state, so
         # FOLD_UNROLL record loads are in flight together instead of one latency per record.
         for c in range(0, length, FOLD_UNROLL):
@@ -174,10 +179,10 @@ def _mamba2_replay_decode_fwd_kernel(
                 b_Bj = tl.load(p_rB + row * stride_rB_row, mask=m_n & ok, other=0.0)
                 dA = tl.exp(A * dtj)
                 dB = b_Bj.to(tl.float32) * dtj
-                b_s = tl.where(ok, b_s * dA + dB * b_xj.to(tl.float32)[:, None], b_s)
+                b_s = tl.where(ok, tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None]), b_s)
         dA = tl.exp(A * dt)
         dB = b_B * dt
-        b_s = b_s * dA + dB * b_x[:, None]
+        b_s = tl.fma(b_s, dA, dB * b_x[:, None])
         tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_pn)
         b_y = tl.sum(b_s * b_C[None, :], axis=1)
     else:

@@ -475,6 +475,191 @@ def test_value_errors_optional(impl, which):
 
 
 # --------------------------------------------------------------------------------------------
+# Codegen: the fold compiles (sm_90a, no GPU needed) to selective_state_update's update
+# --------------------------------------------------------------------------------------------
+
+_CODEGEN_SCRIPT = r"""
+import inspect, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sglang.kernels.ops.mamba.triton_ops import mamba_ssm
+from replayssm_kernels.mamba2_decode import kernel as ours
+
+H, P, N, G, R = 96, 80, 128, 8, 16  # Nemotron-3-Nano-4B, L = 16
+XBC = H * P + 2 * G * N  # the mixer's conv row: x, B, C are column slices of it
+DT = H + XBC  # dt is a slice of the in_proj row
+
+def build(kern, ptrs, ints, const, num_warps):
+    # Mirror the JIT's specialisation: ints equal to 1 become constexpr, multiples of 16 and
+    # pointers get divisibility 16 (what a launch on contiguous pool views sees).
+    names = list(inspect.signature(kern.fn).parameters)
+    sig, cx, attrs = {}, {}, {}
+    for i, n in enumerate(names):
+        if n in ptrs:
+            sig[n] = ptrs[n]
+            if ptrs[n] == "constexpr":
+                cx[n] = None
+            else:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif n in const:
+            sig[n], cx[n] = "constexpr", const[n]
+        elif ints[n] == 1:
+            sig[n], cx[n] = "constexpr", 1
+        else:
+            sig[n] = "i32"
+            if ints[n] % 16 == 0 and ints[n] != 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=kern, signature=sig, constexprs=cx, attrs=attrs)
+    target = GPUTarget("cuda", 90, 32)
+    return triton.compile(src, target=target, options=dict(num_warps=num_warps)).asm["ptx"]
+
+sg_fn = mamba_ssm._selective_scan_update_kernel
+while not isinstance(sg_fn, triton.runtime.JITFunction):  # unwrap @triton.heuristics
+    sg_fn = sg_fn.fn
+sg = build(
+    sg_fn,
+    dict(state_ptr="*fp32", x_ptr="*bf16", dt_ptr="*bf16", dt_bias_ptr="*fp32", A_ptr="*fp32",
+         B_ptr="*bf16", C_ptr="*bf16", D_ptr="*fp32", z_ptr="constexpr", out_ptr="*bf16",
+         state_batch_indices_ptr="*i32", intermediate_states_buffer="constexpr",
+         retrieve_parent_token_ptr="constexpr", intermediate_state_indices_ptr="constexpr",
+         rand_seed_ptr="constexpr"),
+    dict(pad_slot_id=-1, cache_steps=0, batch=256, T=3, nheads=H, dim=P, dstate=N,
+         nheads_ngroups_ratio=H // G, stride_state_batch=H * P * N, stride_state_head=P * N,
+         stride_state_dim=N, stride_state_dstate=1, stride_x_batch=XBC, stride_x_T=XBC,
+         stride_x_head=P, stride_x_dim=1, stride_dt_batch=DT, stride_dt_T=DT,
+         stride_dt_head=1, stride_dt_dim=0, stride_dt_bias_head=1, stride_dt_bias_dim=0,
+         stride_A_head=1, stride_A_dim=0, stride_A_dstate=0, stride_B_batch=XBC,
+         stride_B_T=XBC, stride_B_group=N, stride_B_dstate=1, stride_C_batch=XBC,
+         stride_C_T=XBC, stride_C_group=N, stride_C_dstate=1, stride_D_head=1, stride_D_dim=0,
+         stride_z_batch=0, stride_z_T=0, stride_z_head=0, stride_z_dim=0,
+         stride_out_batch=H * P, stride_out_T=H * P, stride_out_head=P, stride_out_dim=1,
+         stride_retrieve_parent_token_batch=0, stride_retrieve_parent_token_T=0),
+    dict(DT_SOFTPLUS=True, TIE_HDIM=True, BLOCK_SIZE_M=4, HAS_DT_BIAS=True, HAS_D=True,
+         HAS_Z=False, HAS_STATE_BATCH_INDICES=True, DISABLE_STATE_UPDATE=False,
+         CACHE_INTERMEDIATE_STATES=False, HAS_EAGLE_TREE_CUSTOM_ATTN_MASK=False,
+         HAS_INTERMEDIATE_STATE_INDICES=False, BLOCK_SIZE_DSTATE=128, USE_RS_ROUNDING=False,
+         PHILOX_ROUNDS=0, USE_GDC=False),
+    4,  # as SGLang's launcher for dstate = 128
+)
+block_p, block_l, fold_unroll, num_warps = ours.launch_config(P, N, R)
+mine = build(
+    ours._mamba2_replay_decode_fwd_kernel,
+    dict(state_ptr="*fp32", ring_x_ptr="*bf16", ring_dt_ptr="*fp32", ring_B_ptr="*bf16",
+         x_ptr="*bf16", dt_ptr="*bf16", A_ptr="*fp32", B_ptr="*bf16", C_ptr="*bf16",
+         D_ptr="*fp32", z_ptr="constexpr", dt_bias_ptr="*fp32", out_ptr="*bf16",
+         slot_idx_ptr="*i32", ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1"),
+    dict(P=P, N=N, R=R, heads_per_group=H // G,
+         stride_state_slot=H * P * N, stride_state_head=P * N, stride_state_p=N,
+         stride_state_n=1, stride_rx_slot=H * R * P, stride_rx_head=R * P, stride_rx_row=P,
+         stride_rx_p=1, stride_rdt_slot=H * R, stride_rdt_head=R, stride_rdt_row=1,
+         stride_rB_slot=G * R * N, stride_rB_group=R * N, stride_rB_row=N, stride_rB_n=1,
+         stride_x_batch=XBC, stride_x_head=P, stride_x_p=1, stride_dt_batch=DT,
+         stride_dt_head=1, stride_A_head=1, stride_B_batch=XBC, stride_B_group=N,
+         stride_B_n=1, stride_C_batch=XBC, stride_C_group=N, stride_C_n=1, stride_D_head=1,
+         stride_D_p=0, stride_z_batch=0, stride_z_head=0, stride_z_p=0,
+         stride_dt_bias_head=1, stride_out_batch=H * P, stride_out_head=P, stride_out_p=1),
+    dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_P=block_p,
+         BLOCK_N=128, BLOCK_L=block_l, FOLD_UNROLL=fold_unroll),
+    num_warps,
+)
+json.dump(dict(sglang=sg, ours=mine), sys.stdout)
+"""
+
+
+def _ptx_defs(ptx: str, file_suffix: str):
+    """Instructions ``(source line, opcode, dst, srcs)`` of one source file, and reg -> defs."""
+    import re
+
+    fno = next(m.group(1) for m in re.finditer(r'\.file\s+(\d+)\s+"([^"]+)"', ptx)
+               if m.group(2).endswith(file_suffix))
+    cur, ins, defs = None, [], {}
+    for raw in ptx.splitlines():
+        line = raw.strip()
+        m = re.match(r"\.loc\s+(\d+)\s+(\d+)\s+\d+", line)
+        if m:
+            cur = int(m.group(2)) if m.group(1) == fno else None
+            continue
+        m = re.match(r"(?:@!?%p\d+\s+)?([a-z][\w.]*)\s+(%\w+),\s*(.*);$", line)
+        if m:
+            op, dst, srcs = m.group(1), m.group(2), [s.strip() for s in m.group(3).split(",")]
+            ins.append((cur, op, dst, srcs))
+            defs.setdefault(dst, []).append((op, cur, srcs))
+    return ins, defs
+
+
+def _update_signatures(ptx: str, file_suffix: str, lines: set[int]) -> set[tuple]:
+    """How each fp32 add/fma of the state-update source lines is built, registers erased.
+
+    For ``fma(a, b, c)``: whether ``a`` is a product (e.g. ``dB`` of a contracted ``dB·x``) or the
+    state itself, what defines ``b`` (and its input), and what defines ``c`` (and its inputs).
+    SGLang's ``state * dA + dB * x`` gives fma(state, exp2(·), mul(cvt(x), mul(dt, B))).
+    """
+    ins, defs = _ptx_defs(ptx, file_suffix)
+
+    def kinds(r: str) -> tuple[str, ...]:
+        return tuple(sorted({d[0] for d in defs.get(r, [])}))
+
+    sigs = set()
+    for cur, op, _dst, srcs in ins:
+        if cur not in lines or not op.startswith(("fma", "add.f32", "add.rn.f32")):
+            continue
+        if not op.startswith("fma"):
+            sigs.add((op,))  # an unfused add: never what SGLang's kernel compiles to
+            continue
+        a, b, c = srcs
+        a_is_product = any(d[0].startswith("mul") for d in defs.get(a, []))
+        b_in = tuple(sorted({kinds(s) for d in defs.get(b, []) for s in d[2] if s.startswith("%")}))
+        c_desc = tuple(sorted({(d[0], tuple(sorted(kinds(s)[0] if kinds(s) else "?" for s in d[2])))
+                               for d in defs.get(c, [])}))
+        sigs.add((op, "a=product" if a_is_product else "a=state", kinds(b), b_in, c_desc))
+    return sigs
+
+
+def test_fold_codegen_matches_sglang():
+    """Compile SGLang's selective_state_update kernel and ours for sm_90a (no GPU needed) at the
+    Nano-4B shape and compare how every fp32 op of the state update is built.
+
+    The checkpoint is bitwise equal on the GPU only if each fold step compiles exactly as SGLang's
+    ``state = state * dA + dB * x[:, None]``: one fma(state, exp(A·Δ), (Δ·B)·x), with the same
+    exp lowering. Both our sites (replayed records, current token) must match it.
+    """
+    import inspect
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import replayssm_kernels.mamba2_decode.kernel as k
+    from sglang.kernels.ops.mamba.triton_ops import mamba_ssm
+
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _CODEGEN_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    err = proc.stderr.lower()
+    if proc.returncode != 0 and "nvidia" in err and "backend" in err:
+        pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ptx = json.loads(proc.stdout)
+
+    def lines_with(module, pred) -> list[int]:
+        with open(inspect.getsourcefile(module)) as f:
+            return [i + 1 for i, line in enumerate(f) if pred(line.strip())]
+
+    sg_lines = set(lines_with(mamba_ssm, lambda t: t == "state = state * dA + dB * x[:, None]"))
+    our_lines = lines_with(k, lambda t: "tl.fma(b_s, dA, dB" in t)
+    assert len(sg_lines) == 1 and len(our_lines) == 2
+
+    sg = _update_signatures(ptx["sglang"], "mamba_ssm.py", sg_lines)
+    expected = {("fma.rn.f32", "a=state", ("ex2.approx.f32",), (("mul.f32",),),
+                 (("mul.f32", ("cvt.f32.bf16", "mul.f32")),))}
+    assert sg == expected, f"SGLang 0.5.17's update compiles differently now: {sg}"
+    for line in our_lines:
+        mine = _update_signatures(ptx["ours"], "kernel.py", {line})
+        assert mine == sg, f"kernel.py:{line} compiles to {mine}, SGLang to {sg}"
+
+
+# --------------------------------------------------------------------------------------------
 # GPU (H200): the same drivers at the real shape
 # --------------------------------------------------------------------------------------------
 
