@@ -109,16 +109,34 @@ def gdn_replay_decode_fwd_kernel(
     BR: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
+    MODE: tl.constexpr = 0,
 ):
+    # MODE 0: one launch serves every row (both branches).  MODE 1: flush rows only (the fold;
+    # other rows return at once).  MODE 2: non-flush rows only (flush rows return at once).
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
+    if MODE != 0:
+        # Split launches: the row's flush bit is the first thing read, so the rows this launch
+        # does not serve cost one scalar load.
+        is_flush0 = tl.load(flush + i_n).to(tl.int32) != 0
+        if MODE == 1:
+            if not is_flush0:
+                return
+        else:
+            if is_flush0:
+                return
 
     # Every per-row scalar is requested at once (one memory round trip); padding rows read their
     # own (unused) cursor and gate entries, which exist since they are batch-shaped.
     i_s = tl.load(slot_idx + i_n).to(tl.int64)
     r_start = tl.load(ring_start + i_n).to(tl.int32)
     r_len = tl.load(ring_len + i_n).to(tl.int32)
-    is_flush = tl.load(flush + i_n).to(tl.int32) != 0
+    if MODE == 0:
+        is_flush = tl.load(flush + i_n).to(tl.int32) != 0
+    elif MODE == 1:
+        is_flush: tl.constexpr = True
+    else:
+        is_flush: tl.constexpr = False
     a_val = tl.load(a + i_n * stride_a_b + i_hv * stride_a_h).to(tl.float32)
     b_val = tl.load(b + i_n * stride_b_b + i_hv * stride_b_h).to(tl.float32)
     A_log_val = tl.load(A_log + i_hv).to(tl.float32)
@@ -326,12 +344,21 @@ def gdn_replay_decode_fwd(
     block_v: int = 32,
     block_r: int = 16,
     num_warps: int = 1,
+    split: bool | str = False,
+    out_block_v: int = 32,
+    out_num_warps: int = 4,
 ) -> None:
     """Launch the kernel without checks (callers: the validated wrapper, benchmarks).
 
     ``block_v=32, num_warps=1`` is the tile and warp count of SGLang's packed decode; the bitwise
     checkpoint claim is made for this configuration only (another tile changes the compiled
     reduction trees of the fold).
+
+    ``split=True`` (default): two launches on the same rows, each data-driven (no host sync,
+    CUDA-graph safe): the fold (``MODE=1``, ``block_v`` / ``num_warps`` as above; non-flush rows
+    return after one scalar load) and the non-flush outputs (``MODE=2``, tile ``out_block_v``
+    rows with ``out_num_warps`` warps, free of the fold's layout; flush rows return at once).
+    ``split=False``: the single launch ``MODE=0`` with both branches (``block_v`` / ``num_warps``).
     """
     batch, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -339,54 +366,24 @@ def gdn_replay_decode_fwd(
     if batch == 0:
         return
     BK = triton.next_power_of_2(K)
-    BV = min(triton.next_power_of_2(V), block_v)
     BR = min(triton.next_power_of_2(R), block_r)
-    grid = (triton.cdiv(V, BV), HV, batch)
-    gdn_replay_decode_fwd_kernel[grid](
-        state,
-        ring_u,
-        ring_k,
-        ring_v,
-        ring_g,
-        ring_beta,
-        q,
-        k,
-        v,
-        a,
-        b,
-        A_log,
-        dt_bias,
-        out,
-        slot_idx,
-        ring_start,
-        ring_len,
-        flush,
-        float(scale),
-        R,
-        *state.stride(),
-        *ring_u.stride(),
-        *ring_k.stride(),
-        *ring_v.stride(),
-        *ring_g.stride(),
-        *ring_beta.stride(),
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *a.stride(),
-        *b.stride(),
-        *out.stride(),
-        H=Hk,
-        HV=HV,
-        K=K,
-        V=V,
-        BK=BK,
-        BV=BV,
-        BR=BR,
-        SOFTPLUS_THRESHOLD=20.0,
-        USE_QK_L2NORM=use_qk_l2norm,
-        num_warps=num_warps,
-        num_stages=1,
-    )
+    args = (
+        state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
+        slot_idx, ring_start, ring_len, flush, float(scale), R,
+        *state.stride(), *ring_u.stride(), *ring_k.stride(), *ring_v.stride(),
+        *ring_g.stride(), *ring_beta.stride(), *q.stride(), *k.stride(), *v.stride(),
+        *a.stride(), *b.stride(), *out.stride(),
+    )  # fmt: skip
+    meta = dict(H=Hk, HV=HV, K=K, V=V, BK=BK, BR=BR, SOFTPLUS_THRESHOLD=20.0,
+                USE_QK_L2NORM=use_qk_l2norm, num_stages=1)  # fmt: skip
+    launches = [(1, block_v, num_warps), (2, out_block_v, out_num_warps)] if split else [
+        (0, block_v, num_warps)]
+    if split in ("fold", "out"):  # benchmarks only: time one of the two launches
+        launches = launches[:1] if split == "fold" else launches[1:]
+    for mode, bv, nw in launches:
+        BV = min(triton.next_power_of_2(V), bv)
+        grid = (triton.cdiv(V, BV), HV, batch)
+        gdn_replay_decode_fwd_kernel[grid](*args, BV=BV, MODE=mode, num_warps=nw, **meta)
 
 
 def gdn_replay_decode(

@@ -485,6 +485,7 @@ strides = dict(
     stride_k_k=1, stride_v_b=D, stride_v_h=V, stride_v_v=1, stride_a_b=2 * HV, stride_a_h=1,
     stride_b_b=2 * HV, stride_b_h=1, stride_o_b=HV * V, stride_o_h=V, stride_o_v=1,
 )
+MODE = int(sys.argv[1])
 ours = build(
     our_kernel,
     dict(state="*fp32", ring_u="*bf16", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
@@ -492,7 +493,8 @@ ours = build(
          A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
          ring_len="*i32", flush="*i1", scale="fp32"),
     strides,
-    dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, BR=16, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True),
+    dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, BR=16, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True,
+         MODE=MODE),
     1,  # as gdn_replay_decode_fwd
 )
 
@@ -518,13 +520,16 @@ def seq(txt, lo=0, hi=None):
 lines = ours.splitlines()
 i_for = next(i for i, l in enumerate(lines) if "scf.for" in l and "iter_args(%b_h" in l)
 i_yield = next(i for i, l in enumerate(lines) if i > i_for and "scf.yield" in l)
-i_else = next(i for i, l in enumerate(lines) if i > i_yield and l.strip().startswith("} else {"))
+# MODE 0: the fold is the then-branch of ``if is_flush``; MODE 1 (fold launch): the function's end
+i_else = next((i for i, l in enumerate(lines) if i > i_yield and l.strip().startswith("} else {")),
+              len(lines)) if MODE == 0 else len(lines)
 json.dump(dict(sglang=seq(sg), body=seq(ours, i_for, i_yield), tail=seq(ours, i_yield, i_else)),
           sys.stdout)
 '''
 
 
-def test_fold_codegen_matches_sglang():
+@pytest.mark.parametrize("mode", [1, 0], ids=["fold-launch", "one-launch"])
+def test_fold_codegen_matches_sglang(mode):
     """Compile both kernels for sm_90 on any machine and compare the fold's TTGIR.
 
     The checkpoint is bitwise equal only if every fp32 op of the fold compiles as in SGLang's
@@ -540,7 +545,7 @@ def test_fold_codegen_matches_sglang():
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-c", _CODEGEN_SCRIPT],
+        [sys.executable, "-c", _CODEGEN_SCRIPT, str(mode)],
         env=env,
         capture_output=True,
         text=True,
