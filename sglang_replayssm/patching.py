@@ -295,6 +295,20 @@ def _describe(spec: HookSpec) -> str:
     return f"{spec.hook_type} hook {spec.hook.__module__}.{name} on {spec.target}"
 
 
+def _refuse_installed_replay_hooks(specs: Sequence[HookSpec], config: ReplaySSMConfig) -> None:
+    # Hooks cannot be taken back out, so a process whose plug-ins loaded with backend "replay"
+    # (from SGLANG_REPLAYSSM_CONFIG) must not go on as "default" (an explicit --ssm-backend default).
+    if config.backend == "replay":
+        return
+    installed = [spec.target for spec in specs if spec.when == "replay" and in_effect(spec)]
+    if installed:
+        raise ReplaySSMStartupError(
+            f"--ssm-backend {config.backend} conflicts with the replay hooks this process already installed "
+            f"because SGLANG_REPLAYSSM_CONFIG selected backend 'replay' when plug-ins loaded ({', '.join(installed)}). "
+            "Unset SGLANG_REPLAYSSM_CONFIG, or pass --ssm-backend replay."
+        )
+
+
 def install(config: ReplaySSMConfig) -> None:
     """Install, verified, the hooks a configuration needs; idempotent.
 
@@ -309,11 +323,13 @@ def install(config: ReplaySSMConfig) -> None:
     Raises
     ------
     ReplaySSMStartupError
-        On an unsupported SGLang version, a target whose fingerprint differs, or a hook SGLang did
-        not apply.
+        On an unsupported SGLang version, a target whose fingerprint differs, a hook SGLang did
+        not apply, or ``backend="default"`` in a process that already installed the replay hooks.
     """
     version = check_version()
-    specs = select_hooks(all_hooks(), config)
+    hooks = all_hooks()
+    _refuse_installed_replay_hooks(hooks, config)
+    specs = select_hooks(hooks, config)
     pending = [spec for spec in specs if not in_effect(spec)]
     if not pending:
         return

@@ -134,3 +134,18 @@ def test_env_config_is_checked_when_plugins_load(
     monkeypatch.setenv(ENV_VAR, value)
     with pytest.raises(ReplaySSMStartupError, match=message):
         load_plugins()
+
+
+def test_default_on_the_command_line_after_replay_from_env_is_refused(
+    stock_sglang: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hooks cannot be removed: a process that loaded plug-ins with backend 'replay' from the
+    environment must not continue as `--ssm-backend default`."""
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
+
+    monkeypatch.setenv(ENV_VAR, '{"backend": "replay"}')
+    load_plugins()
+    args = _server_parser().parse_args(["--model-path", "m", "--ssm-backend", "default"])
+    with pytest.raises(ReplaySSMStartupError, match="--ssm-backend default conflicts with the replay hooks"):
+        ServerArgs.from_cli_args(args)
