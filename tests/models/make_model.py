@@ -17,6 +17,14 @@ Checkpoint names follow the Hugging Face layout each SGLang loader expects.  Tra
 silently ignores (``Parameter model.embedding.weight not found``; every output token is then 0).  We
 write ``backbone.embeddings.weight`` ourselves.
 
+Shape-faithful presets for serving benchmarks (``benchmarks/bench_serving_ab.py``), same generator:
+``nemotron_h_nano4b`` (Nemotron-3-Nano-4B-like: 42 layers, 21 Mamba-2 layers of 96 heads x 80 x 128,
+8 groups, 4 attention + 17 MLP layers, hidden 3136), ``qwen3_next_4b`` (Qwen3.5-4B-like GDN shapes,
+24 GDN layers of HV=32 / Hk=16 / K=V=128 + 8 gated-attention layers, in SGLang's Qwen3-Next
+architecture, which has MoE MLPs only: 4 experts all active + a shared one, as wide as Qwen3.5-4B's
+dense 9216) and ``qwen3_5_4b`` (the same in SGLang's dense ``Qwen3_5ForCausalLM``).  About 4 B
+parameters each: build them on a GPU, ``materialize(name, out, dtype=torch.bfloat16, device="cuda")``.
+
 Run as a script: ``python tests/models/make_model.py nemotron_h_tiny /tmp/nh``.
 """
 
@@ -33,7 +41,7 @@ import torch
 __all__ = ["MODELS", "materialize", "build_tokenizer"]
 
 HERE = Path(__file__).resolve().parent
-MODELS = ("nemotron_h_tiny", "qwen3_next_tiny", "llama_tiny")
+MODELS = ("nemotron_h_tiny", "qwen3_next_tiny", "llama_tiny", "nemotron_h_nano4b", "qwen3_next_4b", "qwen3_5_4b")
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 
 
@@ -76,16 +84,20 @@ def build_tokenizer(vocab_size: int, out_dir: Path) -> None:
 
 
 class _Gen:
-    """Deterministic tensors at chosen scales (fp32 on CPU, fixed seed per model)."""
+    """Deterministic tensors at chosen scales (fp32, fixed seed per model; CPU unless ``device`` says).
 
-    def __init__(self, seed: int) -> None:
-        self.g = torch.Generator().manual_seed(seed)
+    The stream depends on the device: the same seed gives other (equally deterministic) weights on CUDA.
+    """
+
+    def __init__(self, seed: int, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        self.g = torch.Generator(device=self.device).manual_seed(seed)
 
     def normal(self, *shape: int, std: float) -> torch.Tensor:
-        return torch.randn(*shape, generator=self.g) * std
+        return torch.randn(*shape, generator=self.g, device=self.device) * std
 
     def uniform(self, *shape: int, lo: float, hi: float) -> torch.Tensor:
-        return lo + (hi - lo) * torch.rand(*shape, generator=self.g)
+        return lo + (hi - lo) * torch.rand(*shape, generator=self.g, device=self.device)
 
     def linear(self, out_f: int, in_f: int, gain: float = 1.0) -> torch.Tensor:
         return self.normal(out_f, in_f, std=gain / math.sqrt(in_f))
@@ -203,11 +215,59 @@ def _qwen3_next_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
     return w
 
 
+def _qwen3_5_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
+    """Qwen3.5 dense (``Qwen3_5ForCausalLM``): Qwen3-Next's GDN and gated attention, dense SwiGLU MLP."""
+    d, v, f = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
+    hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    kconv = cfg["linear_conv_kernel_dim"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    key_dim, value_dim = hk * dk, hv * dv
+    conv_dim = 2 * key_dim + value_dim
+    w: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": gen.normal(v, d, std=1.0),
+        "model.norm.weight": gen.normal(d, std=0.05),  # Gemma-style (1 + weight)
+        "lm_head.weight": gen.linear(v, d, gain=3.0),
+    }
+    interval = cfg["full_attention_interval"]
+    for i in range(cfg["num_hidden_layers"]):
+        pre = f"model.layers.{i}"
+        w[f"{pre}.input_layernorm.weight"] = gen.normal(d, std=0.05)
+        w[f"{pre}.post_attention_layernorm.weight"] = gen.normal(d, std=0.05)
+        w[f"{pre}.mlp.gate_proj.weight"] = gen.linear(f, d)
+        w[f"{pre}.mlp.up_proj.weight"] = gen.linear(f, d)
+        w[f"{pre}.mlp.down_proj.weight"] = gen.linear(d, f, gain=0.5)
+        if (i + 1) % interval:
+            la = f"{pre}.linear_attn"
+            w[f"{la}.in_proj_qkv.weight"] = gen.linear(conv_dim, d)
+            w[f"{la}.in_proj_z.weight"] = gen.linear(value_dim, d)
+            w[f"{la}.in_proj_b.weight"] = gen.linear(hv, d)
+            w[f"{la}.in_proj_a.weight"] = gen.linear(hv, d, gain=0.5)
+            w[f"{la}.conv1d.weight"] = gen.normal(conv_dim, 1, kconv, std=0.6 / math.sqrt(kconv))
+            w[f"{la}.A_log"] = torch.log(gen.uniform(hv, lo=0.5, hi=4.0))
+            w[f"{la}.dt_bias"] = _inv_softplus(gen.uniform(hv, lo=0.01, hi=0.08))
+            w[f"{la}.norm.weight"] = gen.norm(dv)
+            w[f"{la}.out_proj.weight"] = gen.linear(d, value_dim, gain=0.5)
+        else:
+            sa = f"{pre}.self_attn"
+            w[f"{sa}.q_proj.weight"] = gen.linear(2 * nh * hd, d)  # [q | gate] per head
+            w[f"{sa}.k_proj.weight"] = gen.linear(nkv * hd, d)
+            w[f"{sa}.v_proj.weight"] = gen.linear(nkv * hd, d)
+            w[f"{sa}.o_proj.weight"] = gen.linear(d, nh * hd, gain=0.5)
+            w[f"{sa}.q_norm.weight"] = gen.normal(hd, std=0.05)
+            w[f"{sa}.k_norm.weight"] = gen.normal(hd, std=0.05)
+    return w
+
+
 _BUILDERS = {
     "nemotron_h_tiny": (_nemotron_h_weights, 1234),
     "qwen3_next_tiny": (_qwen3_next_weights, 4321),
     # config + tokenizer only: an unsupported family, refused before any weight is read
     "llama_tiny": (None, 0),
+    # shape-faithful ~4B presets for the serving benchmarks (build on a GPU)
+    "nemotron_h_nano4b": (_nemotron_h_weights, 2024),
+    "qwen3_next_4b": (_qwen3_next_weights, 3535),
+    "qwen3_5_4b": (_qwen3_5_weights, 3536),
 }
 
 
@@ -215,10 +275,52 @@ def _vocab_size(cfg: dict) -> int:
     return cfg["vocab_size"]
 
 
-def materialize(name: str, out_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> Path:
+def _save_sharded(weights: dict[str, torch.Tensor], out: Path, dtype: torch.dtype, shard_bytes: int) -> None:
+    """Write ``model-0000i-of-0000n.safetensors`` shards of at most ``shard_bytes`` plus the HF index.
+
+    Tensors are cast on their own device and moved to the host one shard at a time (host memory
+    stays at about one shard), and each is dropped from ``weights`` once cast.
+    """
+    from safetensors.torch import save_file
+
+    names = list(weights)
+    shards: list[list[str]] = [[]]
+    size = 0
+    for k in names:
+        nbytes = weights[k].numel() * torch.empty((), dtype=dtype).element_size()
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(k)
+        size += nbytes
+    n = len(shards)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, keys in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{n:05d}.safetensors"
+        host = {}
+        for k in keys:
+            t = weights.pop(k).to(dtype).contiguous()
+            host[k] = t.cpu()
+            total += t.numel() * t.element_size()
+            weight_map[k] = fname
+        save_file(host, str(out / fname), metadata={"format": "pt"})
+        del host
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    )
+
+
+def materialize(name: str, out_dir: str | Path, *, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu", config: dict | None = None,
+                shard_bytes: int | None = None) -> Path:
     """Write model ``name`` (one of ``MODELS``) into ``out_dir``; return the directory.
 
     Idempotent: an existing complete directory with the same config is left as is.
+    ``device``: where the weights are drawn and cast (``"cuda"`` for the ~4B presets).
+    ``config``: use this config dict instead of ``tests/models/<name>/config.json`` (same builder
+    and seed; the benchmark tests shrink a preset this way).  ``shard_bytes``: write HF-style
+    shards of at most this size (plus ``model.safetensors.index.json``) instead of one file.
     """
     from safetensors.torch import save_file
 
@@ -226,7 +328,7 @@ def materialize(name: str, out_dir: str | Path, *, dtype: torch.dtype = torch.fl
         raise ValueError(f"model: expected one of {MODELS}, got {name!r}")
     out = Path(out_dir)
     src_cfg = HERE / name / "config.json"
-    cfg_text = src_cfg.read_text()
+    cfg_text = src_cfg.read_text() if config is None else json.dumps(config, indent=2)
     stamp = out / ".complete"
     if stamp.exists() and stamp.read_text() == cfg_text:
         return out
@@ -234,10 +336,18 @@ def materialize(name: str, out_dir: str | Path, *, dtype: torch.dtype = torch.fl
     cfg = json.loads(cfg_text)
     builder, seed = _BUILDERS[name]
     if builder is not None:
-        weights = builder(cfg, _Gen(seed))
-        save_file({k: t.to(dtype).contiguous() for k, t in weights.items()}, str(out / "model.safetensors"),
-                  metadata={"format": "pt"})
-    shutil.copyfile(src_cfg, out / "config.json")
+        with torch.no_grad():
+            weights = builder(cfg, _Gen(seed, device))
+            if shard_bytes is None:
+                save_file({k: t.to(dtype).contiguous().cpu() for k, t in weights.items()},
+                          str(out / "model.safetensors"), metadata={"format": "pt"})
+            else:
+                _save_sharded(weights, out, dtype, shard_bytes)
+        del weights
+    if config is None:
+        shutil.copyfile(src_cfg, out / "config.json")
+    else:
+        (out / "config.json").write_text(cfg_text)
     build_tokenizer(_vocab_size(cfg), out)
     stamp.write_text(cfg_text)
     return out

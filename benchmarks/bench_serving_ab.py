@@ -1,0 +1,674 @@
+"""Serving A/B on one GPU: stock SGLang (``--ssm-backend default``) vs ReplaySSM (``--ssm-backend replay``).
+
+One command, bounded in time end to end (``--time-budget``):
+
+1. generates a shape-faithful model with random weights (``tests/models/make_model.py`` presets;
+   drawn on the GPU in a child process, written as bf16 safetensors shards under ``--model-dir``,
+   default ``/tmp/replayssm_bench_models/<name>``, reused if already complete);
+2. starts both servers **at the same time** on two ports of 127.0.0.1 on the same GPU, identical
+   flags except ``--ssm-backend`` (and ``--replayssm-window``), so SGLang's cold start (Triton /
+   FlashInfer compiles, CUDA-graph capture) is paid once in wall time, and waits for both
+   ``/health_generate``;
+3. a greedy probe (temperature 0, ``input_ids`` prompts, > 3 ring cycles of decode) on both servers:
+   token matches and the largest logprob difference, reported, not asserted;
+4. a short warm-up at the largest concurrency on both servers (prefill shapes, big decode batches);
+5. ``python -m sglang.bench_serving --backend sglang --dataset-name random-ids`` against each
+   server in turn, for every ``--concurrency``, the two servers back to back (order alternating);
+6. writes ``results.md`` (the table), ``results.json`` (everything), ``bench_raw.jsonl`` (every
+   bench_serving result line), ``bench_stdout.log``, ``server_stock.log``, ``server_replay.log``
+   and ``gen.log`` under ``--out`` (7 files), and prints the table last.
+
+Both servers are killed (process groups) in every case: normal end, error, timeout, SIGTERM.
+
+Memory: SGLang 0.5.17 takes ``--mem-fraction-static`` of the memory that is free when each server
+starts, and the two start together, so the fraction does not split the GPU between them.  Instead
+every pool is sized explicitly (``--max-running-requests`` = ``--cuda-graph-max-bs-decode`` = the largest
+concurrency, ``--max-total-tokens`` for that many requests, radix cache off so each request holds
+exactly one mamba slot) and the fraction only has to leave room for them whichever server
+allocates first; 0.70 does (see ``benchmarks/README.md``).
+
+``--device cpu`` is a smoke mode for machines without a GPU: the tiny Nemotron-H, SGLang's CPU
+flags (``tests/e2e/server.py``), small lengths.  It exercises the whole orchestration; its numbers
+mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import datetime as _dt
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT / "tests" / "e2e", ROOT / "tests" / "models"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import server as srv  # noqa: E402  (tests/e2e/server.py: launch / stop / free_port)
+
+__all__ = [
+    "FAMILY_MODELS",
+    "VARIANTS",
+    "parse_args",
+    "server_base_flags",
+    "variant_args",
+    "bench_cmd",
+    "read_bench_jsonl",
+    "compare_greedy",
+    "build_table",
+    "main",
+]
+
+#: default preset per family (``tests/models/<name>/config.json``)
+FAMILY_MODELS = {"mamba2": "nemotron_h_nano4b", "gdn": "qwen3_next_4b"}
+#: the tiny presets of the CPU smoke mode
+CPU_FAMILY_MODELS = {"mamba2": "nemotron_h_tiny", "gdn": "qwen3_next_tiny"}
+#: order matters: "stock" is the baseline of every ratio
+VARIANTS = ("stock", "replay")
+#: issue 4's targets on the shape-faithful Mamba-2 model (replay/stock output throughput)
+TARGETS = {"mamba2": {256: 1.30, 1: 0.98}}
+REPLAY_LOG_MARK = "ReplaySSM rings are allocated"
+SHARD_BYTES = 2 << 30
+TEARDOWN_RESERVE_S = 25.0
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return vals
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_serving_ab",
+        description="bench_serving A/B on one GPU: stock SGLang vs --ssm-backend replay, two servers at once.",
+    )
+    p.add_argument("--family", choices=("mamba2", "gdn"), default="mamba2",
+                   help="mamba2: Nemotron-3-Nano-4B-like; gdn: Qwen3.5-4B-like (default model per family)")
+    p.add_argument("--model", default=None,
+                   help="preset of tests/models/make_model.py (default: nemotron_h_nano4b / qwen3_next_4b; "
+                        "qwen3_5_4b is the dense Qwen3.5 variant; tiny presets in --device cpu)")
+    p.add_argument("--model-dir", default=None,
+                   help="where the model is written (default /tmp/replayssm_bench_models/<model>); reused if complete")
+    p.add_argument("--concurrency", type=_int_list, default=None, help="comma list (default 1,64,256; cpu: 1,4)")
+    p.add_argument("--num-prompts", type=_int_list, default=None,
+                   help="comma list, one per concurrency (default: 8 at c=1, else 2*c)")
+    p.add_argument("--input-len", type=int, default=None, help="random-ids input length (default 512; cpu: 64)")
+    p.add_argument("--output-len", type=int, default=None, help="random-ids output length (default 256; cpu: 32)")
+    p.add_argument("--window", type=int, default=16, help="--replayssm-window of the replay server")
+    p.add_argument("--out", default="bench_serving_out", help="output folder (created)")
+    p.add_argument("--commit", default=None, help="recorded in the outputs (default: git rev-parse --short HEAD)")
+    p.add_argument("--time-budget", type=float, default=500.0,
+                   help="seconds for the whole command; later steps are skipped when it runs out")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: orchestration smoke test")
+    p.add_argument("--mem-fraction-static", type=float, default=0.70,
+                   help="both servers; 0.5.17 takes it of the memory free at each start (see README)")
+    p.add_argument("--max-running-requests", type=int, default=None, help="default: the largest concurrency")
+    p.add_argument("--cuda-graph-max-bs", type=int, default=None, help="default: the largest concurrency")
+    p.add_argument("--max-total-tokens", type=int, default=None,
+                   help="KV tokens per server (default: max running requests x (input + output + 64) + 8192)")
+    p.add_argument("--keep-radix-cache", action="store_true",
+                   help="do not pass --disable-radix-cache (then each request may hold several mamba slots)")
+    p.add_argument("--conv-dtype", default=None,
+                   help="SGLANG_MAMBA_CONV_DTYPE for both servers (default: bfloat16 on cuda, SGLang's default)")
+    p.add_argument("--server-args", default="", help="extra flags for both servers (one shell-quoted string)")
+    p.add_argument("--probe-requests", type=int, default=8, help="greedy-probe requests (0: no probe)")
+    p.add_argument("--probe-new-tokens", type=int, default=64, help="tokens decoded per probe request")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up at the largest concurrency")
+    p.add_argument("--order", choices=("alternate", "stock-first"), default="alternate",
+                   help="which server runs first at each concurrency")
+    p.add_argument("--seed", type=int, default=1, help="bench_serving --seed (same prompts for both servers)")
+    args = p.parse_args(argv)
+
+    cpu = args.device == "cpu"
+    if args.model is None:
+        args.model = (CPU_FAMILY_MODELS if cpu else FAMILY_MODELS)[args.family]
+    if args.concurrency is None:
+        args.concurrency = [1, 4] if cpu else [1, 64, 256]
+    if args.input_len is None:
+        args.input_len = 64 if cpu else 512
+    if args.output_len is None:
+        args.output_len = 32 if cpu else 256
+    if args.num_prompts is None:
+        args.num_prompts = [8 if c == 1 else 2 * c for c in args.concurrency]
+    if len(args.num_prompts) != len(args.concurrency):
+        p.error(f"--num-prompts: expected {len(args.concurrency)} values (one per concurrency), "
+                f"got {len(args.num_prompts)}")
+    if args.window < 1:
+        p.error(f"--window: expected an integer >= 1, got {args.window}")
+    if args.time_budget <= 0:
+        p.error(f"--time-budget: expected seconds > 0, got {args.time_budget}")
+    maxc = max(args.concurrency)
+    if args.max_running_requests is None:
+        args.max_running_requests = maxc
+    if args.cuda_graph_max_bs is None:
+        args.cuda_graph_max_bs = maxc
+    if args.max_total_tokens is None:
+        args.max_total_tokens = args.max_running_requests * (args.input_len + args.output_len + 64) + 8192
+    if args.conv_dtype is None and not cpu:
+        args.conv_dtype = "bfloat16"
+    if args.model_dir is None:
+        args.model_dir = f"/tmp/replayssm_bench_models/{args.model}"
+    if args.commit is None:
+        args.commit = _git_commit()
+    return args
+
+
+def _git_commit() -> str:
+    try:
+        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=10)
+        return r.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def server_base_flags(args: argparse.Namespace) -> list[str]:
+    """Flags shared by both servers (everything but the ``--ssm-backend`` choice)."""
+    if args.device == "cpu":
+        flags = list(srv.CPU_FLAGS)
+    else:
+        flags = [
+            "--dtype", "bfloat16",
+            "--load-format", "safetensors",
+            "--mem-fraction-static", str(args.mem_fraction_static),
+            "--max-running-requests", str(args.max_running_requests),
+            "--cuda-graph-max-bs-decode", str(args.cuda_graph_max_bs),
+            "--max-total-tokens", str(args.max_total_tokens),
+        ]
+        if not args.keep_radix_cache:
+            flags.append("--disable-radix-cache")
+    flags += ["--random-seed", "0", "--log-level", "info"]
+    return flags + shlex.split(args.server_args)
+
+
+def variant_args(variant: str, window: int, device: str = "cuda") -> list[str]:
+    """``--ssm-backend`` flags of one server.  On a CPU, SGLang's own Mamba-2 path does not run, so the
+    smoke mode's "stock" server is ReplaySSM at window 1 (every step flushes: the conventional update)."""
+    if variant == "stock":
+        if device == "cpu":
+            return ["--ssm-backend", "replay", "--replayssm-window", "1"]
+        return ["--ssm-backend", "default"]
+    if variant == "replay":
+        return ["--ssm-backend", "replay", "--replayssm-window", str(window)]
+    raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
+
+
+def bench_cmd(args: argparse.Namespace, model_dir: str | Path, port: int, concurrency: int, num_prompts: int,
+              output_file: str | Path, tag: str) -> list[str]:
+    """``sglang.bench_serving`` command line for one run (flag names of SGLang 0.5.17)."""
+    return [
+        sys.executable, "-m", "sglang.bench_serving",
+        "--backend", "sglang",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--model", str(model_dir), "--tokenizer", str(model_dir),
+        "--dataset-name", "random-ids",
+        "--random-input-len", str(args.input_len),
+        "--random-output-len", str(args.output_len),
+        "--random-range-ratio", "1.0",
+        "--num-prompts", str(num_prompts),
+        "--max-concurrency", str(concurrency),
+        "--seed", str(args.seed),
+        "--warmup-requests", "1",
+        "--disable-tqdm",
+        "--output-file", str(output_file),
+        "--tag", tag,
+    ]
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def read_bench_jsonl(path: str | Path) -> dict | None:
+    """The last result line of a bench_serving ``--output-file`` (it appends one JSON object per run)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    last = None
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            last = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    return last
+
+
+def compare_greedy(stock: list[dict], replay: list[dict]) -> dict:
+    """Compare greedy outputs request by request.
+
+    Each item: ``{"tokens": [...], "logprobs": [...]}`` or ``{"error": "..."}``.  Returns the number of
+    token-identical requests, each request's first differing position, and the largest logprob
+    difference over the common prefix (positions before the first difference).
+    """
+    per = []
+    max_diff = 0.0
+    matches = 0
+    for i, (a, b) in enumerate(zip(stock, replay)):
+        if "error" in a or "error" in b:
+            per.append({"request": i, "error": a.get("error") or b.get("error")})
+            continue
+        ta, tb = a["tokens"], b["tokens"]
+        first = next((j for j, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
+        if first is None and len(ta) != len(tb):
+            first = min(len(ta), len(tb))
+        upto = first if first is not None else len(ta)
+        diffs = [abs(x - y) for x, y in zip(a["logprobs"][:upto], b["logprobs"][:upto])
+                 if x is not None and y is not None]
+        d = max(diffs, default=0.0)
+        max_diff = max(max_diff, d)
+        matches += first is None
+        per.append({"request": i, "tokens": len(ta), "first_diff": first, "max_logprob_diff": d})
+    return {"requests": len(per), "token_identical": matches, "max_logprob_diff_common_prefix": max_diff,
+            "per_request": per}
+
+
+def _fmt(v, spec: str = ".1f") -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def _ratio(a, b):
+    return None if a is None or b is None or not b else a / b
+
+
+def build_table(runs: dict, meta: dict) -> str:
+    """Markdown: one row per concurrency, stock vs replay and replay/stock ratios.
+
+    ``runs``: ``{concurrency: {"stock": result-or-None, "replay": ...}}`` where a result is a
+    bench_serving JSON line (``output_throughput``, ``median_tpot_ms``, ``median_itl_ms``,
+    ``completed``) or ``{"skipped": reason}``.
+    """
+    lines = [
+        f"### Serving A/B: {meta.get('model')} ({meta.get('family')}), stock vs replay L={meta.get('window')}",
+        "",
+        f"commit `{meta.get('commit')}`, {meta.get('date')}, {meta.get('gpu') or meta.get('device')}; "
+        f"bench_serving random-ids, input {meta.get('input_len')}, output {meta.get('output_len')}, "
+        f"range ratio 1.0; server flags: `{meta.get('server_flags')}`",
+        "",
+        "| concurrency | prompts | stock out tok/s | replay out tok/s | x throughput | stock TPOT ms "
+        "| replay TPOT ms | x TPOT | stock ITL ms | replay ITL ms | x ITL | completed (stock/replay) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for c in sorted(runs):
+        r = runs[c]
+        s, p = r.get("stock") or {}, r.get("replay") or {}
+        st, rt = s.get("output_throughput"), p.get("output_throughput")
+        sp, rp = s.get("median_tpot_ms"), p.get("median_tpot_ms")
+        si, ri = s.get("median_itl_ms"), p.get("median_itl_ms")
+
+        def done(x):
+            if "skipped" in x:
+                return "skipped"
+            if "error" in x:
+                return "failed"
+            return str(x.get("completed", "—"))
+
+        lines.append(
+            f"| {c} | {r.get('num_prompts', '—')} | {_fmt(st)} | {_fmt(rt)} | {_fmt(_ratio(rt, st), '.3f')} "
+            f"| {_fmt(sp, '.2f')} | {_fmt(rp, '.2f')} | {_fmt(_ratio(rp, sp), '.3f')} "
+            f"| {_fmt(si, '.2f')} | {_fmt(ri, '.2f')} | {_fmt(_ratio(ri, si), '.3f')} "
+            f"| {done(s)}/{done(p)} |"
+        )
+    lines += ["", "x = replay / stock (throughput: higher is better; TPOT, ITL: lower is better)."]
+    probe = meta.get("probe")
+    if probe:
+        firsts = [q["first_diff"] for q in probe["per_request"] if q.get("first_diff") is not None]
+        lines.append(
+            f"Greedy probe ({probe['requests']} requests x {meta.get('probe_new_tokens')} tokens, temperature 0): "
+            f"{probe['token_identical']}/{probe['requests']} token-identical; max |logprob diff| on the common "
+            f"prefix {probe['max_logprob_diff_common_prefix']:.4g}"
+            + (f"; earliest divergence at token {min(firsts)}" if firsts else "") + "."
+        )
+    for c, goal in sorted(TARGETS.get(meta.get("family"), {}).items(), reverse=True):
+        if meta.get("model") != FAMILY_MODELS.get(meta.get("family")) or c not in runs:
+            continue
+        x = _ratio((runs[c].get("replay") or {}).get("output_throughput"),
+                   (runs[c].get("stock") or {}).get("output_throughput"))
+        verdict = "not measured" if x is None else ("met" if x >= goal else "MISSED")
+        lines.append(f"target c={c}: output throughput x >= {goal:.2f}: {_fmt(x, '.3f')} {verdict}")
+    for w in meta.get("warnings", []):
+        lines.append(f"WARNING: {w}")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- running
+
+
+class _Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.t0 = time.monotonic()
+        self.end = self.t0 + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+
+class _Terminated(BaseException):
+    pass
+
+
+def _on_signal(signum, frame):  # noqa: ARG001
+    raise _Terminated(f"signal {signum}")
+
+
+def _log(msg: str) -> None:
+    print(f"[bench_serving_ab {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _generate_model(args: argparse.Namespace, out: Path, timeout: float) -> float:
+    """Materialize the preset in a child process (its GPU memory is released before the servers start)."""
+    t = time.monotonic()
+    code = (
+        "import sys, time, torch; sys.path.insert(0, sys.argv[1]); import make_model; t = time.time(); "
+        "make_model.materialize(sys.argv[2], sys.argv[3], dtype=getattr(torch, sys.argv[4]), device=sys.argv[5], "
+        "shard_bytes=int(sys.argv[6])); print(f'generated {sys.argv[2]} in {time.time() - t:.1f}s', flush=True)"
+    )
+    dtype = "float32" if args.device == "cpu" else "bfloat16"
+    cmd = [sys.executable, "-c", code, str(ROOT / "tests" / "models"), args.model, args.model_dir, dtype,
+           args.device, str(SHARD_BYTES)]
+    with open(out / "gen.log", "a") as fh:
+        r = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=max(timeout, 1.0), cwd=ROOT)
+    if r.returncode != 0:
+        raise RuntimeError(f"model generation failed (exit {r.returncode}):\n{(out / 'gen.log').read_text()[-3000:]}")
+    return time.monotonic() - t
+
+
+def _wait_ready(procs: dict, ports: dict, logs: dict, deadline: float) -> dict:
+    """Poll ``/health_generate`` of every server until all answer 200; return seconds to ready per server."""
+    import requests
+
+    t0 = time.monotonic()
+    ready: dict[str, float] = {}
+    while len(ready) < len(procs):
+        for name, proc in procs.items():
+            if name in ready:
+                continue
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} server exited with {proc.returncode}:\n{logs[name].read_text()[-4000:]}")
+            try:
+                r = requests.get(f"http://127.0.0.1:{ports[name]}/health_generate", timeout=10)
+                if r.status_code == 200:
+                    ready[name] = time.monotonic() - t0
+                    _log(f"{name} server ready after {ready[name]:.0f}s")
+            except requests.RequestException:
+                pass
+        if len(ready) < len(procs):
+            if time.monotonic() > deadline:
+                missing = [n for n in procs if n not in ready]
+                tails = "\n".join(f"--- {n}:\n{logs[n].read_text()[-3000:]}" for n in missing)
+                raise TimeoutError(f"servers not ready in time: {missing}\n{tails}")
+            time.sleep(2.0)
+    return ready
+
+
+def _generate(url: str, ids: list[int], n: int, timeout: float) -> dict:
+    import requests
+
+    try:
+        r = requests.post(f"{url}/generate", json={
+            "input_ids": ids,
+            "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True},
+            "return_logprob": True,
+        }, timeout=timeout)
+        r.raise_for_status()
+        meta = r.json()["meta_info"]
+        lp = meta["output_token_logprobs"]
+        return {"tokens": [t[1] for t in lp], "logprobs": [t[0] for t in lp]}
+    except Exception as e:  # reported, never fatal
+        return {"error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def _probe_prompts(n: int, vocab: int, max_len: int, seed: int = 7) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    lens = [7, 33, 128, 300, 512, 64, 200, 16, 96, 450]
+    out = []
+    for i in range(n):
+        length = max(1, min(lens[i % len(lens)], max_len))
+        out.append([rng.randrange(4, vocab) for _ in range(length)])
+    return out
+
+
+def _run_probe(urls: dict, prompts: list[list[int]], new_tokens: int, timeout: float) -> dict:
+    """The same greedy requests to both servers at once (each server gets them concurrently)."""
+    with cf.ThreadPoolExecutor(2 * len(prompts)) as ex:
+        futs = {name: [ex.submit(_generate, url, p, new_tokens, timeout) for p in prompts]
+                for name, url in urls.items()}
+        outs = {name: [f.result() for f in fs] for name, fs in futs.items()}
+    return compare_greedy(outs["stock"], outs["replay"])
+
+
+def _warmup(urls: dict, n: int, input_len: int, vocab: int, timeout: float) -> None:
+    """``n`` concurrent requests (``input_len`` tokens, 8 new) per server, both servers at once."""
+    prompts = _probe_prompts(n, vocab, input_len, seed=11)
+    prompts = [(p * (input_len // len(p) + 1))[:input_len] for p in prompts]
+    with cf.ThreadPoolExecutor(min(2 * n, 512)) as ex:
+        futs = [ex.submit(_generate, url, p, 8, timeout) for url in urls.values() for p in prompts]
+        errors = [r["error"] for r in (f.result() for f in futs) if "error" in r]
+    if errors:
+        _log(f"warm-up: {len(errors)} request(s) failed, e.g. {errors[0]}")
+
+
+def _grep_log(path: Path, patterns: Sequence[str], limit: int = 12) -> list[str]:
+    if not path.exists():
+        return []
+    rx = re.compile("|".join(patterns))
+    hits = [ln.strip()[:400] for ln in path.read_text(errors="replace").splitlines()
+            if rx.search(ln) and "server_args=" not in ln]
+    return hits[:limit]
+
+
+def _max_running_from_log(path: Path) -> int | None:
+    """``max_running_requests`` as the scheduler finally set it (its start-up summary line)."""
+    found = None
+    if path.exists():
+        text = path.read_text(errors="replace")
+        for m in re.finditer(r"max_total_num_tokens=\d+.*?max_running_requests=(\d+)", text):
+            found = int(m.group(1))
+    return found
+
+
+def _gpu_name() -> str | None:
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def _stop_all(procs: dict) -> None:
+    threads = [threading.Thread(target=srv.stop, args=(p,), daemon=True) for p in procs.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=70)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    dl = _Deadline(args.time_budget)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"replayssm_bench_{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("bench_raw.jsonl", "bench_stdout.log", "gen.log"):
+        (out / name).write_text("")
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, _on_signal)
+
+    model_cfg = json.loads((ROOT / "tests" / "models" / args.model / "config.json").read_text())
+    flags = server_base_flags(args)
+    meta: dict = {
+        "model": args.model, "family": args.family, "window": args.window, "commit": args.commit,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": args.device, "gpu": _gpu_name() if args.device == "cuda" else None,
+        "input_len": args.input_len, "output_len": args.output_len, "server_flags": " ".join(flags),
+        "conv_dtype": args.conv_dtype, "probe_new_tokens": args.probe_new_tokens, "warnings": [],
+        "command": " ".join(shlex.quote(a) for a in [sys.executable, "-m", "benchmarks.bench_serving_ab",
+                                                       *(sys.argv[1:] if argv is None else argv)]),
+    }
+    if args.device == "cpu":
+        meta["warnings"].append("cpu smoke: 'stock' is --ssm-backend replay --replayssm-window 1 (SGLang's own "
+                                "Mamba-2 path does not run on a CPU); the numbers mean nothing")
+    runs: dict[int, dict] = {c: {"num_prompts": n} for c, n in zip(args.concurrency, args.num_prompts)}
+    timings: dict[str, float] = {}
+    procs: dict[str, subprocess.Popen] = {}
+    ports: dict[str, int] = {}
+    logs = {v: out / f"server_{v}.log" for v in VARIANTS}
+    status = 0
+
+    def write_results() -> str:
+        table = build_table(runs, meta)
+        (out / "results.md").write_text(table)
+        (out / "results.json").write_text(json.dumps(
+            {"meta": meta, "timings_s": timings, "runs": {str(c): r for c, r in runs.items()},
+             "model_config": model_cfg, "args": {k: v for k, v in vars(args).items()}},
+            indent=1, default=str))
+        return table
+
+    try:
+        # 1. model
+        _log(f"generating {args.model} into {args.model_dir} on {args.device}")
+        timings["generate"] = _generate_model(args, out, min(240.0, dl.left() - TEARDOWN_RESERVE_S))
+        _log(f"model ready in {timings['generate']:.0f}s")
+
+        # 2. both servers at once
+        env = {"SGLANG_MAMBA_CONV_DTYPE": args.conv_dtype} if args.conv_dtype else {}
+        env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        for v in VARIANTS:
+            ports[v] = srv.free_port()
+        t = time.monotonic()
+        for v in VARIANTS:
+            vargs = variant_args(v, args.window, args.device)
+            procs[v] = srv.launch(Path(args.model_dir), vargs, logs[v], port=ports[v], env=env, base_flags=flags)
+            _log(f"started {v} server (pid {procs[v].pid}, port {ports[v]}): {' '.join(vargs)}")
+        # keep at least ~60 s for the benchmark itself
+        ready = _wait_ready(procs, ports, logs, deadline=time.monotonic() + max(dl.left() - 60.0, 1.0))
+        timings["servers_ready"] = time.monotonic() - t
+        timings.update({f"ready_{k}": s for k, s in ready.items()})
+        meta["replay_active"] = REPLAY_LOG_MARK in logs["replay"].read_text(errors="replace")
+        meta["stock_has_replay_mark"] = REPLAY_LOG_MARK in logs["stock"].read_text(errors="replace")
+        if not meta["replay_active"]:
+            meta["warnings"].append(f"replay server log lacks {REPLAY_LOG_MARK!r}: ReplaySSM may not be active")
+        if meta["stock_has_replay_mark"] and args.device != "cpu":
+            meta["warnings"].append("stock server log shows ReplaySSM rings: the A/B is not stock vs replay")
+        meta["server_log_lines"] = {v: _grep_log(logs[v], (r"max_running_requests", r"max_total_num_tokens",
+                                                            r"Mamba Cache", r"KV Cache is allocated",
+                                                            r"ReplaySSM", r"capped", r"Capture cuda graph end"))
+                                    for v in VARIANTS}
+        meta["max_running_requests"] = {v: _max_running_from_log(logs[v]) for v in VARIANTS}
+        for v, n in meta["max_running_requests"].items():
+            if n is not None and n < max(args.concurrency):
+                meta["warnings"].append(f"{v} server: max_running_requests={n} < concurrency {max(args.concurrency)}: "
+                                        "the top concurrency is capped by the server")
+        urls = {v: f"http://127.0.0.1:{ports[v]}" for v in VARIANTS}
+        vocab = int(model_cfg["vocab_size"])
+
+        # 3. greedy probe
+        if args.probe_requests > 0 and dl.left() > 60:
+            t = time.monotonic()
+            meta["probe"] = _run_probe(urls, _probe_prompts(args.probe_requests, vocab, args.input_len),
+                                       args.probe_new_tokens, timeout=min(120.0, dl.left() - 40))
+            timings["probe"] = time.monotonic() - t
+            _log(f"greedy probe: {meta['probe']['token_identical']}/{meta['probe']['requests']} token-identical, "
+                 f"max logprob diff {meta['probe']['max_logprob_diff_common_prefix']:.4g}")
+        write_results()
+
+        # 4. warm-up at the largest concurrency
+        if not args.no_warmup and dl.left() > 90:
+            t = time.monotonic()
+            _warmup(urls, max(args.concurrency), args.input_len, vocab, timeout=min(120.0, dl.left() - 60))
+            timings["warmup"] = time.monotonic() - t
+            _log(f"warm-up done in {timings['warmup']:.0f}s")
+
+        # 5. bench_serving, both servers back to back per concurrency
+        benv = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
+        benv["SGLANG_PLUGINS"] = "replayssm"
+        for i, (c, n) in enumerate(zip(args.concurrency, args.num_prompts)):
+            order = list(VARIANTS) if (args.order == "stock-first" or i % 2 == 0) else list(reversed(VARIANTS))
+            for v in order:
+                left = dl.left() - TEARDOWN_RESERVE_S
+                if left < 20:
+                    runs[c][v] = {"skipped": "time budget"}
+                    meta["warnings"].append(f"c={c} {v}: skipped (time budget)")
+                    continue
+                tag = f"{v}-c{c}"
+                ofile = work / f"{tag}.jsonl"
+                cmd = bench_cmd(args, args.model_dir, ports[v], c, n, ofile, tag)
+                t = time.monotonic()
+                with open(out / "bench_stdout.log", "a") as fh:
+                    fh.write(f"\n===== {tag}: {' '.join(cmd)}\n")
+                    fh.flush()
+                    try:
+                        r = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=benv, cwd=work,
+                                           timeout=min(left, 300.0))
+                        rc = r.returncode
+                    except subprocess.TimeoutExpired:
+                        rc = "timeout"
+                timings[f"bench_{tag}"] = time.monotonic() - t
+                res = read_bench_jsonl(ofile)
+                if rc != 0 or res is None:
+                    runs[c][v] = {"error": f"bench_serving exit {rc}"}
+                    meta["warnings"].append(f"c={c} {v}: bench_serving exit {rc} (see bench_stdout.log)")
+                    status = 1
+                else:
+                    res = {k: val for k, val in res.items() if k != "server_info"}
+                    runs[c][v] = res
+                    with open(out / "bench_raw.jsonl", "a") as fh:
+                        fh.write(json.dumps({**res, "ab_variant": v, "ab_max_concurrency": c}) + "\n")
+                    _log(f"{tag}: {res.get('output_throughput', 0):.1f} out tok/s, median TPOT "
+                         f"{res.get('median_tpot_ms', 0):.2f} ms, {res.get('completed')}/{n} completed, "
+                         f"{timings[f'bench_{tag}']:.0f}s")
+                write_results()
+    except _Terminated as e:
+        meta["warnings"].append(f"terminated by {e}")
+        status = 2
+    except Exception as e:  # keep whatever was measured; the table still comes out
+        meta["warnings"].append(f"aborted: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        _log(f"aborted: {type(e).__name__}: {e}")
+        status = 1
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # let the teardown finish
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, signal.SIG_IGN)
+        with contextlib.suppress(BaseException):
+            _log("stopping servers")
+            _stop_all(procs)
+    timings["total"] = dl.elapsed()
+    table = write_results()
+    print("\n" + table, flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
