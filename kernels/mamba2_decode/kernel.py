@@ -24,6 +24,8 @@ CUDA-graph safe.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -38,6 +40,68 @@ def _softplus(dt):
     # Verbatim the conventional kernel's softplus (Triton >= 3 branch), so Δ is bit-identical.
     dt = tl.where(dt <= 20.0, tl.math.log(tl.math.exp(dt) + 1), dt)
     return dt
+
+
+@triton.jit
+def _prefetch_l1(ptrs):
+    # A cache hint only (`prefetch.global.L1`, sm_90): no register is written, nothing waits on
+    # it. The returned dummy is unused; is_pure=False keeps the instruction.
+    return tl.inline_asm_elementwise(
+        "prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+        is_pure=False, pack=1,
+    )
+
+
+@triton.jit
+def _load_tile(
+    p_s_head, p_x_head, p_z_head, p_D_head, t, P, N,
+    stride_state_p, stride_state_n, stride_x_p, stride_z_p, stride_D_p,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NUM_PT: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, S_CACHE: tl.constexpr,
+):
+    """Loads of P-tile ``t`` of one (row, head): checkpoint tile, current x, D, z (t >= NUM_PT:
+    all masked off, no memory traffic)."""
+    o_p = t * BLOCK_P + tl.arange(0, BLOCK_P)
+    o_n = tl.arange(0, BLOCK_N)
+    m_p = (o_p < P) & (t < NUM_PT)
+    m_pn = m_p[:, None] & (o_n < N)[None, :]
+    p_s = p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
+    b_s = tl.load(p_s, mask=m_pn, other=0.0, cache_modifier=S_CACHE)
+    b_x = tl.load(p_x_head + o_p * stride_x_p, mask=m_p, other=0.0)
+    if HAS_D:
+        b_D = tl.load(p_D_head + o_p * stride_D_p, mask=m_p, other=0.0).to(tl.float32)
+    else:
+        b_D = tl.zeros([BLOCK_P], dtype=tl.float32)
+    if HAS_Z:
+        b_z = tl.load(p_z_head + o_p * stride_z_p, mask=m_p, other=0.0).to(tl.float32)
+    else:
+        b_z = tl.zeros([BLOCK_P], dtype=tl.float32)
+    return b_s, b_x, b_D, b_z
+
+
+@triton.jit
+def _nonflush_tile(
+    b_s, b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, t, P, row_l, m_l, row_w, p_rx_head,
+    p_o_head, stride_rx_row, stride_rx_p, stride_out_p, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    """Output of P-tile ``t`` on the inner-product route, and the append of its x."""
+    o_p = t * BLOCK_P + tl.arange(0, BLOCK_P)
+    m_p = o_p < P
+    p_xj = p_rx_head + row_l[:, None] * stride_rx_row + o_p[None, :] * stride_rx_p
+    b_xj = tl.load(p_xj, mask=m_l[:, None] & m_p[None, :], other=0.0).to(tl.float32)
+    b_x = b_x_raw.to(tl.float32)
+    b_acc = c_cur * b_x
+    b_acc += tl.sum(b_coef[:, None] * b_xj, axis=0)
+    b_y = a_bar * tl.sum(b_s * b_C[None, :], axis=1) + b_acc
+    if HAS_D:
+        b_y += b_x * b_D
+    if HAS_Z:
+        b_y *= b_z * tl.sigmoid(b_z)
+    p_o = p_o_head + o_p * stride_out_p
+    tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=m_p)
+    # Append the current record's x at logical row `length`.
+    tl.store(p_rx_head + row_w * stride_rx_row + o_p * stride_rx_p, b_x_raw, mask=m_p)
 
 
 @triton.jit
@@ -110,30 +174,50 @@ def _mamba2_replay_decode_fwd_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_L: tl.constexpr,
+    NUM_PT: tl.constexpr,
     FOLD_UNROLL: tl.constexpr,
+    S_PREFETCH: tl.constexpr,
+    PF_L1: tl.constexpr,
+    PF_X: tl.constexpr,
+    PF_B: tl.constexpr,
+    S_CACHE: tl.constexpr,
+    PIPE: tl.constexpr,
 ):
-    i_p = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
+    i_h = tl.program_id(0)
+    i_b = tl.program_id(1)
 
     slot = tl.load(slot_idx_ptr + i_b).to(tl.int64)
-    if slot < 0:
-        return  # padding row: touches nothing, not even its output row
     start = tl.load(ring_start_ptr + i_b).to(tl.int32)
     length = tl.load(ring_len_ptr + i_b).to(tl.int32)
     do_flush = tl.load(flush_ptr + i_b)
+    if slot < 0:
+        return  # padding row: touches nothing, not even its output row
     i_g = i_h // heads_per_group
 
-    o_p = i_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    o_n = tl.arange(0, BLOCK_N)
-    m_p = o_p < P
-    m_n = o_n < N
-    m_pn = m_p[:, None] & m_n[None, :]
+    # The checkpoint streams first: tiles 0 .. S_PREFETCH-1 (with this head's current x, D, z)
+    # are requested before anything else, and each step of the tile loops below requests the
+    # tile S_PREFETCH ahead, so the state loads stay in flight behind the record work.
+    p_s_head = state_ptr + slot * stride_state_slot + i_h * stride_state_head
+    p_x_head = x_ptr + i_b * stride_x_batch + i_h * stride_x_head
+    p_z_head = z_ptr
+    if HAS_Z:
+        p_z_head = z_ptr + i_b * stride_z_batch + i_h * stride_z_head
+    p_D_head = D_ptr
+    if HAS_D:
+        p_D_head = D_ptr + i_h * stride_D_head
+    if PIPE == 0:
+        s_n1, x_n1, D_n1, z_n1 = _load_tile(
+            p_s_head, p_x_head, p_z_head, p_D_head, 0, P, N, stride_state_p, stride_state_n,
+            stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N, S_CACHE)
+        if S_PREFETCH == 2:
+            s_n2, x_n2, D_n2, z_n2 = _load_tile(
+                p_s_head, p_x_head, p_z_head, p_D_head, 1, P, N, stride_state_p, stride_state_n,
+                stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N,
+                S_CACHE)
 
-    # Current token, loaded and processed exactly as selective_state_update's TIE_HDIM path.
-    p_x = x_ptr + i_b * stride_x_batch + i_h * stride_x_head + o_p * stride_x_p
-    b_x_raw = tl.load(p_x, mask=m_p, other=0.0)
-    b_x = b_x_raw.to(tl.float32)
+    o_n = tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    # Current token scalars and group vectors, exactly as selective_state_update's TIE_HDIM path.
     dt = tl.load(dt_ptr + i_b * stride_dt_batch + i_h * stride_dt_head).to(tl.float32)
     if HAS_DT_BIAS:
         dt += tl.load(dt_bias_ptr + i_h * stride_dt_bias_head).to(tl.float32)
@@ -146,100 +230,170 @@ def _mamba2_replay_decode_fwd_kernel(
     p_C = C_ptr + i_b * stride_C_batch + i_g * stride_C_group + o_n * stride_C_n
     b_C = tl.load(p_C, mask=m_n, other=0.0).to(tl.float32)
 
-    # The checkpoint tile: read once, on every path.
-    p_s = (
-        state_ptr
-        + slot * stride_state_slot
-        + i_h * stride_state_head
-        + o_p[:, None] * stride_state_p
-        + o_n[None, :] * stride_state_n
-    )
-    b_s = tl.load(p_s, mask=m_pn, other=0.0).to(tl.float32)
-
-    p_rx = ring_x_ptr + slot * stride_rx_slot + i_h * stride_rx_head + o_p * stride_rx_p
+    p_rx_head = ring_x_ptr + slot * stride_rx_slot + i_h * stride_rx_head
     p_rdt = ring_dt_ptr + slot * stride_rdt_slot + i_h * stride_rdt_head
     p_rB = ring_B_ptr + slot * stride_rB_slot + i_g * stride_rB_group + o_n * stride_rB_n
+    p_o_head = out_ptr + i_b * stride_out_batch + i_h * stride_out_head
+    if PF_L1:
+        # Both routes read this head's committed x rows once per P-tile: request their lines
+        # into L1 once, up front (a hint: no register, no wait), so those loads hit L1.
+        o_l = tl.arange(0, BLOCK_L)
+        row_l = (start + tl.where(o_l < length, o_l, 0)) % R
+        o_px = tl.minimum(tl.arange(0, PF_X) * 64, P - 1)
+        _prefetch_l1(p_rx_head + row_l[:, None] * stride_rx_row + o_px[None, :] * stride_rx_p)
 
     if do_flush:
-        # Exact fold: replay the committed raw records, then the current token, in the
-        # conventional kernel's op order; the state stays fp32 in registers across tokens.
+        # Exact fold, one P-tile at a time: replay the committed raw records, then the current
+        # token, in the conventional kernel's op order; the tile stays fp32 in registers.
         # `S = S·dA + dB·x` is written as fma(S, dA, dB·x) because that is what
         # selective_state_update's `state * dA + dB * x[:, None]` compiles to (sm_90, Triton 3.6;
         # tests/kernels/test_mamba2_decode.py checks both kernels' PTX). Left to LLVM, the same
-        # expression here was contracted the other way, fma(dB, x, S·dA), on one of the two
-        # sites. The interpreter evaluates tl.fma unfused, as it evaluates SGLang's kernel.
-        # The inner loop is unrolled with masked loads that do not depend on the state, so
-        # FOLD_UNROLL record loads are in flight together instead of one latency per record.
-        for c in range(0, length, FOLD_UNROLL):
-            for jj in tl.static_range(FOLD_UNROLL):
-                ok = c + jj < length
-                row = (start + c + jj) % R
-                b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_p & ok, other=0.0)
-                dtj = tl.load(p_rdt + row * stride_rdt_row, mask=ok, other=0.0)
-                b_Bj = tl.load(p_rB + row * stride_rB_row, mask=m_n & ok, other=0.0)
+        # expression was contracted the other way, fma(dB, x, S·dA), at one site. The
+        # interpreter evaluates tl.fma unfused, as it evaluates SGLang's kernel.
+        if PF_L1:
+            # The fold reads every record once per P-tile: B rows and Δ are requested into L1
+            # up front too (x rows above), so the fold's loads hit L1 on every tile.
+            o_nb = tl.minimum(tl.arange(0, PF_B) * 64, N - 1)
+            _prefetch_l1(ring_B_ptr + slot * stride_rB_slot + i_g * stride_rB_group
+                         + row_l[:, None] * stride_rB_row + o_nb[None, :] * stride_rB_n)
+            _prefetch_l1(p_rdt + row_l * stride_rdt_row)
+        if PIPE != 0:
+            s_n1, x_n1, D_n1, z_n1 = _load_tile(
+                p_s_head, p_x_head, p_z_head, p_D_head, 0, P, N, stride_state_p, stride_state_n,
+                stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N,
+                S_CACHE)
+            if S_PREFETCH == 2:
+                s_n2, x_n2, D_n2, z_n2 = _load_tile(
+                    p_s_head, p_x_head, p_z_head, p_D_head, 1, P, N, stride_state_p,
+                    stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                    BLOCK_P, BLOCK_N, S_CACHE)
+        dA_c = tl.exp(A * dt)
+        dB_c = b_B * dt
+        n_full = (length // FOLD_UNROLL) * FOLD_UNROLL
+        for t in range(NUM_PT):
+            b_s = s_n1.to(tl.float32)
+            b_x_raw = x_n1
+            b_D = D_n1
+            b_z = z_n1
+            if S_PREFETCH == 2:
+                s_n1, x_n1, D_n1, z_n1 = s_n2, x_n2, D_n2, z_n2
+                s_n2, x_n2, D_n2, z_n2 = _load_tile(
+                    p_s_head, p_x_head, p_z_head, p_D_head, t + 2, P, N, stride_state_p,
+                    stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                    BLOCK_P, BLOCK_N, S_CACHE)
+            else:
+                s_n1, x_n1, D_n1, z_n1 = _load_tile(
+                    p_s_head, p_x_head, p_z_head, p_D_head, t + 1, P, N, stride_state_p,
+                    stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                    BLOCK_P, BLOCK_N, S_CACHE)
+            o_p = t * BLOCK_P + tl.arange(0, BLOCK_P)
+            m_p = o_p < P
+            p_rx = p_rx_head + o_p * stride_rx_p
+            # Full chunks of FOLD_UNROLL records (their loads do not depend on the state, so they
+            # are in flight together), then the remainder one by one; no masked fold steps.
+            for c in range(0, n_full, FOLD_UNROLL):
+                for jj in tl.static_range(FOLD_UNROLL):
+                    row = (start + c + jj) % R
+                    b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_p, other=0.0)
+                    dtj = tl.load(p_rdt + row * stride_rdt_row)
+                    b_Bj = tl.load(p_rB + row * stride_rB_row, mask=m_n, other=0.0)
+                    dA = tl.exp(A * dtj)
+                    dB = b_Bj.to(tl.float32) * dtj
+                    b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
+            for j in range(n_full, length):
+                row = (start + j) % R
+                b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_p, other=0.0)
+                dtj = tl.load(p_rdt + row * stride_rdt_row)
+                b_Bj = tl.load(p_rB + row * stride_rB_row, mask=m_n, other=0.0)
                 dA = tl.exp(A * dtj)
                 dB = b_Bj.to(tl.float32) * dtj
-                b_s = tl.where(ok, tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None]), b_s)
-        dA = tl.exp(A * dt)
-        dB = b_B * dt
-        b_s = tl.fma(b_s, dA, dB * b_x[:, None])
-        tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_pn)
-        b_y = tl.sum(b_s * b_C[None, :], axis=1)
+                b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
+            b_x = b_x_raw.to(tl.float32)
+            dA = dA_c
+            dB = dB_c
+            b_s = tl.fma(b_s, dA, dB * b_x[:, None])
+            p_s = (p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n)
+            tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_p[:, None] & m_n[None, :])
+            b_y = tl.sum(b_s * b_C[None, :], axis=1)
+            if HAS_D:
+                b_y += b_x * b_D
+            if HAS_Z:
+                b_y *= b_z * tl.sigmoid(b_z)
+            p_o = p_o_head + o_p * stride_out_p
+            tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=m_p)
     else:
-        # Inner-product route (math.md §2), a chunk of BLOCK_L records at a time, newest first:
-        # λ_j = exp(A·s_j) with s_j the Δ-sum of every newer token (the current one included),
-        # carried across chunks in `s_newer`; ā = exp(A·(all Δ)).
-        b_acc = (dt * tl.sum(b_B * b_C)) * b_x
-        s_newer = dt
+        # Inner-product route (math.md §2), all committed records in one [BLOCK_L] chunk
+        # (BLOCK_L >= R), newest first: λ_j = exp(A·s_j), s_j = Δ-sum of every newer token (the
+        # current one included); ā = exp(A·(all Δ)). β_j = B_j·C and the per-record
+        # coefficients λ_j Δ_j β_j are computed once per (row, head), not per P-tile.
         o_l = tl.arange(0, BLOCK_L)
-        for c in range(0, length, BLOCK_L):
-            j = length - 1 - c - o_l  # logical rows, newest first
-            m_l = j >= 0
-            row = (start + j) % R
-            b_d = tl.load(p_rdt + row * stride_rdt_row, mask=m_l, other=0.0)
-            p_Bj = p_rB + row[:, None] * stride_rB_row
-            b_Bj = tl.load(p_Bj, mask=m_l[:, None] & m_n[None, :], other=0.0).to(tl.float32)
-            p_xj = ring_x_ptr + slot * stride_rx_slot + i_h * stride_rx_head
-            p_xj += row[:, None] * stride_rx_row + o_p[None, :] * stride_rx_p
-            b_xj = tl.load(p_xj, mask=m_l[:, None] & m_p[None, :], other=0.0).to(tl.float32)
-            b_beta = tl.sum(b_Bj * b_C[None, :], axis=1)  # B_j·C, [BLOCK_L]
-            b_lam = tl.exp(A * (s_newer + (tl.cumsum(b_d, axis=0) - b_d)))
-            b_acc += tl.sum((b_lam * b_d * b_beta)[:, None] * b_xj, axis=0)
-            s_newer += tl.sum(b_d, axis=0)
-        b_y = tl.exp(A * s_newer) * tl.sum(b_s * b_C[None, :], axis=1) + b_acc
-        # Append the current record at logical row `length`.
-        row = (start + length) % R
-        tl.store(p_rx + row * stride_rx_row, b_x_raw, mask=m_p)
-        tl.store(p_rdt + row * stride_rdt_row, dt, mask=i_p == 0)
-        first = (i_p == 0) & (i_h % heads_per_group == 0)
-        tl.store(p_rB + row * stride_rB_row, b_B_raw, mask=m_n & first)
+        j = length - 1 - o_l  # logical rows, newest first
+        m_l = j >= 0
+        row_l = (start + tl.where(m_l, j, 0)) % R
+        b_d = tl.load(p_rdt + row_l * stride_rdt_row, mask=m_l, other=0.0)
+        p_Bj = ring_B_ptr + slot * stride_rB_slot + i_g * stride_rB_group
+        p_Bj += row_l[:, None] * stride_rB_row + o_n[None, :] * stride_rB_n
+        b_Bj = tl.load(p_Bj, mask=m_l[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+        b_beta = tl.sum(b_Bj * b_C[None, :], axis=1)  # B_j·C, [BLOCK_L]
+        b_lam = tl.exp(A * (dt + (tl.cumsum(b_d, axis=0) - b_d)))
+        b_coef = b_lam * b_d * b_beta
+        s_all = dt + tl.sum(b_d, axis=0)
+        a_bar = tl.exp(A * s_all)
+        c_cur = dt * tl.sum(b_B * b_C)
+        row_w = (start + length) % R
+        if PIPE != 0:
+            for t in tl.range(0, NUM_PT, num_stages=PIPE):
+                b_s, b_x_raw, b_D, b_z = _load_tile(
+                    p_s_head, p_x_head, p_z_head, p_D_head, t, P, N, stride_state_p,
+                    stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                    BLOCK_P, BLOCK_N, S_CACHE)
+                _nonflush_tile(
+                    b_s.to(tl.float32), b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, t, P,
+                    row_l, m_l, row_w, p_rx_head, p_o_head, stride_rx_row, stride_rx_p,
+                    stride_out_p, HAS_D, HAS_Z, BLOCK_P)
+        else:
+            for t in range(NUM_PT):
+                b_s = s_n1.to(tl.float32)
+                b_x_raw = x_n1
+                b_D = D_n1
+                b_z = z_n1
+                if S_PREFETCH == 2:
+                    s_n1, x_n1, D_n1, z_n1 = s_n2, x_n2, D_n2, z_n2
+                    s_n2, x_n2, D_n2, z_n2 = _load_tile(
+                        p_s_head, p_x_head, p_z_head, p_D_head, t + 2, P, N, stride_state_p,
+                        stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                        BLOCK_P, BLOCK_N, S_CACHE)
+                else:
+                    s_n1, x_n1, D_n1, z_n1 = _load_tile(
+                        p_s_head, p_x_head, p_z_head, p_D_head, t + 1, P, N, stride_state_p,
+                        stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                        BLOCK_P, BLOCK_N, S_CACHE)
+                _nonflush_tile(
+                    b_s, b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, t, P, row_l, m_l, row_w,
+                    p_rx_head, p_o_head, stride_rx_row, stride_rx_p, stride_out_p, HAS_D, HAS_Z,
+                    BLOCK_P)
+        tl.store(p_rdt + row_w * stride_rdt_row, dt)
+        tl.store(p_rB + row_w * stride_rB_row, b_B_raw, mask=m_n & (i_h % heads_per_group == 0))
 
-    if HAS_D:
-        b_D = tl.load(D_ptr + i_h * stride_D_head + o_p * stride_D_p, mask=m_p, other=0.0)
-        b_y += b_x * b_D.to(tl.float32)
-    if HAS_Z:
-        p_z = z_ptr + i_b * stride_z_batch + i_h * stride_z_head + o_p * stride_z_p
-        b_z = tl.load(p_z, mask=m_p, other=0.0).to(tl.float32)
-        b_y *= b_z * tl.sigmoid(b_z)
-    p_o = out_ptr + i_b * stride_out_batch + i_h * stride_out_head + o_p * stride_out_p
-    tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=m_p)
+
+class LaunchConfig(NamedTuple):
+    block_p: int  # P rows per tile (power of two); a program loops over cdiv(P, block_p) tiles
+    block_l: int  # records per chunk, >= R: all committed records in one chunk
+    fold_unroll: int  # records per unrolled fold step (flush rows)
+    num_warps: int
+    s_prefetch: int  # checkpoint tiles requested ahead of the one in use (1 or 2)
+    pf_l1: bool  # L1 prefetch hints for the record rows (compiled code only)
+    pipe: int  # 0: register prefetch of checkpoint tiles; k > 1: Triton pipeliner, k stages
+    maxnreg: int | None = None  # register cap per thread (ptxas), None: the compiler's choice
 
 
-def launch_config(P: int, N: int, R: int) -> tuple[int, int, int, int]:
-    """Fixed launch parameters ``(BLOCK_P, BLOCK_L, FOLD_UNROLL, num_warps)``; no autotune (the
-    kernel writes the pool).
-
-    - ``BLOCK_P = 16`` divides Nano-4B's P = 80: 5 tiles of ``16 × 128``, 8 KiB of fp32 state per
-      program, 16 elements per thread at 4 warps. Other P are masked; small P use one tile.
-    - ``BLOCK_L = 16`` records per non-flush chunk: a whole L = 16 window in one chunk.
-    - ``FOLD_UNROLL = 4``: four record loads in flight per fold step. At the Nano-4B shape (fp32
-      state, bf16 activations, sm_90a, contiguous pool) ptxas reports 96 registers and no spills
-      (5 CTAs per SM); 8 gives 128 registers with a spill, 16 gives 153.
-    """
+def launch_config(P: int, N: int, R: int) -> LaunchConfig:
+    """Fixed launch parameters; no autotune (the kernel writes the pool). See kernels/README.md
+    and benchmarks/notes/mamba2_decode.md for how they were chosen."""
     block_p = min(16, triton.next_power_of_2(P))
-    block_l = min(16, triton.next_power_of_2(R))
+    block_l = triton.next_power_of_2(R)
     num_warps = 4 if triton.next_power_of_2(N) * block_p >= 1024 else 2
-    return block_p, block_l, 4, num_warps
+    return LaunchConfig(block_p, block_l, 4, num_warps, 1, not _interpreting(), 0, 96)
 
 
 def mamba2_replay_decode_fwd(
@@ -270,6 +424,10 @@ def mamba2_replay_decode_fwd(
     block_l: int | None = None,
     fold_unroll: int | None = None,
     num_warps: int | None = None,
+    s_prefetch: int | None = None,
+    pf_l1: bool | None = None,
+    s_cache: str = "",
+    pipe: int | None = None,
 ) -> None:
     """Launch the kernel on validated arguments (no checks; see ``mamba2_replay_decode``).
 
@@ -282,13 +440,19 @@ def mamba2_replay_decode_fwd(
     R = ring_x.shape[2]
     if batch == 0:
         return
-    bp, bl, fu, nw = launch_config(P, N, R)
-    block_p = bp if block_p is None else block_p
-    block_l = bl if block_l is None else block_l
-    fold_unroll = fu if fold_unroll is None else fold_unroll
-    num_warps = nw if num_warps is None else num_warps
+    cfg = launch_config(P, N, R)
+    block_p = cfg.block_p if block_p is None else block_p
+    block_l = cfg.block_l if block_l is None else block_l
+    fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
+    num_warps = cfg.num_warps if num_warps is None else num_warps
+    s_prefetch = cfg.s_prefetch if s_prefetch is None else s_prefetch
+    pf_l1 = cfg.pf_l1 if pf_l1 is None else pf_l1
+    pipe = cfg.pipe if pipe is None else pipe
+    extra = {} if cfg.maxnreg is None or _interpreting() else {"maxnreg": cfg.maxnreg}
+    if block_l < R:
+        raise AssertionError(f"block_l ({block_l}) must be >= R ({R})")
     z_strides = (z.stride(0), z.stride(1), z.stride(2)) if z is not None else (0, 0, 0)
-    grid = (triton.cdiv(P, block_p), H, batch)
+    grid = (H, batch)
     _mamba2_replay_decode_fwd_kernel[grid](
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, D, z, dt_bias, out,
         slot_idx, ring_start, ring_len, flush,
@@ -313,8 +477,16 @@ def mamba2_replay_decode_fwd(
         BLOCK_P=block_p,
         BLOCK_N=triton.next_power_of_2(N),
         BLOCK_L=block_l,
+        NUM_PT=triton.cdiv(P, block_p),
         FOLD_UNROLL=fold_unroll,
+        S_PREFETCH=s_prefetch,
+        PF_L1=bool(pf_l1),
+        PF_X=triton.next_power_of_2(triton.cdiv(P * x.element_size(), 128) + 1),
+        PF_B=triton.next_power_of_2(triton.cdiv(N * B.element_size(), 128)),
+        S_CACHE=s_cache,
+        PIPE=pipe,
         num_warps=num_warps,
+        **extra,
     )
 
 

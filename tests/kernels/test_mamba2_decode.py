@@ -384,7 +384,8 @@ def test_kernel_small_tiles_several_chunks(monkeypatch):
     SGLang."""
     import replayssm_kernels.mamba2_decode.kernel as k
 
-    monkeypatch.setattr(k, "launch_config", lambda P, N, R: (8, 4, 3, 2))
+    monkeypatch.setattr(k, "launch_config",
+                        lambda P, N, R: k.LaunchConfig(8, 8, 3, 2, 1, False, 0))
     rep = run_cycles("kernel", CPU_SHAPE_D, 6, torch.float32, torch.bfloat16, seed=5, active=2,
                      cycles=3, force_p=0.05, sglang_check=True)
     _check(rep, torch.float32, torch.bfloat16, "kernel")
@@ -542,7 +543,7 @@ sg = build(
          PHILOX_ROUNDS=0, USE_GDC=False),
     4,  # as SGLang's launcher for dstate = 128
 )
-block_p, block_l, fold_unroll, num_warps = ours.launch_config(P, N, R)
+cfg = ours.launch_config(P, N, R)
 mine = build(
     ours._mamba2_replay_decode_fwd_kernel,
     dict(state_ptr="*fp32", ring_x_ptr="*bf16", ring_dt_ptr="*fp32", ring_B_ptr="*bf16",
@@ -559,9 +560,11 @@ mine = build(
          stride_B_n=1, stride_C_batch=XBC, stride_C_group=N, stride_C_n=1, stride_D_head=1,
          stride_D_p=0, stride_z_batch=0, stride_z_head=0, stride_z_p=0,
          stride_dt_bias_head=1, stride_out_batch=H * P, stride_out_head=P, stride_out_p=1),
-    dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_P=block_p,
-         BLOCK_N=128, BLOCK_L=block_l, FOLD_UNROLL=fold_unroll),
-    num_warps,
+    dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_P=cfg.block_p,
+         BLOCK_N=128, BLOCK_L=cfg.block_l, NUM_PT=-(-P // cfg.block_p),
+         FOLD_UNROLL=cfg.fold_unroll, S_PREFETCH=cfg.s_prefetch, PF_L1=cfg.pf_l1, PF_X=4,
+         PF_B=4, S_CACHE="", PIPE=cfg.pipe),
+    cfg.num_warps,
 )
 json.dump(dict(sglang=sg, ours=mine), sys.stdout)
 """
@@ -648,7 +651,7 @@ def test_fold_codegen_matches_sglang():
 
     sg_lines = set(lines_with(mamba_ssm, lambda t: t == "state = state * dA + dB * x[:, None]"))
     our_lines = lines_with(k, lambda t: "tl.fma(b_s, dA, dB" in t)
-    assert len(sg_lines) == 1 and len(our_lines) == 2
+    assert len(sg_lines) == 1 and len(our_lines) == 3  # full chunks, remainder, current token
 
     sg = _update_signatures(ptx["sglang"], "mamba_ssm.py", sg_lines)
     expected = {("fma.rn.f32", "a=state", ("ex2.approx.f32",), (("mul.f32",),),
