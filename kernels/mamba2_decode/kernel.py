@@ -3,15 +3,18 @@
 Layers (fla style): ``_mamba2_replay_decode_fwd_kernel`` (jit) → ``mamba2_replay_decode_fwd``
 (launcher, no checks) → ``mamba2_replay_decode`` (public, validated).
 
-Launch layout: grid ``(cdiv(P, BLOCK_P), H, batch)``; one program owns a ``[BLOCK_P, N]`` tile of
-one head's checkpoint for one row and reads it exactly once. P-blocks and heads of one row are
-adjacent in launch order, so a slot's checkpoint ``[H, P, N]`` streams contiguously and the
-group's B records, read by ``H/G`` heads, hit L2.
+Launch layout: grid ``(H, batch)``; one program per (row, head) walks the head's checkpoint in
+``[BLOCK_P, N]`` tiles, reading each once, with the next tile's loads requested before the current
+tile is used (``S_PREFETCH``). Heads of one row are adjacent in launch order, so a slot's
+checkpoint ``[H, P, N]`` streams contiguously and the group's B records, read by ``H/G`` heads,
+hit L2. Record rows are requested into L1 up front (``prefetch.global.L1`` hints, compiled code
+only) because every P-tile re-reads them.
 
 - Padding row (``slot < 0``): the program returns before touching memory.
 - Non-flush row: ``y = ā·(S0·C) + Σ_j λ_j Δ_j (B_j·C) x_j + D x`` (math.md §2), the current token
-  being the last term; then the record ``(x, Δ, B)`` is appended at logical row ``ring_len``
-  (``x`` by every P-block, ``Δ`` by P-block 0, ``B`` by P-block 0 of the group's first head).
+  being the last term, with β_j = B_j·C and the coefficients computed once per (row, head); then
+  the record ``(x, Δ, B)`` is appended at logical row ``ring_len`` (``x`` per tile, ``Δ`` once,
+  ``B`` by the group's first head).
   The checkpoint is not written.
 - Flush row: the records ``[0, ring_len)`` and the current token are folded into the tile in
   ``selective_state_update``'s own fp32 expressions (``dA = exp(A·Δ)``, ``dB = B·Δ``,
