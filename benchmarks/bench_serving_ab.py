@@ -191,6 +191,8 @@ def server_base_flags(args: argparse.Namespace) -> list[str]:
     else:
         flags = [
             "--dtype", "bfloat16",
+            # The device payload strips sgl_kernel's FA3 library; FlashInfer serves both servers.
+            "--attention-backend", "flashinfer",
             "--load-format", "safetensors",
             "--mem-fraction-static", str(args.mem_fraction_static),
             "--max-running-requests", str(args.max_running_requests),
