@@ -30,8 +30,9 @@ import server as srv  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e]
 
+# FlashInfer attention: the device payload strips sgl_kernel's FA3 library (SGLang's default on H200).
 GPU_FLAGS = ("--max-mamba-cache-size", "128", "--max-total-tokens", "65536", "--mem-fraction-static", "0.5",
-             "--cuda-graph-max-bs", "16")
+             "--cuda-graph-max-bs", "16", "--attention-backend", "flashinfer")
 MAX_NEW = 64
 PROMPT_LENS = (5, 37, 130, 16, 230, 260, 7, 99)
 
