@@ -3,6 +3,12 @@
 See README.md in this folder for the ring protocol, record layouts and bytes per record.
 """
 
+from replayssm_kernels.commit import (
+    min_ring_size,
+    verify_commit,
+    verify_commit_ref,
+    verify_cursor_step,
+)
 from replayssm_kernels.conventional.gdn import gdn_conventional_f64
 from replayssm_kernels.conventional.mamba2 import mamba2_conventional_f64
 from replayssm_kernels.cursors import decode_cursor_step, reset_cursors
@@ -12,6 +18,10 @@ from replayssm_kernels.mamba2_decode import mamba2_replay_decode, mamba2_replay_
 __all__ = [
     "decode_cursor_step",
     "reset_cursors",
+    "verify_cursor_step",
+    "verify_commit",
+    "verify_commit_ref",
+    "min_ring_size",
     "mamba2_replay_decode",
     "mamba2_replay_decode_ref",
     "mamba2_conventional_f64",

@@ -1,0 +1,65 @@
+"""Argument validation shared by ``verify_commit`` / ``verify_commit_ref`` and
+``verify_cursor_step``. Every check raises ``ValueError`` naming expected and actual."""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm_kernels._checks import check_index, check_same_device, check_tensor
+
+__all__ = ["validate_commit", "validate_ring_sizes", "min_ring_size"]
+
+
+def min_ring_size(window: int, num_tokens: int) -> int:
+    """Physical ring rows a slot needs for verify windows of ``num_tokens`` at ``window``.
+
+    The longest committed history at a verify step is ``max(window, num_tokens)`` (a non-flush
+    verify leaves ``len + a <= window``, a flush verify leaves ``len = a <= num_tokens``, a decode
+    step leaves ``len <= window - 1``), and a flush verify holds that history plus its window.
+    """
+    return max(window, num_tokens) + num_tokens
+
+
+def validate_ring_sizes(window: int, ring_size: int, num_tokens: int) -> None:
+    if window < 1:
+        raise ValueError(f"window: expected >= 1, got {window}")
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens: expected >= 1, got {num_tokens}")
+    need = min_ring_size(window, num_tokens)
+    if ring_size < need:
+        raise ValueError(
+            f"ring_size: expected >= max(window, num_tokens) + num_tokens = {need} "
+            f"(window={window}, num_tokens={num_tokens}), got {ring_size}"
+        )
+
+
+def validate_commit(
+    cursors: torch.Tensor,
+    slot_idx: torch.Tensor,
+    ring_start: torch.Tensor,
+    ring_len: torch.Tensor,
+    flush: torch.Tensor,
+    accepted: torch.Tensor,
+    window: int,
+    ring_size: int,
+    num_tokens: int,
+    out_flush_next: torch.Tensor | None,
+) -> int:
+    """Check a commit call; return the batch size."""
+    validate_ring_sizes(window, ring_size, num_tokens)
+    check_tensor("cursors", cursors, (None, 2), (torch.int32,))
+    if cursors.stride(1) != 1 or cursors.stride(0) != 2:
+        raise ValueError(f"cursors: expected a contiguous [slots, 2] tensor, got strides "
+                         f"{cursors.stride()}")
+    check_tensor("slot_idx", slot_idx, (None,), (torch.int32, torch.int64))
+    batch = slot_idx.shape[0]
+    check_index("ring_start", ring_start, batch)
+    check_index("ring_len", ring_len, batch)
+    check_tensor("flush", flush, (batch,), (torch.bool,))
+    check_index("accepted", accepted, batch)
+    if out_flush_next is not None:
+        check_tensor("out_flush_next", out_flush_next, (batch,), (torch.bool,))
+    check_same_device(cursors=cursors, slot_idx=slot_idx, ring_start=ring_start,
+                      ring_len=ring_len, flush=flush, accepted=accepted,
+                      out_flush_next=out_flush_next)
+    return batch

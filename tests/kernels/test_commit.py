@@ -1,0 +1,136 @@
+"""Speculative-verify cursors: ``verify_cursor_step`` and ``verify_commit`` (kernel and reference).
+
+The cursor protocol is checked on its own here (no SSM): a per-slot model of the ring
+(``(start, len)`` and the flush rule) is driven over many steps with random accepted counts
+(``a = 1``, partial, ``a = T``), forced flushes and plain decode steps
+(``decode_cursor_step``) mixed in, and every step checks the snapshot, the flush decision, the
+cursors after the commit, that untouched slots (and slot 0) keep their cursors, and that no row
+ever needs more than ``R`` ring rows. The SSM outputs on top of this protocol are checked in
+``test_mamba2_verify.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replayssm_kernels import (
+    decode_cursor_step,
+    min_ring_size,
+    verify_commit,
+    verify_commit_ref,
+    verify_cursor_step,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+COMMITS = {"kernel": verify_commit, "ref": verify_commit_ref}
+
+
+@pytest.mark.parametrize("impl", ["kernel", "ref"])
+@pytest.mark.parametrize("T", [1, 2, 4, 8], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("L", [1, 4, 16], ids=lambda v: f"L{v}")
+def test_protocol_model(impl, T, L):
+    gen = torch.Generator().manual_seed(17 * T + L)
+    R = min_ring_size(L, T) + int(torch.randint(0, 3, (1,), generator=gen))
+    slots, active, pads = 9, 5, 2
+    cursors = torch.zeros(slots, 2, dtype=torch.int32, device=DEVICE)
+    act = (torch.randperm(slots - 1, generator=gen)[:active] + 1).tolist()
+    model = {s: [0, 0] for s in act}  # start, len
+    batch = active + pads
+    n_flush = n_decode = 0
+    seen_a = set()
+    for step in range(60):
+        rows = torch.tensor(act + [-1] * pads)[torch.randperm(batch, generator=gen)]
+        slot_idx = rows.to(device=DEVICE, dtype=torch.int32)
+        force = (torch.rand(batch, generator=gen) < 0.1).to(DEVICE)
+        rs = torch.full((batch,), 99, dtype=torch.int32, device=DEVICE)
+        rl = rs.clone()
+        fl = torch.ones(batch, dtype=torch.bool, device=DEVICE)
+        before = cursors.clone()
+        if torch.rand(1, generator=gen).item() < 0.25:  # plain decode step on the same ring
+            n_decode += 1
+            decode_cursor_step(cursors, slot_idx, force, L, R, rs, rl, fl)
+            for b, s in enumerate(rows.tolist()):
+                if s < 0:
+                    continue
+                st, ln = model[s]
+                want_fl = ln >= L - 1 or bool(force[b])
+                assert (int(rs[b]), int(rl[b]), bool(fl[b])) == (st, ln, want_fl)
+                if want_fl:
+                    model[s] = [(st + ln) % R, 0]
+                else:
+                    assert ln + 1 <= R  # the appended row fits
+                    model[s] = [st, ln + 1]
+        else:
+            verify_cursor_step(cursors, slot_idx, force, L, R, T, rs, rl, fl)
+            assert torch.equal(cursors, before), "verify_cursor_step must not move the cursors"
+            a = torch.randint(1, T + 1, (batch,), generator=gen)
+            a[torch.rand(batch, generator=gen) < 0.3] = 1  # all-reject
+            a[torch.rand(batch, generator=gen) < 0.3] = T  # all-accept
+            flush_next = torch.ones(batch, dtype=torch.bool, device=DEVICE)
+            COMMITS[impl](cursors, slot_idx, rs, rl, fl, a.to(DEVICE), window=L, ring_size=R,
+                          num_tokens=T, out_flush_next=flush_next)
+            for b, s in enumerate(rows.tolist()):
+                if s < 0:
+                    assert (int(rs[b]), int(rl[b]), bool(fl[b])) == (0, 0, False)
+                    assert not bool(flush_next[b])
+                    continue
+                st, ln = model[s]
+                want_fl = ln + T > L or bool(force[b])
+                assert (int(rs[b]), int(rl[b]), bool(fl[b])) == (st, ln, want_fl)
+                assert ln + T <= R, "history + window must fit the ring"
+                if not want_fl:
+                    assert ln + T <= L, "a non-flush verify keeps at most L rows"
+                ai = int(a[b])
+                seen_a.add((ai == 1, ai == T))
+                n_flush += want_fl
+                model[s] = [(st + ln) % R, ai] if want_fl else [st, ln + ai]
+                assert bool(flush_next[b]) == (model[s][1] + T > L)
+        for s in range(slots):
+            want = model.get(s, [0, 0])
+            assert cursors[s].tolist() == want, f"slot {s}: {cursors[s].tolist()} != {want}"
+    assert n_flush > 0 and n_decode > 0
+    assert (True, False) in seen_a or T == 1  # all-reject seen
+    assert (False, True) in seen_a or T <= 2  # all-accept seen
+
+
+def test_commit_padding_and_empty_batch():
+    cursors = torch.tensor([[0, 0], [3, 2], [5, 1]], dtype=torch.int32, device=DEVICE)
+    e = torch.empty(0, dtype=torch.int32, device=DEVICE)
+    verify_commit(cursors, e, e, e, e.bool(), e, window=4, ring_size=8, num_tokens=2)
+    slot_idx = torch.tensor([-1, 2, -1], dtype=torch.int64, device=DEVICE)
+    rs = torch.tensor([7, 5, 7], dtype=torch.int32, device=DEVICE)
+    rl = torch.tensor([7, 1, 7], dtype=torch.int32, device=DEVICE)
+    fl = torch.tensor([True, True, True], device=DEVICE)
+    a = torch.tensor([2, 2, 2], dtype=torch.int64, device=DEVICE)
+    verify_commit(cursors, slot_idx, rs, rl, fl, a, window=4, ring_size=8, num_tokens=2)
+    assert cursors.tolist() == [[0, 0], [3, 2], [6, 2]]
+
+
+@pytest.mark.parametrize("impl", ["kernel", "ref"])
+def test_commit_value_errors(impl):
+    fn = COMMITS[impl]
+    c = torch.zeros(4, 2, dtype=torch.int32, device=DEVICE)
+    i = torch.zeros(3, dtype=torch.int32, device=DEVICE)
+    f = torch.zeros(3, dtype=torch.bool, device=DEVICE)
+    ok = dict(window=4, ring_size=8, num_tokens=4)
+    with pytest.raises(ValueError, match="ring_size"):
+        fn(c, i, i, i, f, i, window=4, ring_size=7, num_tokens=4)
+    with pytest.raises(ValueError, match="num_tokens"):
+        fn(c, i, i, i, f, i, window=4, ring_size=8, num_tokens=0)
+    with pytest.raises(ValueError, match="cursors"):
+        fn(c.long(), i, i, i, f, i, **ok)
+    with pytest.raises(ValueError, match="cursors"):
+        fn(torch.zeros(2, 4, dtype=torch.int32)[:, ::2], i, i, i, f, i, **ok)
+    with pytest.raises(ValueError, match="flush"):
+        fn(c, i, i, i, f.int(), i, **ok)
+    with pytest.raises(ValueError, match="accepted"):
+        fn(c, i, i, i, f, i[:2], **ok)
+    with pytest.raises(ValueError, match="accepted"):
+        fn(c, i, i, i, f, i.float(), **ok)
+    with pytest.raises(ValueError, match="out_flush_next"):
+        fn(c, i, i, i, f, i, out_flush_next=i, **ok)
+    with pytest.raises(ValueError, match="ring_size"):
+        verify_cursor_step(c, i, None, 4, 7, 4, i, i, f)
+    with pytest.raises(ValueError, match="cursors"):
+        verify_cursor_step(c.long(), i, None, 4, 8, 4, i, i, f)
