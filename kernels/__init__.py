@@ -14,6 +14,7 @@ from replayssm_kernels.conventional.mamba2 import mamba2_conventional_f64
 from replayssm_kernels.cursors import decode_cursor_step, reset_cursors
 from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
 from replayssm_kernels.mamba2_decode import mamba2_replay_decode, mamba2_replay_decode_ref
+from replayssm_kernels.mamba2_verify import mamba2_replay_verify, mamba2_replay_verify_ref
 
 __all__ = [
     "decode_cursor_step",
@@ -24,6 +25,8 @@ __all__ = [
     "min_ring_size",
     "mamba2_replay_decode",
     "mamba2_replay_decode_ref",
+    "mamba2_replay_verify",
+    "mamba2_replay_verify_ref",
     "mamba2_conventional_f64",
     "gdn_replay_decode",
     "gdn_replay_decode_ref",

@@ -1,0 +1,443 @@
+"""Mamba-2 ReplaySSM verify: outputs of T window tokens from checkpoint + ring, one launch.
+
+Layers (fla style): ``_mamba2_replay_verify_fwd_kernel`` (jit) → ``mamba2_replay_verify_fwd``
+(launcher, no checks) → ``mamba2_replay_verify`` (public, validated).
+
+Launch layout: grid ``(H, batch)``, as the decode kernel; one program per (row, head) computes the
+per-head coefficient matrices once, then walks the head's checkpoint in ``[BLOCK_P, N]`` tiles,
+reading each once. Per head (math.md §5.1), with ``h`` committed records, window tokens
+``s = 0..T-1``, ``cw_s`` the inclusive Δ prefix of the window and ``sh_j`` the Δ-sum of the
+history records newer than ``j``::
+
+    O = (S0·Q) Dg + V_h (W_h ⊙ K_hᵀQ) + V_w (W_w ⊙ K_wᵀQ) + D x
+    Dg[s]      = exp(A (Σ_hist Δ + cw_s))
+    W_h[j, s]  = Δ_j exp(A (sh_j + cw_s))
+    W_w[t, s]  = Δ_t exp(A (cw_s − cw_t)) · 1[t <= s]
+
+``K_hᵀQ [BLOCK_L, BLOCK_T]`` and ``K_wᵀQ [BLOCK_T, BLOCK_T]`` (B_j·C_s) are formed once per
+(row, head) (the group's heads each recompute them: they are O(L·T·N), small next to the state);
+per P-tile the three products are ``[BLOCK_P, N]×[N, T]`` and two small ``[BLOCK_P, ·]×[·, T]``.
+No per-draft state is formed.
+
+- Padding row (``slot < 0``): returns before touching memory.
+- Non-flush row: ``S0`` + history ``[0, len)`` + window; no state write.
+- Flush row: each P-tile first folds the history ``[0, len)`` into the tile in
+  ``selective_state_update``'s op order (``fma(S, exp(A·Δ), (B·Δ)·x)``, as the decode kernel's
+  fold, hence bit-identical to it and to SGLang), stores it once, then uses it with ``h = 0``
+  (only the intra-window term).
+- Every row appends its ``T`` window records ``(x, Δ, B)`` at physical rows
+  ``(ring_start + ring_len + t) % R`` (logical ``len + t`` before the commit; for a flush row
+  logical ``t`` after the commit moves ``start`` past the folded history).
+
+No autotune (the kernel writes the pool), no host sync: CUDA-graph safe.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_kernels.mamba2_decode.kernel import _softplus
+from replayssm_kernels.mamba2_verify._validate import validate_mamba2_verify
+
+__all__ = ["mamba2_replay_verify", "mamba2_replay_verify_fwd", "launch_config"]
+
+
+@triton.jit
+def _fold_record(b_s, p_rx, p_rdt, p_rB, row, A, m_p, m_n, stride_rx_row, stride_rdt_row,
+                 stride_rB_row):
+    # One committed record, exactly as the decode kernel's fold (and selective_state_update).
+    b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_p, other=0.0)
+    dtj = tl.load(p_rdt + row * stride_rdt_row)
+    b_Bj = tl.load(p_rB + row * stride_rB_row, mask=m_n, other=0.0)
+    dA = tl.exp(A * dtj)
+    dB = b_Bj.to(tl.float32) * dtj
+    return tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
+
+
+@triton.jit
+def _mamba2_replay_verify_fwd_kernel(
+    # Pointers
+    state_ptr,
+    ring_x_ptr,
+    ring_dt_ptr,
+    ring_B_ptr,
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    z_ptr,
+    dt_bias_ptr,
+    out_ptr,
+    slot_idx_ptr,
+    ring_start_ptr,
+    ring_len_ptr,
+    flush_ptr,
+    # Dimensions
+    T,
+    P,
+    N,
+    R,
+    heads_per_group,
+    # Strides
+    stride_state_slot,
+    stride_state_head,
+    stride_state_p,
+    stride_state_n,
+    stride_rx_slot,
+    stride_rx_head,
+    stride_rx_row,
+    stride_rx_p,
+    stride_rdt_slot,
+    stride_rdt_head,
+    stride_rdt_row,
+    stride_rB_slot,
+    stride_rB_group,
+    stride_rB_row,
+    stride_rB_n,
+    stride_x_batch,
+    stride_x_T,
+    stride_x_head,
+    stride_x_p,
+    stride_dt_batch,
+    stride_dt_T,
+    stride_dt_head,
+    stride_A_head,
+    stride_B_batch,
+    stride_B_T,
+    stride_B_group,
+    stride_B_n,
+    stride_C_batch,
+    stride_C_T,
+    stride_C_group,
+    stride_C_n,
+    stride_D_head,
+    stride_D_p,
+    stride_z_batch,
+    stride_z_T,
+    stride_z_head,
+    stride_z_p,
+    stride_dt_bias_head,
+    stride_out_batch,
+    stride_out_T,
+    stride_out_head,
+    stride_out_p,
+    # Meta-parameters
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    NUM_PT: tl.constexpr,
+    FOLD_UNROLL: tl.constexpr,
+):
+    i_h = tl.program_id(0)
+    i_b = tl.program_id(1)
+
+    slot = tl.load(slot_idx_ptr + i_b).to(tl.int64)
+    start = tl.load(ring_start_ptr + i_b).to(tl.int32)
+    length = tl.load(ring_len_ptr + i_b).to(tl.int32)
+    do_flush = tl.load(flush_ptr + i_b)
+    if slot < 0:
+        return  # padding row: touches nothing, not even its output rows
+    i_g = i_h // heads_per_group
+
+    o_n = tl.arange(0, BLOCK_N)
+    m_n = o_n < N
+    o_t = tl.arange(0, BLOCK_T)
+    m_t = o_t < T
+
+    # Window Δ exactly as selective_state_update's TIE_HDIM path, per token.
+    b_dw = tl.load(dt_ptr + i_b * stride_dt_batch + o_t * stride_dt_T + i_h * stride_dt_head,
+                   mask=m_t, other=0.0).to(tl.float32)
+    if HAS_DT_BIAS:
+        b_dw += tl.load(dt_bias_ptr + i_h * stride_dt_bias_head).to(tl.float32)
+    if DT_SOFTPLUS:
+        b_dw = _softplus(b_dw)
+    b_dw = tl.where(m_t, b_dw, 0.0)
+    A = tl.load(A_ptr + i_h * stride_A_head).to(tl.float32)
+    b_cw = tl.cumsum(b_dw, axis=0)  # inclusive window prefix cw_s
+
+    p_C_row = C_ptr + i_b * stride_C_batch + i_g * stride_C_group + o_n * stride_C_n
+    p_Bw = (B_ptr + i_b * stride_B_batch + o_t[:, None] * stride_B_T + i_g * stride_B_group
+            + o_n[None, :] * stride_B_n)
+    m_tn = m_t[:, None] & m_n[None, :]
+    b_Bw_raw = tl.load(p_Bw, mask=m_tn, other=0.0)
+    b_Bw = b_Bw_raw.to(tl.float32)
+
+    p_rx_head = ring_x_ptr + slot * stride_rx_slot + i_h * stride_rx_head
+    p_rdt = ring_dt_ptr + slot * stride_rdt_slot + i_h * stride_rdt_head
+    p_rB_grp = ring_B_ptr + slot * stride_rB_slot + i_g * stride_rB_group
+
+    # History read by the output terms: none for flush rows (their history is in the new S).
+    hist = tl.where(do_flush, 0, length)
+    o_l = tl.arange(0, BLOCK_L)
+    j = hist - 1 - o_l  # logical rows, newest first
+    m_l = j >= 0
+    row_l = (start + tl.where(m_l, j, 0)) % R
+    b_dh = tl.load(p_rdt + row_l * stride_rdt_row, mask=m_l, other=0.0)
+    b_Bh = tl.load(p_rB_grp + row_l[:, None] * stride_rB_row + o_n[None, :] * stride_rB_n,
+                   mask=m_l[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+    b_sh = tl.cumsum(b_dh, axis=0) - b_dh  # Δ-sum of the newer history records
+    h_sum = tl.sum(b_dh, axis=0)
+
+    # KᵀQ (B_j·C_s) for history and window, one column per window token.
+    kq_h = tl.zeros([BLOCK_L, BLOCK_T], dtype=tl.float32)
+    kq_w = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
+    for s in tl.static_range(BLOCK_T):
+        b_cs = tl.load(p_C_row + s * stride_C_T, mask=m_n & (s < T), other=0.0).to(tl.float32)
+        kq_h = tl.where(o_t[None, :] == s, tl.sum(b_Bh * b_cs[None, :], axis=1)[:, None], kq_h)
+        kq_w = tl.where(o_t[None, :] == s, tl.sum(b_Bw * b_cs[None, :], axis=1)[:, None], kq_w)
+    m_ht = m_l[:, None] & m_t[None, :]
+    w_h = tl.where(m_ht, b_dh[:, None] * tl.exp(A * (b_sh[:, None] + b_cw[None, :])), 0.0)
+    coef_h = w_h * kq_h  # [BLOCK_L, BLOCK_T]
+    causal = (o_t[:, None] <= o_t[None, :]) & m_t[:, None] & m_t[None, :]  # [t, s]
+    e_w = tl.where(causal, b_cw[None, :] - b_cw[:, None], 0.0)
+    coef_w = tl.where(causal, b_dw[:, None] * tl.exp(A * e_w) * kq_w, 0.0)  # [BLOCK_T, BLOCK_T]
+    d_g = tl.exp(A * (h_sum + b_cw))  # [BLOCK_T]
+
+    row_w = (start + length + o_t) % R  # physical rows of the window records
+    p_s_head = state_ptr + slot * stride_state_slot + i_h * stride_state_head
+    p_rB = p_rB_grp + o_n * stride_rB_n
+    n_full = (length // FOLD_UNROLL) * FOLD_UNROLL
+    for pt in range(NUM_PT):
+        o_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
+        m_p = o_p < P
+        m_pn = m_p[:, None] & m_n[None, :]
+        p_s = p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
+        b_s = tl.load(p_s, mask=m_pn, other=0.0).to(tl.float32)
+        if do_flush:
+            # Exact fold of the committed history into this tile (decode kernel's order and
+            # expressions); the window is not folded. Stored once.
+            p_rx = p_rx_head + o_p * stride_rx_p
+            for c in range(0, n_full, FOLD_UNROLL):
+                for jj in tl.static_range(FOLD_UNROLL):
+                    b_s = _fold_record(b_s, p_rx, p_rdt, p_rB, (start + c + jj) % R, A, m_p, m_n,
+                                       stride_rx_row, stride_rdt_row, stride_rB_row)
+            for jr in range(n_full, length):
+                b_s = _fold_record(b_s, p_rx, p_rdt, p_rB, (start + jr) % R, A, m_p, m_n,
+                                   stride_rx_row, stride_rdt_row, stride_rB_row)
+            tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_pn)
+        # (S·Q) Dg: one column per window token.
+        b_y = tl.zeros([BLOCK_P, BLOCK_T], dtype=tl.float32)
+        for s in tl.static_range(BLOCK_T):
+            b_cs = tl.load(p_C_row + s * stride_C_T, mask=m_n & (s < T), other=0.0)
+            col = tl.sum(b_s * b_cs.to(tl.float32)[None, :], axis=1)
+            b_y = tl.where(o_t[None, :] == s, col[:, None], b_y)
+        b_y = b_y * d_g[None, :]
+        # History: V_h (W_h ⊙ K_hᵀQ), V_h tile [BLOCK_P, BLOCK_L].
+        b_xh = tl.load(p_rx_head + row_l[None, :] * stride_rx_row + o_p[:, None] * stride_rx_p,
+                       mask=m_p[:, None] & m_l[None, :], other=0.0).to(tl.float32)
+        b_y += tl.sum(b_xh[:, :, None] * coef_h[None, :, :], axis=1)
+        # Window: V_w (W_w ⊙ K_wᵀQ), V_w tile [BLOCK_P, BLOCK_T].
+        m_pt = m_p[:, None] & m_t[None, :]
+        b_xw_raw = tl.load(x_ptr + i_b * stride_x_batch + o_t[None, :] * stride_x_T
+                           + i_h * stride_x_head + o_p[:, None] * stride_x_p, mask=m_pt,
+                           other=0.0)
+        b_xw = b_xw_raw.to(tl.float32)
+        b_y += tl.sum(b_xw[:, :, None] * coef_w[None, :, :], axis=1)
+        if HAS_D:
+            b_D = tl.load(D_ptr + i_h * stride_D_head + o_p * stride_D_p, mask=m_p,
+                          other=0.0).to(tl.float32)
+            b_y += b_xw * b_D[:, None]
+        if HAS_Z:
+            b_z = tl.load(z_ptr + i_b * stride_z_batch + o_t[None, :] * stride_z_T
+                          + i_h * stride_z_head + o_p[:, None] * stride_z_p, mask=m_pt,
+                          other=0.0).to(tl.float32)
+            b_y *= b_z * tl.sigmoid(b_z)
+        p_o = (out_ptr + i_b * stride_out_batch + o_t[None, :] * stride_out_T
+               + i_h * stride_out_head + o_p[:, None] * stride_out_p)
+        tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=m_pt)
+        # Append the window's x records (after this tile's history reads; disjoint rows anyway).
+        tl.store(p_rx_head + row_w[None, :] * stride_rx_row + o_p[:, None] * stride_rx_p,
+                 b_xw_raw, mask=m_pt)
+    tl.store(p_rdt + row_w * stride_rdt_row, b_dw, mask=m_t)
+    tl.store(p_rB_grp + row_w[:, None] * stride_rB_row + o_n[None, :] * stride_rB_n, b_Bw_raw,
+             mask=m_tn & (i_h % heads_per_group == 0))
+
+
+class LaunchConfig(NamedTuple):
+    block_p: int  # P rows per tile; a program loops over cdiv(P, block_p) tiles
+    block_l: int  # history rows per (single) chunk, >= R
+    block_t: int  # window tokens, next_pow2(T)
+    fold_unroll: int  # records per unrolled fold step (flush rows)
+    num_warps: int
+
+
+def launch_config(P: int, N: int, R: int, T: int) -> LaunchConfig:
+    """Fixed launch parameters (no autotune: the kernel writes the pool). Not tuned on a GPU yet."""
+    block_p = min(16, triton.next_power_of_2(P))
+    num_warps = 4 if triton.next_power_of_2(N) * block_p >= 1024 else 2
+    return LaunchConfig(block_p, triton.next_power_of_2(R), triton.next_power_of_2(T), 4,
+                        num_warps)
+
+
+def mamba2_replay_verify_fwd(
+    state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len, flush,
+    *, D, z, dt_bias, dt_softplus: bool, stride_dt: tuple[int, int, int], stride_A_head: int,
+    stride_D: tuple[int, int], stride_dt_bias_head: int, block_p: int | None = None,
+    fold_unroll: int | None = None,
+) -> None:
+    """Launch the kernel on validated arguments (no checks; see ``mamba2_replay_verify``).
+
+    ``stride_dt`` is ``(batch, T, head)``; ``block_p`` / ``fold_unroll`` override
+    ``launch_config`` (tests only).
+    """
+    batch, T, H, P = x.shape
+    N = state.shape[3]
+    G = B.shape[2]
+    R = ring_x.shape[2]
+    if batch == 0:
+        return
+    cfg = launch_config(P, N, R, T)
+    block_p = cfg.block_p if block_p is None else block_p
+    fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
+    z_strides = tuple(z.stride()) if z is not None else (0, 0, 0, 0)
+    _mamba2_replay_verify_fwd_kernel[(H, batch)](
+        state, ring_x, ring_dt, ring_B, x, dt, A, B, C, D, z, dt_bias, out,
+        slot_idx, ring_start, ring_len, flush,
+        T, P, N, R, H // G,
+        *state.stride(),
+        *ring_x.stride(),
+        *ring_dt.stride(),
+        *ring_B.stride(),
+        *x.stride(),
+        *stride_dt,
+        stride_A_head,
+        *B.stride(),
+        *C.stride(),
+        *stride_D,
+        *z_strides,
+        stride_dt_bias_head,
+        *out.stride(),
+        DT_SOFTPLUS=dt_softplus,
+        HAS_DT_BIAS=dt_bias is not None,
+        HAS_D=D is not None,
+        HAS_Z=z is not None,
+        BLOCK_P=block_p,
+        BLOCK_N=triton.next_power_of_2(N),
+        BLOCK_L=cfg.block_l,
+        BLOCK_T=cfg.block_t,
+        NUM_PT=triton.cdiv(P, block_p),
+        FOLD_UNROLL=fold_unroll,
+        num_warps=cfg.num_warps,
+    )
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def mamba2_replay_verify(
+    state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_dt: torch.Tensor,
+    ring_B: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    out: torch.Tensor,
+    slot_idx: torch.Tensor,
+    ring_start: torch.Tensor,
+    ring_len: torch.Tensor,
+    flush: torch.Tensor,
+    *,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+) -> None:
+    """One Mamba-2 ReplaySSM verify step of ``T`` window tokens per row; see kernels/README.md.
+
+    Per row ``b`` with slot ``s = slot_idx[b]`` and snapshot ``(start, len, flush)`` from
+    ``verify_cursor_step``:
+
+    - ``s == -1`` (padding): nothing is read or written (``out[b]`` untouched).
+    - ``flush[b]`` false: ``out[b, t]`` for every window token from checkpoint ``state[s]`` +
+      committed records ``[0, len)`` + window tokens ``0..t`` (chunkwise, math.md §5.1). No state
+      write.
+    - ``flush[b]`` true: records ``[0, len)`` are folded sequentially into ``state[s]`` in
+      ``selective_state_update``'s op order and written once; ``out[b, t]`` from the new
+      checkpoint + window tokens ``0..t``.
+    - Every non-padding row writes its ``T`` window records ``(x, Δ, B)`` at physical ring rows
+      ``(start + len + t) % R``, accepted or not (``verify_commit`` decides which stay).
+
+    The caller guarantees ``len + T <= R`` (``verify_cursor_step`` with
+    ``R >= min_ring_size(L, T)``) and that each slot appears at most once per batch.
+
+    Parameters
+    ----------
+    state : torch.Tensor
+        ``[slots, H, P, N]`` checkpoint, fp32/fp16/bf16, any strides. Updated in place on flush
+        rows only.
+    ring_x : torch.Tensor
+        ``[slots, H, R, P]``, dtype of ``x``, any strides. Updated in place.
+    ring_dt : torch.Tensor
+        ``[slots, H, R]`` fp32 processed Δ. Updated in place.
+    ring_B : torch.Tensor
+        ``[slots, G, R, N]``, dtype of ``B``. Updated in place.
+    x : torch.Tensor
+        ``[batch, T, H, P]`` post-conv activations, any strides.
+    dt : torch.Tensor
+        ``[batch, T, H]``, or ``[batch, T, H, P]`` with stride 0 on P (raw dt).
+    A : torch.Tensor
+        ``[H]``, or ``[H, P, N]`` with stride 0 on P and N (already ``-exp(A_log)``).
+    B, C : torch.Tensor
+        ``[batch, T, G, N]``; head ``h`` uses group ``h // (H // G)``.
+    out : torch.Tensor
+        ``[batch, T, H, P]``. Written in place for non-padding rows.
+    slot_idx : torch.Tensor
+        ``[batch]`` int32/int64, ``-1`` = padding row.
+    ring_start, ring_len : torch.Tensor
+        ``[batch]`` int32/int64 cursor snapshot.
+    flush : torch.Tensor
+        ``[batch]`` bool flush decision.
+    D : torch.Tensor, optional
+        ``[H]`` or ``[H, P]``.
+    z : torch.Tensor, optional
+        ``[batch, T, H, P]`` gate: ``out = y * silu(z)``.
+    dt_bias : torch.Tensor, optional
+        ``[H]`` or ``[H, P]`` with stride 0 on P.
+    dt_softplus : bool
+        ``Δ = softplus(dt + dt_bias)`` (threshold 20) instead of ``dt + dt_bias``.
+
+    Raises
+    ------
+    ValueError
+        On a wrong shape, dtype, stride (untied A / dt / dt_bias) or device, naming expected and
+        actual.
+    """
+    vd = validate_mamba2_verify(
+        state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
+        flush, D, z, dt_bias,
+    )
+    if state.device.type != "cuda" and not _interpreting():
+        raise ValueError(
+            "state: expected a CUDA tensor (or TRITON_INTERPRET=1 on CPU), "
+            f"got device {state.device}"
+        )
+    d = vd.dims
+    launch = lambda: mamba2_replay_verify_fwd(  # noqa: E731
+        state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
+        flush, D=D, z=z, dt_bias=dt_bias, dt_softplus=bool(dt_softplus),
+        stride_dt=(d.stride_dt_batch, vd.stride_dt_T, d.stride_dt_head),
+        stride_A_head=d.stride_A_head, stride_D=(d.stride_D_head, d.stride_D_p),
+        stride_dt_bias_head=d.stride_dt_bias_head,
+    )
+    if state.device.type == "cuda":
+        with torch.cuda.device(state.device):
+            launch()
+    else:
+        launch()

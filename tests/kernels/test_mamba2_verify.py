@@ -1,0 +1,441 @@
+"""Mamba-2 ReplaySSM verify (+ commit): kernel and reference vs the float64 conventional recurrence.
+
+On CPU the Triton kernels run under the interpreter at small shapes; ``gpu``-marked tests rerun the
+same driver at Nemotron-3-Nano-4B's shape on the H200.
+
+The driver runs many steps on layer views of ``[layers, slots, ...]`` pools with padding rows and a
+per-step row permutation. Each step is either a verify of ``T`` tokens (``verify_cursor_step`` →
+``mamba2_replay_verify[_ref]`` → random accepted counts ``a`` (all-reject ``a = 1``, partial,
+all-accept ``a = T``) → ``verify_commit[_ref]``) or a plain decode step (``decode_cursor_step`` →
+``mamba2_replay_decode[_ref]``) on the same rings, with random forced flushes. A float64 shadow
+state per slot only ever sees the accepted tokens. After every call:
+
+- outputs (NaN-poisoned before) are fully written; padding rows stay NaN;
+- every window output ``out[b, t]`` equals the float64 recurrence from the shadow over window
+  tokens ``0..t`` (relative L2, printed as ``[mamba2-verify]`` lines with ``pytest -s``); so the
+  outputs of accepted tokens are right, and rejected drafts of earlier steps had no effect;
+- flushed checkpoints match the shadow (float64) and, for fp32 state, are **bit-identical** to
+  SGLang's ``selective_state_update`` run token by token over the accepted tokens only;
+- every pool byte outside the allowed rows (flush rows' checkpoints, the ``T`` window rows) is
+  bit-identical; appended records equal the inputs exactly (x, B) and Δ to f64 within fp32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from test_mamba2_decode import (  # same pools, parameters and helpers as the decode tests
+    Shape,
+    _bits_equal,
+    _rebase,
+    _rel,
+    make_params,
+    make_pool,
+    sglang_ssu,
+)
+
+from replayssm_kernels import (
+    decode_cursor_step,
+    mamba2_conventional_f64,
+    mamba2_replay_decode,
+    mamba2_replay_decode_ref,
+    mamba2_replay_verify,
+    mamba2_replay_verify_ref,
+    min_ring_size,
+    verify_commit,
+    verify_commit_ref,
+    verify_cursor_step,
+)
+
+pytestmark = pytest.mark.usefixtures("interpreter_bf16_rtne")
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+VERIFY = {"kernel": mamba2_replay_verify, "ref": mamba2_replay_verify_ref}
+DECODE = {"kernel": mamba2_replay_decode, "ref": mamba2_replay_decode_ref}
+COMMIT = {"kernel": verify_commit, "ref": verify_commit_ref}
+
+SHAPE_A = Shape(H=6, G=3, P=20, N=16)  # P=20: a full 16-row tile + a masked tile
+SHAPE_B = Shape(H=3, G=1, P=12, N=16)  # H=3, P=12: non-powers of two, one masked tile
+SHAPE_C = Shape(H=5, G=5, P=24, N=8)
+NANO_4B = Shape(H=96, G=8, P=80, N=128)
+
+OUT_TOL = {torch.bfloat16: 3e-3, torch.float32: 2e-5}
+STATE_TOL = {torch.float32: 2e-5, torch.bfloat16: 5e-3}
+
+
+@dataclasses.dataclass
+class Tokens:
+    x: torch.Tensor  # [batch, T, H, P]
+    dt: torch.Tensor  # [batch, T, H] raw
+    B: torch.Tensor  # [batch, T, G, N]
+    C: torch.Tensor
+    z: torch.Tensor | None
+
+
+def make_tokens(shape: Shape, batch: int, T: int, act_dtype, gen, device, with_z) -> Tokens:
+    """T tokens per row in the mixer's layout: x, B, C column slices of one conv row per token."""
+    H, G, P, N = shape.H, shape.G, shape.P, shape.N
+    x = torch.randn(batch, T, H, P, generator=gen)
+    dt = torch.randn(batch, T, H, generator=gen) * 0.7
+    dt[:, :, 0] += torch.randn(batch, T, generator=gen)  # head 0 straddles softplus' threshold
+    B = torch.randn(batch, T, G, N, generator=gen) / math.sqrt(N)
+    C = torch.randn(batch, T, G, N, generator=gen)
+    z = torch.randn(batch, T, H, P, generator=gen) if with_z else None
+    hp, gn = H * P, G * N
+    xBC = torch.cat([x.reshape(batch, T, hp), B.reshape(batch, T, gn), C.reshape(batch, T, gn)],
+                    dim=2).to(device=device, dtype=act_dtype)
+    proj = torch.cat([torch.zeros(batch, T, 3), dt], dim=2).to(device=device, dtype=act_dtype)
+    return Tokens(
+        xBC[..., :hp].view(batch, T, H, P), proj[..., 3:],
+        xBC[..., hp: hp + gn].view(batch, T, G, N), xBC[..., hp + gn:].view(batch, T, G, N),
+        None if z is None else z.to(device=device, dtype=act_dtype),
+    )
+
+
+def _delta64(dt_row: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    d = dt_row.double() + dt_bias.double()
+    return torch.where(d <= 20, torch.log1p(torch.exp(d.clamp(max=20))), d)
+
+
+@dataclasses.dataclass
+class Report:
+    out_rel: float
+    state_rel: float
+    verify_flush: int
+    verify_nonflush: int
+    decode_rows: int
+    a_kinds: set
+
+
+def run_spec(
+    impl: str, shape: Shape, T: int, L: int, state_dtype, act_dtype, *, steps: int = 24,
+    active: int = 3, pads: int = 1, decode_p: float = 0.2, force_p: float = 0.1, seed: int = 0,
+    broadcast: bool = True, with_z: bool = False, sglang_check: bool = False,
+    commit_impl: str | None = None, ring_extra: int = 1, device: str = DEVICE,
+) -> Report:
+    gen = torch.Generator().manual_seed(seed)
+    H, G, P, N = shape.H, shape.G, shape.P, shape.N
+    R = min_ring_size(L, T) + ring_extra
+    slots = active + 3  # slot 0 (null) and two never-scheduled slots stay untouched
+    prm = make_params(shape, gen, device)
+    pool = make_pool(shape, slots, R, state_dtype, act_dtype, "layer", gen, device)
+    cursors = torch.zeros(slots, 2, dtype=torch.int32, device=device)
+    act = (torch.randperm(slots - 1, generator=gen)[:active] + 1).tolist()
+    shadow = {s: pool.state[s].double().clone() for s in act}
+    sg_state = pool.state.clone().contiguous() if sglang_check else None
+    commit = COMMIT[commit_impl or impl]
+    if broadcast:
+        A = prm.A[:, None, None].expand(-1, P, N)
+        D = prm.D[:, None].expand(-1, P)
+        dt_bias = prm.dt_bias[:, None].expand(-1, P)
+    else:
+        A, D, dt_bias = prm.A, prm.D, prm.dt_bias
+    batch = active + pads
+    outs, refs, st_got, st_ref = [], [], [], []
+    rep = Report(0.0, 0.0, 0, 0, 0, set())
+
+    def sg_advance(tok: Tokens, rows_cpu, counts):
+        """SGLang's selective_state_update, token by token, over each row's first counts[b]."""
+        for t in range(max(counts)):
+            idx = torch.tensor([s if s >= 0 and counts[b] > t else -1
+                                for b, s in enumerate(rows_cpu)], dtype=torch.int32,
+                               device=device)
+            sglang_ssu(sg_state, tok.x[:, t], tok.dt[:, t, :, None].expand(-1, -1, P),
+                   prm.A[:, None, None].expand(-1, P, N), tok.B[:, t], tok.C[:, t],
+                   D=prm.D[:, None].expand(-1, P), z=None if tok.z is None else tok.z[:, t],
+                   dt_bias=prm.dt_bias[:, None].expand(-1, P), dt_softplus=True,
+                   state_batch_indices=idx, out=torch.empty_like(tok.x[:, t]))
+
+    for _ in range(steps):
+        rows = torch.tensor(act + [-1] * pads)[torch.randperm(batch, generator=gen)]
+        rows_cpu = rows.tolist()
+        slot_idx = rows.to(device=device, dtype=torch.int32)
+        force = (torch.rand(batch, generator=gen) < force_p).to(device)
+        rs = torch.empty(batch, dtype=torch.int32, device=device)
+        rl = torch.empty_like(rs)
+        fl = torch.empty(batch, dtype=torch.bool, device=device)
+        is_decode = torch.rand(1, generator=gen).item() < decode_p
+        Tt = 1 if is_decode else T
+        tok = make_tokens(shape, batch, Tt, act_dtype, gen, device, with_z)
+        dt_arg = tok.dt[..., None].expand(*tok.dt.shape, P) if broadcast else tok.dt
+        out = torch.full((batch, Tt, H, P), float("nan"), dtype=act_dtype, device=device)
+        before = tuple(t.clone() for t in pool.full)
+        state_before = pool.state.clone()
+        if is_decode:
+            decode_cursor_step(cursors, slot_idx, force, L, R, rs, rl, fl)
+            DECODE[impl](pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x[:, 0],
+                         dt_arg[:, 0], A, tok.B[:, 0], tok.C[:, 0], out[:, 0], slot_idx, rs, rl,
+                         fl, D=D, z=None if tok.z is None else tok.z[:, 0], dt_bias=dt_bias,
+                         dt_softplus=True)
+            acc = [1] * batch
+        else:
+            verify_cursor_step(cursors, slot_idx, force, L, R, T, rs, rl, fl)
+            VERIFY[impl](pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, dt_arg, A,
+                         tok.B, tok.C, out, slot_idx, rs, rl, fl, D=D, z=tok.z, dt_bias=dt_bias,
+                         dt_softplus=True)
+            a = torch.randint(1, T + 1, (batch,), generator=gen)
+            u = torch.rand(batch, generator=gen)
+            a[u < 0.3] = 1  # all-reject
+            a[u > 0.7] = T  # all-accept
+            acc = a.tolist()
+        # Flushed checkpoints: decode folds history + token; verify folds the history only.
+        if sg_state is not None and not is_decode:
+            for b, s in enumerate(rows_cpu):
+                if s >= 0 and bool(fl[b]):
+                    assert _bits_equal(pool.state[s], sg_state[s]), (
+                        f"slot {s}: verify-flush checkpoint != selective_state_update "
+                        f"(max |diff| {(pool.state[s] - sg_state[s]).abs().max().item():.3e})")
+        if sg_state is not None:
+            sg_advance(tok, rows_cpu, [acc[b] if s >= 0 else 0 for b, s in enumerate(rows_cpu)])
+        if sg_state is not None and is_decode:
+            for b, s in enumerate(rows_cpu):
+                if s >= 0 and bool(fl[b]):
+                    assert _bits_equal(pool.state[s], sg_state[s]), f"slot {s}: decode flush"
+
+        exp_full = [t.clone() for t in before]
+        names = ("state", "ring_x", "ring_dt", "ring_B")
+        exp = {k: _rebase(getattr(pool, k), exp_full[i]) for i, k in enumerate(names)}
+        for b, s in enumerate(rows_cpu):
+            if s < 0:
+                assert torch.isnan(out[b]).all(), f"padding row {b}: out written"
+                continue
+            assert not torch.isnan(out[b]).any(), f"row {b}: out not fully written"
+            o64, _ = mamba2_conventional_f64(
+                shadow[s], tok.x[b], tok.dt[b], prm.A, tok.B[b], tok.C[b], D=prm.D,
+                z=None if tok.z is None else tok.z[b], dt_bias=prm.dt_bias, dt_softplus=True)
+            outs.append(out[b].double().cpu())
+            refs.append(o64.cpu())
+            n = acc[b]
+            _, s_acc = mamba2_conventional_f64(
+                shadow[s], tok.x[b, :n], tok.dt[b, :n], prm.A, tok.B[b, :n], tok.C[b, :n],
+                dt_bias=prm.dt_bias, dt_softplus=True)
+            if bool(fl[b]):
+                folded = s_acc if is_decode else shadow[s]
+                st_got.append(pool.state[s].double().cpu())
+                st_ref.append(folded.cpu())
+                exp["state"][s] = pool.state[s]
+            else:
+                assert _bits_equal(pool.state[s], state_before[s]), "non-flush row wrote state"
+            shadow[s] = s_acc
+            if is_decode:
+                rep.decode_rows += 1
+                if bool(fl[b]):
+                    continue  # a decode flush appends nothing
+            else:
+                rep.verify_flush += bool(fl[b])
+                rep.verify_nonflush += not bool(fl[b])
+                rep.a_kinds.add("reject" if n == 1 else "accept" if n == T else "partial")
+            for t in range(Tt):
+                r = (int(rs[b]) + int(rl[b]) + t) % R
+                assert torch.equal(pool.ring_x[s, :, r], tok.x[b, t]), "ring_x record != x"
+                assert torch.equal(pool.ring_B[s, :, r], tok.B[b, t]), "ring_B record != B"
+                torch.testing.assert_close(pool.ring_dt[s, :, r].double(),
+                                           _delta64(tok.dt[b, t], prm.dt_bias), rtol=2e-6,
+                                           atol=3e-7)
+                for k in names[1:]:
+                    exp[k][s, :, r] = getattr(pool, k)[s, :, r]
+        for name, got, want in zip(names, pool.full, exp_full):
+            assert _bits_equal(got, want), f"{name} pool: bytes outside the allowed rows changed"
+        if not is_decode:
+            commit(cursors, slot_idx, rs, rl, fl, torch.tensor(acc, device=device), window=L,
+                   ring_size=R, num_tokens=T)
+
+    rep.out_rel = _rel(torch.cat([o.flatten() for o in outs]),
+                       torch.cat([r.flatten() for r in refs]))
+    rep.state_rel = _rel(torch.stack(st_got), torch.stack(st_ref)) if st_got else 0.0
+    print(f"\n[mamba2-verify] {impl} {shape} T={T} L={L} R={R} state={str(state_dtype)[6:]} "
+          f"act={str(act_dtype)[6:]}: |out-f64|/|f64| = {rep.out_rel:.2e}, "
+          f"|S-f64|/|f64| = {rep.state_rel:.2e} ({rep.verify_flush} flush / "
+          f"{rep.verify_nonflush} non-flush verify rows, {rep.decode_rows} decode rows, "
+          f"a: {sorted(rep.a_kinds)})")
+    return rep
+
+
+def _check(rep: Report, state_dtype, act_dtype, T: int) -> None:
+    assert rep.verify_flush > 0 and rep.verify_nonflush > 0 and rep.decode_rows > 0, rep
+    assert rep.out_rel < OUT_TOL[act_dtype], rep
+    assert rep.state_rel < STATE_TOL[state_dtype], rep
+    if T > 1:
+        assert {"reject", "accept"} <= rep.a_kinds, rep
+    if T > 2:
+        assert "partial" in rep.a_kinds, rep
+
+
+# --------------------------------------------------------------------------------------------
+# CPU tests
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["kernel", "ref"])
+@pytest.mark.parametrize("T", [1, 2, 4, 8], ids=lambda t: f"T{t}")
+def test_spec_steps_vs_f64(impl, T):
+    """fp32 checkpoint, bf16 activations; the kernel's flushed checkpoints bit-identical to
+    SGLang's selective_state_update over the accepted tokens."""
+    L = {1: 4, 2: 6, 4: 8, 8: 12}[T]
+    shape = SHAPE_A if T <= 2 else SHAPE_B
+    rep = run_spec(impl, shape, T, L, torch.float32, torch.bfloat16, seed=T, steps=20,
+                   with_z=(T == 2), sglang_check=(impl == "kernel"))
+    _check(rep, torch.float32, torch.bfloat16, T)
+
+
+@pytest.mark.parametrize("impl", ["kernel", "ref"])
+def test_spec_bf16_state_headform(impl):
+    rep = run_spec(impl, SHAPE_C, 4, 6, torch.bfloat16, torch.bfloat16, seed=11, steps=20,
+                   broadcast=False, with_z=True, pads=2)
+    _check(rep, torch.bfloat16, torch.bfloat16, 4)
+
+
+@pytest.mark.parametrize("impl", ["kernel", "ref"])
+def test_spec_fp32_activations(impl):
+    rep = run_spec(impl, SHAPE_B, 4, 8, torch.float32, torch.float32, seed=5, steps=20,
+                   force_p=0.2)
+    _check(rep, torch.float32, torch.float32, 4)
+
+
+def test_kernel_vs_reference_outputs():
+    """Kernel and reference on identical inputs and pools (fp32): outputs within fp32 rounding,
+    and identical pools (fold bit-identical, records exact)."""
+    shape, T, L = SHAPE_A, 4, 6
+    gen = torch.Generator().manual_seed(3)
+    R = min_ring_size(L, T)
+    prm = make_params(shape, gen, DEVICE)
+    pools = [make_pool(shape, 5, R, torch.float32, torch.float32, "layer",
+                       torch.Generator().manual_seed(9), DEVICE) for _ in range(2)]
+    for p in pools:  # fill the rings with committed history
+        p.full[1].normal_(generator=torch.Generator().manual_seed(1))
+        p.full[2].uniform_(0.01, 0.5, generator=torch.Generator().manual_seed(2))
+        p.full[3].normal_(generator=torch.Generator().manual_seed(3))
+    tok = make_tokens(shape, 4, T, torch.float32, gen, DEVICE, True)
+    slot_idx = torch.tensor([3, -1, 1, 4], dtype=torch.int32, device=DEVICE)
+    rs = torch.tensor([5, 0, 9, 2], dtype=torch.int32, device=DEVICE)
+    rl = torch.tensor([2, 0, 6, 0], dtype=torch.int32, device=DEVICE)
+    fl = torch.tensor([False, False, True, True], device=DEVICE)
+    outs = []
+    for impl, p in zip(("kernel", "ref"), pools):
+        out = torch.full((4, T, shape.H, shape.P), float("nan"), device=DEVICE)
+        VERIFY[impl](p.state, p.ring_x, p.ring_dt, p.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
+                     out, slot_idx, rs, rl, fl, D=prm.D, z=tok.z, dt_bias=prm.dt_bias,
+                     dt_softplus=True)
+        outs.append(out)
+    live = slot_idx.cpu() >= 0
+    rel = _rel(outs[0][live], outs[1][live])
+    print(f"\n[mamba2-verify] kernel vs ref (fp32): {rel:.2e}")
+    assert rel < 1e-6
+    assert torch.isnan(outs[0][1]).all() and torch.isnan(outs[1][1]).all()
+    for a, b in zip(pools[0].full, pools[1].full):
+        assert _bits_equal(a, b)
+
+
+def test_kernel_small_fold_unroll(monkeypatch):
+    """FOLD_UNROLL = 3 and BLOCK_P = 8 (P = 20: three tiles): fold chunk remainders and tile masks,
+    still bit-identical to SGLang."""
+    import replayssm_kernels.mamba2_verify.kernel as k
+
+    orig = k.mamba2_replay_verify_fwd
+    monkeypatch.setattr(k, "mamba2_replay_verify_fwd",
+                        lambda *a, **kw: orig(*a, **kw, block_p=8, fold_unroll=3))
+    rep = run_spec("kernel", Shape(H=2, G=1, P=20, N=16), 2, 7, torch.float32, torch.bfloat16,
+                   seed=21, steps=16, active=2, sglang_check=True)
+    _check(rep, torch.float32, torch.bfloat16, 2)
+
+
+def test_empty_batch_is_a_no_op():
+    shape = SHAPE_A
+    gen = torch.Generator().manual_seed(0)
+    pool = make_pool(shape, 3, 8, torch.float32, torch.bfloat16, "layer", gen, DEVICE)
+    before = [t.clone() for t in pool.full]
+    prm = make_params(shape, gen, DEVICE)
+    tok = make_tokens(shape, 0, 4, torch.bfloat16, gen, DEVICE, False)
+    e = torch.empty(0, dtype=torch.int32, device=DEVICE)
+    out = torch.empty(0, 4, shape.H, shape.P, dtype=torch.bfloat16, device=DEVICE)
+    mamba2_replay_verify(pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A,
+                         tok.B, tok.C, out, e, e, e, e.bool(), dt_bias=prm.dt_bias,
+                         dt_softplus=True)
+    assert all(_bits_equal(a, b) for a, b in zip(before, pool.full))
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def _valid_args(T: int = 4, batch: int = 2, R: int = 8):
+    shape = SHAPE_A
+    gen = torch.Generator().manual_seed(1)
+    pool = make_pool(shape, 4, R, torch.float32, torch.bfloat16, "layer", gen, DEVICE)
+    prm = make_params(shape, gen, DEVICE)
+    tok = make_tokens(shape, batch, T, torch.bfloat16, gen, DEVICE, True)
+    zeros = torch.zeros(batch, dtype=torch.int32, device=DEVICE)
+    args = dict(
+        state=pool.state, ring_x=pool.ring_x, ring_dt=pool.ring_dt, ring_B=pool.ring_B, x=tok.x,
+        dt=tok.dt, A=prm.A, B=tok.B, C=tok.C,
+        out=torch.empty(batch, T, shape.H, shape.P, dtype=torch.bfloat16, device=DEVICE),
+        slot_idx=torch.arange(1, batch + 1, dtype=torch.int32, device=DEVICE), ring_start=zeros,
+        ring_len=zeros.clone(), flush=torch.zeros(batch, dtype=torch.bool, device=DEVICE),
+    )
+    return args, dict(D=prm.D, z=tok.z, dt_bias=prm.dt_bias, dt_softplus=True)
+
+
+def _bad_cases():
+    H, P, N = SHAPE_A.H, SHAPE_A.P, SHAPE_A.N
+    return {
+        "x-3d": ("x", lambda a: a["x"][:, 0], "x"),
+        "x-T0": ("x", lambda a: a["x"][:, :0], "x"),
+        "x-wrong-P": ("x", lambda a: a["x"][..., :-1], "x"),
+        "dt-T-mismatch": ("dt", lambda a: a["dt"][:, :2], "dt"),
+        "dt-untied": ("dt", lambda a: torch.zeros(2, 4, H, P, dtype=torch.bfloat16), "untied"),
+        "B-3d": ("B", lambda a: a["B"][:, 0], "B"),
+        "C-T-mismatch": ("C", lambda a: a["C"][:, :3], "C"),
+        "out-T-mismatch": ("out", lambda a: a["out"][:, :3], "out"),
+        "ring-too-short": ("ring_x", lambda a: a["ring_x"][:, :, :3], "ring_x"),
+        "ring_x-dtype": ("ring_x", lambda a: a["ring_x"].float(), "ring_x"),
+        "ring_B-R-mismatch": ("ring_B", lambda a: a["ring_B"][:, :, :-1], "ring_B"),
+        "A-untied": ("A", lambda a: torch.zeros(H, P, N), "untied"),
+        "state-int": ("state", lambda a: a["state"].to(torch.int32), "state"),
+        "flush-int": ("flush", lambda a: a["flush"].int(), "flush"),
+        "slot_idx-float": ("slot_idx", lambda a: a["slot_idx"].float(), "slot_idx"),
+        "device-mix": ("C", lambda a: a["C"].to("meta"), "device"),
+    }
+
+
+@pytest.mark.parametrize("impl", ["kernel", "ref"])
+@pytest.mark.parametrize("case", list(_bad_cases()))
+def test_value_errors(impl, case):
+    args, kw = _valid_args()
+    name, mutate, match = _bad_cases()[case]
+    args[name] = mutate(args)
+    with pytest.raises(ValueError, match=match):
+        VERIFY[impl](*args.values(), **kw)
+
+
+@pytest.mark.parametrize("impl", ["kernel", "ref"])
+def test_value_error_z_window(impl):
+    args, kw = _valid_args()
+    kw["z"] = kw["z"][:, :2]
+    with pytest.raises(ValueError, match="z"):
+        VERIFY[impl](*args.values(), **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU (H200): the same driver at the real shape
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [2, 4, 8], ids=lambda t: f"T{t}")
+def test_gpu_nano4b_spec_bitwise_vs_sglang(T):
+    rep = run_spec("kernel", NANO_4B, T, 16, torch.float32, torch.bfloat16, active=24, pads=8,
+                   steps=48, seed=500 + T, sglang_check=True)
+    _check(rep, torch.float32, torch.bfloat16, T)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["S-fp32", "S-bf16"])
+def test_gpu_nano4b_spec_cycles(state_dtype):
+    rep = run_spec("kernel", NANO_4B, 4, 16, state_dtype, torch.bfloat16, active=32, pads=8,
+                   steps=48, seed=600, with_z=True)
+    _check(rep, state_dtype, torch.bfloat16, 4)
