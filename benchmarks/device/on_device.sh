@@ -5,14 +5,14 @@
 #     bash benchmarks/device/on_device.sh COMMAND [ARG ...]
 #
 # The machine has Python 3.12, torch 2.11, triton 3.6 and nvcc, but no SGLang and no network. This
-# unpacks .device/sgl517.tar.xz (made by payload.sh; it must be carried: it is git-ignored) into
+# unpacks .device/sgl517-bench.tar.xz (made by payload.sh; it must be carried: it is git-ignored) into
 # /tmp/sgl unless the same archive is already there from an earlier command on the same warm machine,
 # puts it on PYTHONPATH, installs this project offline and without dependencies (editable, so the
 # `replayssm` entry point exists), selects only this plug-in (SGLANG_PLUGINS=replayssm) and runs
 # COMMAND. See README.md here for the one-call pattern.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-archive=.device/sgl517.tar.xz
+archive=.device/sgl517-bench.tar.xz
 if [ ! -f "$archive" ]; then
   echo "on_device.sh: $archive missing: run benchmarks/device/payload.sh first and carry .device" >&2
   exit 2

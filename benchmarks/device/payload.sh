@@ -10,7 +10,10 @@
 # the checkout), into a temporary name first so that an interrupted build is never taken for one.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-archive="$repo/.device/sgl517.tar.xz"
+# Extra wheels beyond the builder's list: `sglang.bench_serving` imports `datasets` at start-up
+# (through its MMMU loader), and the H200 image has neither it nor `multiprocess`.
+extras=(datasets==5.2.0 multiprocess==0.70.19)
+archive="$repo/.device/sgl517-bench.tar.xz"
 if [ -s "$archive" ] && xz -t "$archive" 2>/dev/null; then
   echo "$archive"
   exit 0
@@ -21,6 +24,6 @@ if [ ! -f "$builder" ]; then
   exit 1
 fi
 mkdir -p "$repo/.device"
-bash "$builder" "$archive.partial" >&2
+bash "$builder" "$archive.partial" "${extras[@]}" >&2
 mv "$archive.partial" "$archive"
 echo "$archive"
