@@ -13,6 +13,7 @@ from replayssm_kernels.conventional.gdn import gdn_conventional_f64
 from replayssm_kernels.conventional.mamba2 import mamba2_conventional_f64
 from replayssm_kernels.cursors import decode_cursor_step, reset_cursors
 from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
+from replayssm_kernels.gdn_verify import gdn_replay_verify, gdn_replay_verify_ref
 from replayssm_kernels.mamba2_decode import mamba2_replay_decode, mamba2_replay_decode_ref
 from replayssm_kernels.mamba2_verify import mamba2_replay_verify, mamba2_replay_verify_ref
 
@@ -31,4 +32,6 @@ __all__ = [
     "gdn_replay_decode",
     "gdn_replay_decode_ref",
     "gdn_conventional_f64",
+    "gdn_replay_verify",
+    "gdn_replay_verify_ref",
 ]

@@ -1,0 +1,125 @@
+"""Argument validation shared by ``gdn_replay_verify`` and ``gdn_replay_verify_ref``.
+
+Both take the same arguments and must refuse the same inputs.  Every check raises ``ValueError``
+naming the argument, what was expected and what was given; nothing is copied or converted.  The
+per-row cursor invariant ``ring_len[b] + T <= R`` lives on the device and is not checked here (no
+host sync); the reference checks it, the kernel relies on the cursor protocol.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from replayssm_kernels._checks import (
+    FLOAT_DTYPES,
+    STATE_DTYPES,
+    check_index,
+    check_same_device,
+    check_tensor,
+)
+
+__all__ = ["GDNVerifyDims", "validate_gdn_verify", "MAX_K", "MAX_T"]
+
+# A program holds a whole key row (``BK = next_pow2(K)``), as the decode kernel.
+MAX_K = 256
+# The forward substitution and the per-token loops are unrolled over T.
+MAX_T = 16
+
+
+@dataclass(frozen=True)
+class GDNVerifyDims:
+    """Sizes of one verify call."""
+
+    batch: int
+    T: int
+    slots: int
+    HV: int
+    Hk: int
+    K: int
+    V: int
+    R: int
+
+
+def validate_gdn_verify(
+    state: torch.Tensor,
+    ring_u: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    ring_g: torch.Tensor,
+    ring_beta: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    out: torch.Tensor,
+    slot_idx: torch.Tensor,
+    ring_start: torch.Tensor,
+    ring_len: torch.Tensor,
+    flush: torch.Tensor,
+    scale: float,
+) -> GDNVerifyDims:
+    """Check every argument of a GDN ReplaySSM verify call; return the sizes."""
+    check_tensor("state", state, (None, None, None, None), STATE_DTYPES)
+    slots, HV, V, K = state.shape
+    if K < 1 or K > MAX_K:
+        raise ValueError(f"state: expected head dim K in [1, {MAX_K}], got K={K}")
+    check_tensor("q", q, (None, None, None, K), FLOAT_DTYPES)
+    batch, T, Hk = q.shape[0], q.shape[1], q.shape[2]
+    if T < 1 or T > MAX_T:
+        raise ValueError(f"q: expected T (q.shape[1]) in [1, {MAX_T}], got T={T}")
+    if Hk < 1 or HV % Hk != 0:
+        raise ValueError(
+            f"q: expected Hk key heads dividing HV={HV} (state.shape[1]), got Hk={Hk}"
+        )
+    check_tensor("k", k, (batch, T, Hk, K), FLOAT_DTYPES)
+    check_tensor("v", v, (batch, T, HV, V), FLOAT_DTYPES)
+    check_tensor("ring_k", ring_k, (slots, Hk, None, K), (k.dtype,))
+    R = ring_k.shape[2]
+    if R < T:
+        raise ValueError(
+            f"ring_k: expected R >= T={T} ring rows (the integration allocates R >= L + T), "
+            f"got shape {tuple(ring_k.shape)}"
+        )
+    u_dtypes = (v.dtype,) if v.dtype == torch.float32 else (v.dtype, torch.float32)
+    check_tensor("ring_u", ring_u, (slots, HV, R, V), u_dtypes)
+    check_tensor("ring_v", ring_v, (slots, HV, R, V), (v.dtype,))
+    check_tensor("ring_g", ring_g, (slots, HV, R), (torch.float32,))
+    check_tensor("ring_beta", ring_beta, (slots, HV, R), (torch.float32,))
+    check_tensor("a", a, (batch, T, HV), FLOAT_DTYPES)
+    check_tensor("b", b, (batch, T, HV), FLOAT_DTYPES)
+    check_tensor("A_log", A_log, (HV,), FLOAT_DTYPES, last_contiguous=True)
+    check_tensor("dt_bias", dt_bias, (HV,), FLOAT_DTYPES, last_contiguous=True)
+    check_tensor("out", out, (batch, T, HV, V), FLOAT_DTYPES)
+    check_index("slot_idx", slot_idx, batch)
+    check_index("ring_start", ring_start, batch)
+    check_index("ring_len", ring_len, batch)
+    check_tensor("flush", flush, (batch,), (torch.bool,))
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite float, got {scale!r}")
+    check_same_device(
+        state=state,
+        ring_u=ring_u,
+        ring_k=ring_k,
+        ring_v=ring_v,
+        ring_g=ring_g,
+        ring_beta=ring_beta,
+        q=q,
+        k=k,
+        v=v,
+        a=a,
+        b=b,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        out=out,
+        slot_idx=slot_idx,
+        ring_start=ring_start,
+        ring_len=ring_len,
+        flush=flush,
+    )
+    return GDNVerifyDims(batch=batch, T=T, slots=slots, HV=HV, Hk=Hk, K=K, V=V, R=R)

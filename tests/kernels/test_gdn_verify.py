@@ -1,0 +1,531 @@
+"""Gated DeltaNet ReplaySSM speculative verify: kernel and reference vs the float64 recurrence.
+
+On CPU the Triton kernels run under the interpreter (small shapes; see conftest.py); the ``gpu``
+cases use the Qwen3.5-4B head shape.
+
+A simulation drives a pool of slots through the shared cursor protocol of ``kernels/commit``
+(``verify_cursor_step`` → ``gdn_replay_verify`` → ``verify_commit`` with random accepted counts:
+all-reject ``a = 1``, partial, all-accept ``a = T``), with plain decode steps
+(``decode_cursor_step`` → ``gdn_replay_decode``) and forced flushes mixed in.  Every step runs with
+NaN-poisoned outputs, and after every commit the ring rows outside each live slot's committed
+range ``[0, len)`` (the rejected drafts among them) are overwritten with NaN, so a read of a
+rejected or stale record would poison an output or the checkpoint.  Checks per step:
+
+* outputs of every window token against the float64 conventional recurrence run from the
+  request's committed (accepted-only) state over the window (``‖out−ref‖/‖ref‖``); the float64
+  state then advances by the accepted tokens only;
+* after every flush (verify or decode) the checkpoint against that float64 state (a 16-bit
+  checkpoint against the float64 state rounded at the same flush points), and, for an fp32
+  checkpoint and the Triton kernels, **bitwise** against ``gdn_replay_decode``'s exact fold run on
+  the same accepted tokens one at a time (window ``L = 1``: the conventional packed-decode update);
+* non-flush rows leave the checkpoint bit-identical; slots not in the batch (and the null slot 0)
+  are bit-identical in the checkpoint and every ring tensor; padding rows leave their output rows
+  untouched (still NaN); every other output element is written.
+
+Measured bounds are printed (``pytest -s``) and recorded in kernels/README.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import pytest
+import torch
+
+from replayssm_kernels.commit import min_ring_size, verify_commit, verify_cursor_step
+from replayssm_kernels.conventional.gdn import gdn_conventional_f64
+from replayssm_kernels.cursors import decode_cursor_step
+from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
+from replayssm_kernels.gdn_verify import gdn_replay_verify, gdn_replay_verify_ref
+from replayssm_kernels.gdn_verify.kernel import gdn_replay_verify_fwd
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+
+pytestmark = [
+    pytest.mark.usefixtures("interpreter_bf16_rtne"),
+    # The interpreter converts 0-d loop bounds with int(array): numpy's deprecation, not ours.
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
+]
+
+OPS = {
+    "kernel": (gdn_replay_verify, gdn_replay_decode),
+    "ref": (gdn_replay_verify_ref, gdn_replay_decode_ref),
+    # record chunks of 2 rows: the non-flush history term loops over several chunks
+    "kernel-br2": (functools.partial(gdn_replay_verify_fwd, block_r=2), gdn_replay_decode),
+}
+
+_INT_OF = {4: torch.int32, 2: torch.int16, 1: torch.int8, 8: torch.int64}
+
+
+def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, msg: str = "") -> None:
+    """Bitwise equality (distinguishes -0.0 from +0.0 and compares NaN payloads)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if got.dtype.is_floating_point:
+        it = _INT_OF[got.element_size()]
+        got, want = got.view(it), want.view(it)
+    n_diff = int((got != want).sum())
+    assert n_diff == 0, f"{msg}: {n_diff} elements differ bitwise"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    HV: int
+    Hk: int
+    K: int
+    V: int
+    L: int
+    T: int
+    R: int | None = None  # default: min_ring_size(L, T)
+    state_dtype: torch.dtype = torch.float32
+    act_dtype: torch.dtype = torch.bfloat16
+    u_dtype: torch.dtype | None = None  # None: activation dtype
+    requests: int = 3  # live requests (slots 1..requests; slot 0 is the null slot)
+    spare_slots: int = 1  # allocated, never used: must stay bit-identical
+    pad_rows: int = 1
+    noncontig: bool = False
+    idx64: bool = False
+    steps: int = 14
+    decode_p: float = 0.25  # probability that a step is a plain decode step
+    force_p: float = 0.1
+    tol_out: float = 1e-2
+    tol_state: float = 1e-5
+
+    @property
+    def ring(self) -> int:
+        return self.R if self.R is not None else min_ring_size(self.L, self.T)
+
+    @property
+    def id(self) -> str:
+        sd = str(self.state_dtype).split(".")[-1]
+        ad = str(self.act_dtype).split(".")[-1]
+        nc = "-nc" if self.noncontig else ""
+        return (
+            f"T{self.T}-HV{self.HV}-Hk{self.Hk}-K{self.K}-V{self.V}-L{self.L}-R{self.ring}-"
+            f"{sd}-{ad}{nc}"
+        )
+
+
+class Sim:
+    """A pool of slots driven through verify / decode steps, with float64 and fold shadows."""
+
+    def __init__(self, case: Case, seed: int, ops: str, device: torch.device = DEVICE):
+        self.c = c = case
+        self.dev = device
+        self.verify_fn, self.decode_fn = OPS[ops]
+        self.bitwise = ops.startswith("kernel") and c.state_dtype == torch.float32
+        self.g = torch.Generator().manual_seed(seed)
+        self.slots = 1 + c.requests + c.spare_slots
+        self.R = R = c.ring
+        act, u_dt = c.act_dtype, c.u_dtype or c.act_dtype
+
+        def pool(shape, dtype):
+            # Non-contiguous: a layer view of a [slots, 2 layers, ...] allocation; the other layer
+            # must stay untouched.
+            full = (shape[0], 2, *shape[1:]) if c.noncontig else shape
+            t = torch.full(full, math.nan, dtype=dtype, device=device)
+            return t[:, 1] if c.noncontig else t
+
+        self.state = pool((self.slots, c.HV, c.V, c.K), c.state_dtype)
+        init = 0.5 * torch.randn(self.slots, c.HV, c.V, c.K, generator=self.g)
+        self.state.copy_(init.to(c.state_dtype))
+        # Rings start NaN-poisoned: reading a row outside [0, len) poisons the result.
+        self.ring_u = pool((self.slots, c.HV, R, c.V), u_dt)
+        self.ring_k = pool((self.slots, c.Hk, R, c.K), act)
+        self.ring_v = pool((self.slots, c.HV, R, c.V), act)
+        self.ring_g = pool((self.slots, c.HV, R), torch.float32)
+        self.ring_beta = pool((self.slots, c.HV, R), torch.float32)
+        self.cursors = torch.zeros(self.slots, 2, dtype=torch.int32, device=device)
+        self.A_log = torch.log(0.5 + 3.5 * torch.rand(c.HV, generator=self.g)).to(device)
+        self.dt_bias = (torch.randn(c.HV, generator=self.g) - 1.5).to(device)
+        self.scale = c.K**-0.5
+        # float64 shadow per request (slot r+1): the state after its accepted tokens
+        self.shadow = [self.state[1 + r].to(torch.float64).cpu() for r in range(c.requests)]
+        # Fold shadow (fp32 kernel runs): an L = 1 decode pool fed the accepted tokens one by one
+        # (every step flushes: the conventional packed-decode update); fed lazily at checks.
+        if self.bitwise:
+            n = 1 + c.requests
+            self.f_state = self.state[:n].clone()
+            self.f_ring = [
+                torch.zeros(n, c.HV, 1, c.V, dtype=u_dt, device=device),
+                torch.zeros(n, c.Hk, 1, c.K, dtype=act, device=device),
+                torch.zeros(n, c.HV, 1, c.V, dtype=act, device=device),
+                torch.zeros(n, c.HV, 1, device=device),
+                torch.zeros(n, c.HV, 1, device=device),
+            ]
+            self.pending: list[list[tuple]] = [[] for _ in range(c.requests)]
+            self.bitwise_checks = 0
+        self.max_out_err = 0.0
+        self.max_state_err = 0.0
+        self.flushes = [0] * c.requests
+        self.verify_steps = self.decode_steps = 0
+        self.accepted_seen: set[str] = set()
+
+    def tensors(self):
+        return [self.state, self.ring_u, self.ring_k, self.ring_v, self.ring_g, self.ring_beta]
+
+    def full_tensors(self):
+        return [t._base if t._base is not None else t for t in self.tensors()]
+
+    # -- inputs ------------------------------------------------------------------------------
+
+    def make_inputs(self, T: int):
+        """One step: shuffled live rows plus padding rows; q/k/v and a/b are strided views of one
+        ``[B, T, ...]`` mixer-like allocation (``T = 0``: a decode step, ``[B, ...]`` inputs)."""
+        c, g = self.c, self.g
+        reqs = torch.randperm(c.requests, generator=g).tolist()
+        rows = [1 + r for r in reqs] + [-1] * c.pad_rows
+        perm = torch.randperm(len(rows), generator=g).tolist()
+        rows = [rows[i] for i in perm]
+        B = len(rows)
+        tt = max(T, 1)
+        D = 2 * c.Hk * c.K + c.HV * c.V
+        mixed = torch.randn(B, tt, D, generator=g).to(c.act_dtype).to(self.dev)
+        q = mixed[..., : c.Hk * c.K].unflatten(-1, (c.Hk, c.K))
+        k = mixed[..., c.Hk * c.K : 2 * c.Hk * c.K].unflatten(-1, (c.Hk, c.K))
+        v = mixed[..., 2 * c.Hk * c.K :].unflatten(-1, (c.HV, c.V))
+        ab = torch.randn(B, tt, 2 * c.HV, generator=g).to(c.act_dtype).to(self.dev)
+        a, b = ab[..., : c.HV], ab[..., c.HV :]
+        if T == 0:
+            q, k, v, a, b = (x[:, 0] for x in (q, k, v, a, b))
+        force = (torch.rand(B, generator=g) < c.force_p).to(self.dev)
+        # Accepted counts (bonus included): all-reject, all-accept or partial, a third each.
+        u = torch.rand(B, generator=g)
+        acc = torch.randint(1, tt + 1, (B,), generator=g)
+        acc = torch.where(u < 1 / 3, torch.ones_like(acc), acc)
+        acc = torch.where(u > 2 / 3, torch.full_like(acc, tt), acc)
+        idx_dtype = torch.int64 if c.idx64 else torch.int32
+        slot_idx = torch.tensor(rows, dtype=idx_dtype, device=self.dev)
+        return dict(q=q, k=k, v=v, a=a, b=b, force=force, slot_idx=slot_idx,
+                    accepted=acc.to(self.dev), T=T)  # fmt: skip
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def step(self, inp):
+        c = self.c
+        B = inp["slot_idx"].shape[0]
+        T = inp["T"]
+        start = torch.empty(B, dtype=torch.int32, device=self.dev)
+        length = torch.empty(B, dtype=torch.int32, device=self.dev)
+        flush = torch.empty(B, dtype=torch.bool, device=self.dev)
+        if T == 0:
+            self.decode_steps += 1
+            decode_cursor_step(
+                self.cursors, inp["slot_idx"], inp["force"], c.L, self.R, start, length, flush
+            )
+            out = torch.full((B, c.HV, c.V), math.nan, dtype=c.act_dtype, device=self.dev)
+            fn = self.decode_fn
+        else:
+            self.verify_steps += 1
+            verify_cursor_step(
+                self.cursors, inp["slot_idx"], inp["force"], c.L, self.R, T, start, length, flush
+            )
+            out = torch.full((B, T, c.HV, c.V), math.nan, dtype=c.act_dtype, device=self.dev)
+            fn = self.verify_fn
+        before = [t.clone() for t in self.full_tensors()]
+        fn(
+            *self.tensors(), inp["q"], inp["k"], inp["v"], inp["a"], inp["b"], self.A_log,
+            self.dt_bias, out, inp["slot_idx"], start, length, flush, scale=self.scale,
+        )  # fmt: skip
+        if T > 0:
+            verify_commit(
+                self.cursors, inp["slot_idx"], start, length, flush, inp["accepted"],
+                window=c.L, ring_size=self.R, num_tokens=T,
+            )  # fmt: skip
+        self.check(inp, out, flush, before)
+        self.poison_uncommitted()
+        return out, flush
+
+    def poison_uncommitted(self):
+        """NaN into every ring row outside a live slot's committed range [0, len)."""
+        cur = self.cursors.cpu().tolist()
+        for s in range(1, 1 + self.c.requests):
+            start, n = cur[s]
+            dead = [(start + r) % self.R for r in range(n, self.R)]
+            if not dead:
+                continue
+            idx = torch.tensor(dead, device=self.dev)
+            for t in self.tensors()[1:]:
+                t[s].index_fill_(1, idx, math.nan)
+
+    def _token(self, inp, i, t):
+        """Token t of row i as ``[1, ...]`` tensors (CPU copies)."""
+        sel = (lambda x: x[i : i + 1]) if inp["T"] == 0 else (lambda x: x[i, t : t + 1])
+        return tuple(sel(inp[n]).cpu().clone() for n in ("q", "k", "v", "a", "b"))
+
+    def _f64(self, r, toks):
+        cat = [torch.cat([tk[j] for tk in toks]) for j in range(5)]
+        return gdn_conventional_f64(
+            self.shadow[r], *cat, self.A_log.cpu(), self.dt_bias.cpu(), scale=self.scale
+        )
+
+    def check(self, inp, out, flush, before):
+        c = self.c
+        T = inp["T"]
+        rows = inp["slot_idx"].tolist()
+        flush = flush.tolist()
+        acc = inp["accepted"].tolist()
+        touched = {s for s in rows if s >= 0}
+        for new, old in zip(self.full_tensors(), before):
+            for s in range(self.slots):
+                if s not in touched:
+                    assert_bits_equal(new[s], old[s], f"untouched slot {s}")
+            if c.noncontig:
+                assert_bits_equal(new[:, 0], old[:, 0], "other layer of the allocation")
+        st_new, st_old = self.full_tensors()[0], before[0]
+        if c.noncontig:
+            st_new, st_old = st_new[:, 1], st_old[:, 1]
+        num = den = 0.0
+        for i, s in enumerate(rows):
+            if s < 0:
+                assert torch.isnan(out[i]).all(), "padding row output must stay untouched"
+                continue
+            assert not torch.isnan(out[i]).any(), f"row {i}: output not fully written"
+            r = s - 1
+            n_tok = max(T, 1)
+            toks = [self._token(inp, i, t) for t in range(n_tok)]
+            n_acc = acc[i] if T > 0 else 1
+            if T > 0:
+                self.accepted_seen.add("reject" if n_acc == 1 else "all" if n_acc == T else "part")
+            # Outputs of every window token: from the committed state over the drafts.
+            y64, _ = self._f64(r, toks)
+            got = out[i] if T > 0 else out[i : i + 1]
+            diff = got.double().cpu() - y64
+            num += float((diff * diff).sum())
+            den += float((y64 * y64).sum())
+            # Checkpoint after a flush: a verify flush folds the committed history only (the
+            # shadow before this step); a decode flush also folds its token.
+            if flush[i]:
+                self.flushes[r] += 1
+                if T == 0:
+                    _, self.shadow[r] = self._f64(r, toks)
+                if c.state_dtype != torch.float32:
+                    self.shadow[r] = self.shadow[r].to(c.state_dtype).to(torch.float64)
+                got_s = st_new[s].double().cpu()
+                err = float((got_s - self.shadow[r]).norm() / self.shadow[r].norm())
+                self.max_state_err = max(self.max_state_err, err)
+                assert err < c.tol_state, f"slot {s}: checkpoint rel err {err:.3e}"
+                if self.bitwise:
+                    if T == 0:
+                        self.pending[r].append(toks[0])
+                    self.fold_shadow_to_pending(r)
+                    assert_bits_equal(st_new[s], self.f_state[s], f"checkpoint of slot {s}")
+                    self.bitwise_checks += 1
+                    if T > 0:
+                        self.pending[r].extend(toks[:n_acc])
+            else:
+                assert_bits_equal(st_new[s], st_old[s], f"non-flush row wrote slot {s}")
+                if self.bitwise:
+                    self.pending[r].extend(toks[:n_acc])
+            # The float64 state advances by the accepted tokens only.
+            if T > 0 or not flush[i]:
+                _, self.shadow[r] = self._f64(r, toks[:n_acc])
+        if den > 0:
+            err = math.sqrt(num / den)
+            self.max_out_err = max(self.max_out_err, err)
+            assert err < c.tol_out, f"output rel err {err:.3e}"
+
+    def fold_shadow_to_pending(self, r):
+        """Feed request r's pending accepted tokens through gdn_replay_decode at L = 1."""
+        c = self.c
+        n = 1 + c.requests
+        z = torch.zeros(1, dtype=torch.int32, device=self.dev)
+        for tok in self.pending[r]:
+            q, k, v, a, b = (x.to(self.dev) for x in tok)
+            out = torch.empty(1, c.HV, c.V, dtype=c.act_dtype, device=self.dev)
+            gdn_replay_decode(
+                self.f_state, *self.f_ring, q, k, v, a, b, self.A_log, self.dt_bias, out,
+                torch.tensor([r + 1], dtype=torch.int32, device=self.dev), z, z,
+                torch.ones(1, dtype=torch.bool, device=self.dev), scale=self.scale,
+            )  # fmt: skip
+        assert self.f_state.shape[0] == n
+        self.pending[r] = []
+
+    def run(self):
+        c = self.c
+        for _ in range(c.steps):
+            is_decode = float(torch.rand(1, generator=self.g)) < c.decode_p
+            self.step(self.make_inputs(0 if is_decode else c.T))
+        assert min(self.flushes) >= 1, self.flushes
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases.  CPU (interpreter) cases are small; the gpu cases use the Qwen3.5-4B head shape.
+
+BF16, FP32 = torch.bfloat16, torch.float32
+CPU_CASES = [
+    Case(HV=4, Hk=2, K=32, V=32, L=3, T=1),
+    Case(HV=2, Hk=1, K=16, V=16, L=6, T=2, act_dtype=FP32, u_dtype=FP32, tol_out=1e-5),
+    # non-power-of-two K and V (masked lanes), fp32 u, non-contiguous pool, int64 slot_idx
+    Case(HV=4, Hk=2, K=24, V=20, L=8, T=4, u_dtype=FP32, noncontig=True, idx64=True),
+    Case(HV=2, Hk=1, K=16, V=16, L=12, T=8, act_dtype=FP32, tol_out=1e-5, requests=2, steps=12),
+]
+REF_CASES = CPU_CASES + [
+    Case(HV=6, Hk=3, K=40, V=24, L=8, T=4, state_dtype=BF16, tol_state=2e-3, steps=20),
+    Case(HV=4, Hk=4, K=16, V=16, L=4, T=8, act_dtype=FP32, tol_out=1e-5, steps=20),
+]
+GPU_CASES = [
+    Case(HV=32, Hk=16, K=128, V=128, L=16, T=T, requests=24, pad_rows=3, noncontig=nc, steps=40)
+    for T, nc in ((2, False), (4, True), (8, False))
+] + [
+    Case(HV=32, Hk=16, K=128, V=128, L=16, T=4, requests=8, state_dtype=BF16, tol_state=2e-3),
+    Case(HV=6, Hk=3, K=80, V=48, L=16, T=8, act_dtype=FP32, tol_out=1e-5, steps=30),
+]
+
+
+@pytest.mark.parametrize("case", REF_CASES, ids=lambda c: c.id)
+def test_reference_vs_f64(case):
+    sim = Sim(case, seed=1, ops="ref", device=torch.device("cpu")).run()
+    assert sim.verify_steps >= 3 and sim.accepted_seen == {"reject", "all", "part"} or case.T <= 2
+    print(
+        f"\n[ref {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e} "
+        f"(verify {sim.verify_steps}, decode {sim.decode_steps}, flushes {sim.flushes})"
+    )
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c.id)
+def test_kernel_vs_f64_and_fold(case):
+    """Kernel vs float64 (outputs, checkpoints) and the fp32 checkpoint bitwise vs the fold."""
+    sim = Sim(case, seed=2, ops="kernel").run()
+    assert sim.verify_steps >= 3 and sim.decode_steps >= 1
+    if sim.bitwise:
+        assert sim.bitwise_checks >= 3
+    print(
+        f"\n[kernel {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e} "
+        f"(verify {sim.verify_steps}, decode {sim.decode_steps}, flushes {sim.flushes}, "
+        f"bitwise {getattr(sim, 'bitwise_checks', 0)}, a {sorted(sim.accepted_seen)})"
+    )
+
+
+def test_kernel_multi_chunk_records():
+    """Non-flush rows with more records than one chunk (block_r=2: up to 4 chunks)."""
+    case = Case(HV=2, Hk=1, K=16, V=16, L=10, T=2, act_dtype=FP32, tol_out=1e-5, requests=2,
+                decode_p=0.3, force_p=0.05, steps=14)  # fmt: skip
+    sim = Sim(case, seed=6, ops="kernel-br2").run()
+    print(f"\n[kernel block_r=2 {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_kernel_vs_ref_lockstep(T):
+    """Kernel and reference on the same inputs step by step: outputs and ring records."""
+    case = Case(HV=2, Hk=1, K=24, V=20, L=6, T=T, act_dtype=FP32, u_dtype=FP32, steps=8)
+    sim = Sim(case, seed=3, ops="kernel")
+    ref = Sim(case, seed=3, ops="ref")
+    worst = 0.0
+    for _ in range(case.steps):
+        is_decode = float(torch.rand(1, generator=sim.g)) < case.decode_p
+        float(torch.rand(1, generator=ref.g))
+        inp = sim.make_inputs(0 if is_decode else T)
+        ref.make_inputs(0 if is_decode else T)
+        out_k, _ = sim.step(inp)
+        out_r, _ = ref.step(inp)
+        live = inp["slot_idx"] >= 0
+        d = (out_k[live].double() - out_r[live].double()).norm() / out_r[live].double().norm()
+        worst = max(worst, float(d))
+        for tk, tr in zip(sim.tensors(), ref.tensors()):
+            torch.testing.assert_close(tk, tr, equal_nan=True, atol=1e-5, rtol=1e-5)
+        assert torch.equal(sim.cursors, ref.cursors)
+    assert worst < 1e-5
+    print(f"\n[kernel vs ref T{T}] out {worst:.2e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
+def test_kernel_vs_f64_gpu(case):
+    """At the Qwen3.5-4B shape on the GPU; the fp32 checkpoint bitwise vs gdn_replay_decode's
+    fold (compiled code: FMA contraction and the compiler's reduction trees)."""
+    sim = Sim(case, seed=4, ops="kernel").run()
+    print(f"\n[gpu {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def _args(HV=4, Hk=2, K=16, V=16, R=6, T=2, B=3, slots=4):
+    f32, bf = torch.float32, torch.bfloat16
+    with torch.device(DEVICE):
+        return dict(
+            state=torch.zeros(slots, HV, V, K),
+            ring_u=torch.zeros(slots, HV, R, V, dtype=bf),
+            ring_k=torch.zeros(slots, Hk, R, K, dtype=bf),
+            ring_v=torch.zeros(slots, HV, R, V, dtype=bf),
+            ring_g=torch.zeros(slots, HV, R, dtype=f32),
+            ring_beta=torch.zeros(slots, HV, R, dtype=f32),
+            q=torch.zeros(B, T, Hk, K, dtype=bf),
+            k=torch.zeros(B, T, Hk, K, dtype=bf),
+            v=torch.zeros(B, T, HV, V, dtype=bf),
+            a=torch.zeros(B, T, HV, dtype=bf),
+            b=torch.zeros(B, T, HV, dtype=bf),
+            A_log=torch.zeros(HV),
+            dt_bias=torch.zeros(HV),
+            out=torch.zeros(B, T, HV, V, dtype=bf),
+            slot_idx=torch.zeros(B, dtype=torch.int32),
+            ring_start=torch.zeros(B, dtype=torch.int32),
+            ring_len=torch.zeros(B, dtype=torch.int32),
+            flush=torch.zeros(B, dtype=torch.bool),
+        )
+
+
+BAD = {
+    "state-rank": ("state", lambda a: a["state"][0], "state"),
+    "state-dtype": ("state", lambda a: a["state"].double(), "state"),
+    "q-rank": ("q", lambda a: a["q"][:, 0], "q"),
+    "heads-not-divisible": ("q", lambda a: a["q"].new_zeros(3, 2, 3, 16), "q"),
+    "T-too-large": ("q", lambda a: a["q"].new_zeros(3, 17, 2, 16), "q"),
+    "k-T": ("k", lambda a: a["k"][:, :1], "k"),
+    "v-shape": ("v", lambda a: a["v"][..., :8], "v"),
+    "ring_k-dtype": ("ring_k", lambda a: a["ring_k"].float(), "ring_k"),
+    "ring-smaller-than-T": ("ring_k", lambda a: a["ring_k"][:, :, :1], "ring_k"),
+    "ring_u-dtype": ("ring_u", lambda a: a["ring_u"].half(), "ring_u"),
+    "ring_v-R": ("ring_v", lambda a: a["ring_v"][:, :, :2], "ring_v"),
+    "ring_g-dtype": ("ring_g", lambda a: a["ring_g"].bfloat16(), "ring_g"),
+    "ring_beta-shape": ("ring_beta", lambda a: a["ring_beta"][:2], "ring_beta"),
+    "a-T": ("a", lambda a: a["a"][:, :1], "a"),
+    "b-shape": ("b", lambda a: a["b"][:2], "b"),
+    "A_log-strided": ("A_log", lambda a: a["A_log"].new_zeros(8)[::2], "A_log"),
+    "out-shape": ("out", lambda a: a["out"][:, :, :2], "out"),
+    "out-decode-shape": ("out", lambda a: a["out"][:, 0], "out"),
+    "slot_idx-float": ("slot_idx", lambda a: a["slot_idx"].float(), "slot_idx"),
+    "ring_start-batch": ("ring_start", lambda a: a["ring_start"][:2], "ring_start"),
+    "flush-int": ("flush", lambda a: a["flush"].int(), "flush"),
+}
+
+
+@pytest.mark.parametrize("op", ["kernel", "ref"])
+@pytest.mark.parametrize("bad", list(BAD))
+def test_value_errors(op, bad):
+    args = _args()
+    name, make, match = BAD[bad]
+    args[name] = make(args)
+    with pytest.raises(ValueError, match=match):
+        OPS[op][0](**args, scale=0.25)
+
+
+@pytest.mark.parametrize("op", ["kernel", "ref"])
+def test_value_error_scale_and_K(op):
+    with pytest.raises(ValueError, match="scale"):
+        OPS[op][0](**_args(), scale=float("nan"))
+    with pytest.raises(ValueError, match="state"):
+        OPS[op][0](**_args(K=512), scale=0.25)
+
+
+def test_reference_rejects_ring_overflow():
+    """The reference checks the cursor invariant len + T <= R on the host (the kernel cannot)."""
+    args = _args(R=6, T=2)
+    args["ring_len"].fill_(5)
+    with pytest.raises(ValueError, match="ring_len"):
+        gdn_replay_verify_ref(**args, scale=0.25)
+
+
+def test_all_padding_touches_nothing():
+    args = _args()
+    args["slot_idx"].fill_(-1)
+    args["out"].fill_(math.nan)
+    before = {k: v.clone() for k, v in args.items()}
+    gdn_replay_verify(**args, scale=0.25)
+    for k, v in args.items():
+        assert_bits_equal(v, before[k], k)
