@@ -298,7 +298,8 @@ def test_spec_fp32_activations(impl):
 
 def test_kernel_vs_reference_outputs():
     """Kernel and reference on identical inputs and pools (fp32): outputs within fp32 rounding,
-    and identical pools (fold bit-identical, records exact)."""
+    records exact; checkpoints and Δ within an ulp or so (torch's exp/log vs the interpreter's
+    numpy; the kernel's fold is checked bitwise against SGLang's kernel elsewhere)."""
     shape, T, L = SHAPE_A, 4, 6
     gen = torch.Generator().manual_seed(3)
     R = min_ring_size(L, T)
@@ -326,8 +327,11 @@ def test_kernel_vs_reference_outputs():
     print(f"\n[mamba2-verify] kernel vs ref (fp32): {rel:.2e}")
     assert rel < 1e-6
     assert torch.isnan(outs[0][1]).all() and torch.isnan(outs[1][1]).all()
-    for a, b in zip(pools[0].full, pools[1].full):
-        assert _bits_equal(a, b)
+    for name, a, b in zip(("state", "ring_x", "ring_dt", "ring_B"), pools[0].full, pools[1].full):
+        if name in ("state", "ring_dt"):  # exp/log: numpy (interpreter) vs torch, an ulp apart
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, equal_nan=True)
+        else:
+            assert _bits_equal(a, b), name
 
 
 def test_kernel_small_fold_unroll(monkeypatch):
