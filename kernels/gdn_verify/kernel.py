@@ -154,13 +154,15 @@ def gdn_replay_verify_fwd_kernel(
 
     # Window gates: the decode kernel's (and the conventional packed decode's) expressions per
     # token, so the g and β written to the ring carry the bits a later fold must replay.
-    a_w = tl.load(a + i_n * stride_a_b + o_t * stride_a_t + i_hv * stride_a_h, mask=mask_t, other=0)
-    b_w = tl.load(b + i_n * stride_b_b + o_t * stride_b_t + i_hv * stride_b_h, mask=mask_t, other=0)
-    x = a_w.to(tl.float32) + dt_bias_val
+    p_a = a + i_n * stride_a_b + i_hv * stride_a_h
+    p_b = b + i_n * stride_b_b + i_hv * stride_b_h
+    a_in = tl.load(p_a + o_t * stride_a_t, mask=mask_t, other=0)
+    b_in = tl.load(p_b + o_t * stride_b_t, mask=mask_t, other=0)
+    x = a_in.to(tl.float32) + dt_bias_val
     softplus_x = tl.where(x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
     g_w = tl.where(mask_t, -tl.exp(A_log_val) * softplus_x, 0.0)
     # β rounded to b.dtype, as the packed decode (not fp32 as SGLang's verify kernel): README.
-    beta_w = tl.sigmoid(b_w.to(tl.float32)).to(b.dtype.element_ty).to(tl.float32)
+    beta_w = tl.sigmoid(b_in.to(tl.float32)).to(b.dtype.element_ty).to(tl.float32)
     beta_w = tl.where(mask_t, beta_w, 0.0)
     G_w = tl.cumsum(g_w, 0)  # local cumulative gates, restarting at 0 in the window
 

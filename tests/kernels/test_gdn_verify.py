@@ -529,3 +529,124 @@ def test_all_padding_touches_nothing():
     gdn_replay_verify(**args, scale=0.25)
     for k, v in args.items():
         assert_bits_equal(v, before[k], k)
+
+
+# ---------------------------------------------------------------------------------------------
+# Codegen: the verify kernel's fold compiles (for sm_90, no GPU needed) to gdn_replay_decode's.
+
+_CODEGEN_SCRIPT = r'''
+import inspect, json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from replayssm_kernels.gdn_verify.kernel import gdn_replay_verify_fwd_kernel as our_kernel
+H, HV, K, V, R, T = 16, 32, 128, 128, 24, int(sys.argv[1])
+TARGET = GPUTarget("cuda", 90, 32)
+def build(kern, ptrs, ints, const, num_stages, nw=1):
+    names = list(inspect.signature(kern.fn).parameters)
+    sig, cx, attrs = {}, {}, {}
+    for i, n in enumerate(names):
+        if n in ptrs:
+            sig[n] = ptrs[n]
+            if ptrs[n].startswith("*"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif n in const:
+            sig[n], cx[n] = "constexpr", const[n]
+        elif ints[n] == 1:
+            sig[n], cx[n] = "constexpr", 1
+        else:
+            sig[n] = "i32"
+            if ints[n] % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=kern, signature=sig, constexprs=cx, attrs=attrs)
+    return triton.compile(src, target=TARGET, options=dict(num_warps=nw, num_stages=num_stages))
+D = 2 * H * K + HV * V
+strides = dict(
+    R=R, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
+    stride_u_n=HV * R * V, stride_u_h=R * V, stride_u_r=V, stride_u_v=1,
+    stride_rk_n=H * R * K, stride_rk_h=R * K, stride_rk_r=K, stride_rk_k=1,
+    stride_rv_n=HV * R * V, stride_rv_h=R * V, stride_rv_r=V, stride_rv_v=1,
+    stride_g_n=HV * R, stride_g_h=R, stride_g_r=1, stride_beta_n=HV * R, stride_beta_h=R,
+    stride_beta_r=1, stride_q_b=T * D, stride_q_t=D, stride_q_h=K, stride_q_k=1,
+    stride_k_b=T * D, stride_k_t=D, stride_k_h=K, stride_k_k=1,
+    stride_v_b=T * D, stride_v_t=D, stride_v_h=V, stride_v_v=1,
+    stride_a_b=T * 2 * HV, stride_a_t=2 * HV, stride_a_h=1,
+    stride_b_b=T * 2 * HV, stride_b_t=2 * HV, stride_b_h=1,
+    stride_o_b=T * HV * V, stride_o_t=HV * V, stride_o_h=V, stride_o_v=1,
+)
+k = build(our_kernel,
+    dict(state="*fp32", ring_u="*bf16", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
+         ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
+         A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
+         ring_len="*i32", flush="*i1", scale="fp32"),
+    strides,
+    dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, BT=max(triton.next_power_of_2(T), 2), BR=16,
+         SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True), 1)
+
+from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_fwd_kernel as dec_kernel
+dstr = {n: v for n, v in strides.items() if not n.endswith("_t")}
+dstr.update(stride_q_b=D, stride_k_b=D, stride_v_b=D, stride_a_b=2 * HV, stride_b_b=2 * HV,
+            stride_o_b=HV * V)
+dk = build(dec_kernel,
+    dict(state="*fp32", ring_u="*bf16", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
+         ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
+         A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
+         ring_len="*i32", flush="*i1", scale="fp32"),
+    dstr, dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, BR=16, SOFTPLUS_THRESHOLD=20.0,
+               USE_QK_L2NORM=True, MODE=0), 1)
+KEEP = re.compile(r"^(arith\.(mulf|addf|subf|divf|extf|truncf)|math\.\w+|\"tt\.reduce\"|"
+                  r"tt\.reshape|ttg\.convert_layout|tt\.expand_dims|tt\.broadcast|tt\.splat|"
+                  r"\}\) : \(tensor)")
+def seq(txt, lo=0, hi=None):
+    defs = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<\{.*?\}>)", txt, re.M))
+    out = []
+    for line in txt.splitlines()[lo:hi]:
+        line = re.sub(r"\s*loc\(.*$", "", line.strip())
+        body = line.split(" = ", 1)[1] if line.startswith("%") and " = " in line else line
+        if not KEEP.match(body) or "tensor<" not in body:
+            continue
+        if "ptr" in body or "xi32" in body or "xi1" in body:
+            continue
+        body = re.sub(r"#\w+", lambda m: defs.get(m.group(0), m.group(0)), body)
+        out.append(re.sub(r"%[\w#]+(:\d+)?", "%", body))
+    return out
+def fold_body(txt):
+    lines = txt.splitlines()
+    i_for = next(i for i, l in enumerate(lines) if "scf.for" in l and "iter_args(%b_h" in l)
+    i_yield = next(i for i, l in enumerate(lines) if i > i_for and "scf.yield" in l)
+    return seq(txt, i_for, i_yield), lines[i_for]
+ours, _ = fold_body(k.asm["ttgir"])
+dec, _ = fold_body(dk.asm["ttgir"])
+json.dump(dict(verify=ours, decode=dec), sys.stdout)
+'''
+
+
+def test_fold_codegen_matches_decode():
+    """Compile both kernels for sm_90a on any machine and compare the fold loop's TTGIR.
+
+    ``test_gdn_decode.py::test_fold_codegen_matches_sglang`` shows the decode kernel's replayed
+    record is SGLang's packed-decode step op for op (same layouts, so the same reduction trees);
+    here the verify kernel's fold loop must be the decode kernel's, op for op, so a checkpoint the
+    verify kernel folds is the one the decode path (and SGLang's packed decode) would hold.
+    Qwen3.5-4B head shape, T = 2, bf16 activations, fp32 state.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _CODEGEN_SCRIPT, "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    err = proc.stderr.lower()
+    if proc.returncode != 0 and "nvidia" in err and "backend" in err:
+        pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert len(got["decode"]) == 23, "decode fold body changed shape: re-check test_gdn_decode"
+    assert got["verify"] == got["decode"], "verify fold loop differs from gdn_replay_decode's"
