@@ -229,8 +229,8 @@ def _mamba2_replay_verify_fwd_kernel(
         # (S·Q) Dg: one column per window token.
         b_y = tl.zeros([BLOCK_P, BLOCK_T], dtype=tl.float32)
         for s in tl.static_range(BLOCK_T):
-            b_cs = tl.load(p_C_row + s * stride_C_T, mask=m_n & (s < T), other=0.0)
-            col = tl.sum(b_s * b_cs.to(tl.float32)[None, :], axis=1)
+            b_cq = tl.load(p_C_row + s * stride_C_T, mask=m_n & (s < T), other=0.0).to(tl.float32)
+            col = tl.sum(b_s * b_cq[None, :], axis=1)
             b_y = tl.where(o_t[None, :] == s, col[:, None], b_y)
         b_y = b_y * d_g[None, :]
         # History: V_h (W_h ⊙ K_hᵀQ), V_h tile [BLOCK_P, BLOCK_L].
