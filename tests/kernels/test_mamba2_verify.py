@@ -443,3 +443,74 @@ def test_gpu_nano4b_spec_cycles(state_dtype):
     rep = run_spec("kernel", NANO_4B, 4, 16, state_dtype, torch.bfloat16, active=32, pads=8,
                    steps=48, seed=600, with_z=True)
     _check(rep, state_dtype, torch.bfloat16, 4)
+
+
+# --------------------------------------------------------------------------------------------
+# Codegen: the verify fold compiles (sm_90a, no GPU needed) like selective_state_update's update
+# --------------------------------------------------------------------------------------------
+
+_CODEGEN_SCRIPT = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from replayssm_kernels.mamba2_verify import kernel as mk
+
+H, P, N, G, T = 96, 80, 128, 8, 4  # Nemotron-3-Nano-4B, L = 16, R = 20
+R = 16 + T
+cfg = mk.launch_config(P, N, R, T)
+K = mk._mamba2_replay_verify_fwd_kernel
+ptrs = dict(state_ptr="*fp32", ring_x_ptr="*bf16", ring_dt_ptr="*fp32", ring_B_ptr="*bf16",
+            x_ptr="*bf16", dt_ptr="*bf16", A_ptr="*fp32", B_ptr="*bf16", C_ptr="*bf16",
+            D_ptr="*fp32", z_ptr="*bf16", dt_bias_ptr="*fp32", out_ptr="*bf16",
+            slot_idx_ptr="*i32", ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1")
+const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_P=cfg.block_p,
+             BLOCK_N=128, BLOCK_L=cfg.block_l, BLOCK_T=cfg.block_t, NUM_PT=-(-P // cfg.block_p),
+             FOLD_UNROLL=cfg.fold_unroll)
+# Unit strides of contiguous pools become constexpr 1, as the JIT specialises them.
+ones = {"stride_state_n", "stride_rx_p", "stride_rdt_row", "stride_rB_n", "stride_x_p",
+        "stride_B_n", "stride_C_n", "stride_out_p", "stride_dt_head", "stride_A_head",
+        "stride_D_head", "stride_dt_bias_head"}
+sig, cx = {}, dict(const)
+for n in K.arg_names:
+    if n in const:
+        sig[n] = "constexpr"
+    elif n in ones:
+        sig[n], cx[n] = "constexpr", 1
+    else:
+        sig[n] = ptrs.get(n, "i32")
+k = triton.compile(ASTSource(fn=K, signature=sig, constexprs=cx),
+                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.num_warps))
+json.dump(dict(ours=k.asm["ptx"]), sys.stdout)
+"""
+
+
+def test_fold_codegen_matches_sglang():
+    """Compile the verify kernel for sm_90a (no GPU) at the Nano-4B shape and check that its fold
+    site is built exactly like SGLang 0.5.17's ``state = state * dA + dB * x[:, None]``:
+    fma(state, ex2.approx(·), mul(cvt(x), mul(Δ, B))) — the signature the decode test pins."""
+    import inspect
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from test_mamba2_decode import _update_signatures
+
+    import replayssm_kernels.mamba2_verify.kernel as k
+
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _CODEGEN_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    err = proc.stderr.lower()
+    if proc.returncode != 0 and "nvidia" in err and "backend" in err:
+        pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ptx = json.loads(proc.stdout)["ours"]
+    with open(inspect.getsourcefile(k)) as f:
+        lines = {i + 1 for i, line in enumerate(f) if "tl.fma(b_s, dA, dB" in line}
+    assert len(lines) == 1
+    got = _update_signatures(ptx, "mamba2_verify/kernel.py", lines)
+    expected = {("fma.rn.f32", "a=state", ("ex2.approx.f32",), (("mul.f32",),),
+                 (("mul.f32", ("cvt.f32.bf16", "mul.f32")),))}
+    assert got == expected, f"verify fold compiles to {got}, SGLang's update to {expected}"
