@@ -11,8 +11,9 @@ Installed by class REPLACE (``hooks/backends.py``).  What changes:
   rings, then the stock decode radix track-copy (its rows were force-flushed).
 - **Mixed chunks** (``--enable-mixed-chunk``) are refused: SGLang runs the decode rows of a MIXED
   forward through ``chunk_gated_delta_rule`` on ``temporal``, which would ignore a non-empty ring.
-- **CPU**: not supported (``cpu-serving.md`` lists the SGLang gaps: RoPE import, the model layer's
-  Triton split kernel, the backend's Triton conv); refused at startup with a message.
+- **CPU**: ``forward_extend`` / ``forward_decode`` run ``cpu.gdn`` for CPU tensors (torch conv with
+  the conv state, fp32 delta rule for extend, ring decode through ``gdn_replay_decode_ref``); the
+  model-layer Triton pieces SGLang runs outside the backend are routed to torch by ``hooks/cpu.py``.
 """
 
 from __future__ import annotations
@@ -47,11 +48,6 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
     """``GDNAttnBackend`` that decodes through the ReplaySSM rings (see the module docstring)."""
 
     def __init__(self, model_runner):
-        if torch.device(model_runner.device).type == "cpu":
-            raise ValueError(
-                "ReplaySSM: Gated DeltaNet models (Qwen3-Next / Qwen3.5) are not supported on --device cpu "
-                "(SGLang's GDN layer and backend are Triton-only); only Mamba-2 hybrids run on CPU"
-            )
         super().__init__(model_runner)
         pool = self.req_to_token_pool.mamba_pool
         if not isinstance(pool, ReplayMambaPool) or pool.replay.family != "gdn":
@@ -149,7 +145,29 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
             rows=self.rows,
         )
 
-    # ------------------------------------------------------------------ decode
+    # ------------------------------------------------------------------ forward
+
+    def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        if not (isinstance(mixed_qkv, torch.Tensor) and mixed_qkv.device.type == "cpu"):
+            return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        from sglang_replayssm.cpu.gdn import gdn_extend_cpu
+
+        if forward_batch.forward_mode.is_target_verify():
+            raise NotImplementedError("ReplaySSM CPU GDN: speculative verify is not supported")
+        if self.forward_metadata.has_mamba_track_mask:
+            raise NotImplementedError("ReplaySSM CPU GDN: mamba radix tracking (extra_buffer)")
+        layer_cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
+        return gdn_extend_cpu(
+            layer,
+            mixed_qkv=mixed_qkv,
+            a=a,
+            b=b,
+            conv_state=layer_cache.conv[0],
+            ssm_state=layer_cache.temporal,
+            slots=self.forward_metadata.mamba_cache_indices,
+            query_start_loc=self.forward_metadata.query_start_loc,
+            has_initial_state=forward_batch.extend_prefix_lens > 0,
+        )
 
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         from sglang.srt.layers.attention.linear.gdn_backend import causal_conv1d_update
@@ -164,6 +182,22 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
         ssm_states = layer_cache.temporal
         cache_indices = self.forward_metadata.mamba_cache_indices
         rings = self.pool.layer_rings(self.req_to_token_pool.mamba_map[layer.layer_id])
+        if mixed_qkv.device.type == "cpu":
+            from sglang_replayssm.cpu.gdn import gdn_decode_cpu
+
+            if forward_batch.mamba_track_mask is not None:
+                raise NotImplementedError("ReplaySSM CPU GDN: mamba radix tracking (extra_buffer)")
+            return gdn_decode_cpu(
+                layer,
+                mixed_qkv=mixed_qkv,
+                a=a,
+                b=b,
+                conv_state=conv_states,
+                ssm_state=ssm_states,
+                rings=rings,
+                step=step,
+                decode_fn=self._decode,
+            )
 
         mixed_qkv = causal_conv1d_update(
             mixed_qkv,

@@ -23,8 +23,8 @@
     backend hook fires for it), and some server options conflict with the rings.
     How: refuses to start (``ReplaySSMStartupError``) unless the target model is a supported Mamba-2
     or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, speculative decoding, unified
-    memory, PD disaggregation, and for GDN ``--device cpu`` / ``--enable-mixed-chunk``; draft model
-    configs are not checked.  Runs during ``ServerArgs`` resolution, in the launching process,
+    memory, PD disaggregation, and for GDN ``--enable-mixed-chunk`` and Qwen3.5 on ``--device cpu``;
+    draft model configs are not checked.  Runs during ``ServerArgs`` resolution, in the launching process,
     before anything is loaded (and again in each scheduler).
     Removal: never (it is the plug-in's own validation), unless SGLang grows a capability query.
 """
@@ -60,10 +60,11 @@ def _refusals(model_config, server_args) -> list[str]:
     if getattr(server_args, "disaggregation_mode", "null") not in (None, "null"):
         problems.append("prefill/decode disaggregation is not supported with --ssm-backend replay yet")
     if family == "gdn":
-        if getattr(server_args, "device", None) == "cpu":
+        text_config = type(model_config.hf_config.get_text_config()).__name__
+        if getattr(server_args, "device", None) == "cpu" and text_config != "Qwen3NextConfig":
             problems.append(
-                "Gated DeltaNet models (Qwen3-Next / Qwen3.5) do not run on --device cpu with ReplaySSM "
-                "(SGLang's GDN layer and backend are Triton-only); only Mamba-2 hybrids do"
+                f"{text_config} (Qwen3.5) does not run on --device cpu with ReplaySSM (its GDN layer's Triton "
+                "split kernel has no CPU path in the plug-in); on CPU, Qwen3-Next and Mamba-2 hybrids do"
             )
         if getattr(server_args, "enable_mixed_chunk", False):
             problems.append(
@@ -76,8 +77,8 @@ def validate_startup(result, *args, **kwargs):
     """AFTER ``ModelConfig.from_server_args(server_args, ..., is_draft_model=...)``: refuse bad setups.
 
     Refused with ``ReplaySSMStartupError``: an unsupported model family, SGLang's built-in ReplaySSM
-    flags, speculative decoding, unified memory, PD disaggregation, and (GDN) ``--device cpu`` or
-    ``--enable-mixed-chunk``.  Draft model configs are not checked.
+    flags, speculative decoding, unified memory, PD disaggregation, and (GDN)
+    ``--enable-mixed-chunk`` or Qwen3.5 on ``--device cpu``.  Draft model configs are not checked.
     """
     if getattr(result, "is_draft_model", False):
         return result

@@ -1,4 +1,7 @@
-"""End to end on CPU: real ``sglang.launch_server --device cpu --ssm-backend replay`` on the tiny Nemotron-H.
+"""End to end on CPU: real ``sglang.launch_server --device cpu --ssm-backend replay`` on the tiny models.
+
+The equality and bench_serving test runs on the tiny Nemotron-H (Mamba-2) and the tiny Qwen3-Next (GDN);
+the refusal tests on the tiny Nemotron-H.
 
 - Greedy outputs (tokens and logprobs) of concurrent requests of different lengths, each decoding
   more than 3 ring cycles at ``L = 16``, equal those of the same server at ``--replayssm-window 1``
@@ -9,7 +12,7 @@
 - Bad configurations are refused at startup with a clear message.
 
 Servers listen on 127.0.0.1 only and are killed (process group) at the end of each test.  About
-3-4 minutes on 2 cores (each server start is ~60 s of imports).
+3-4 minutes per model on 2 cores (each server start is ~60 s of imports).
 """
 
 from __future__ import annotations
@@ -84,21 +87,25 @@ def _bench_serving(url: str, tokenizer: Path, workdir: Path) -> subprocess.Compl
     )
 
 
-def test_replay_window16_equals_window1_and_bench_serving(nemotron: Path, tmp_path: Path):
+@pytest.mark.parametrize("model_name,family", [("nemotron_h_tiny", "mamba2"), ("qwen3_next_tiny", "gdn")])
+def test_replay_window16_equals_window1_and_bench_serving(
+    model_name: str, family: str, tmp_path: Path, tmp_path_factory
+):
+    model = make_model.materialize(model_name, tmp_path_factory.mktemp("models") / model_name)
     results = {}
     for window in (16, 1):
         # A small chunked-prefill size makes the 130- and 300-token prompts prefill in chunks, the
         # 130-token one ending with a one-token chunk (130 = 43 + 43 + 43 + 1).
         args = ["--ssm-backend", "replay", "--replayssm-window", str(window), "--chunked-prefill-size", "43"]
         log = tmp_path / f"server_L{window}.log"
-        with srv.server(nemotron, args, log) as url:
+        with srv.server(model, args, log) as url:
             results[window] = _workload(url)
             if window == 16:
-                bench = _bench_serving(url, nemotron, tmp_path)
+                bench = _bench_serving(url, model, tmp_path)
                 assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
                 assert "Successful requests:                     8" in bench.stdout, bench.stdout[-3000:]
         text = log.read_text()
-        assert "ReplaySSM rings are allocated" in text and f"window L={window}" in text
+        assert f"ReplaySSM rings are allocated. family={family}" in text and f"window L={window}" in text
     assert results[16]["radix"][2] > 0, "expected a radix-cache hit"
     for key, (toks16, lps16, _) in results[16].items():
         toks1, lps1, _ = results[1][key]

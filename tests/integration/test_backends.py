@@ -75,7 +75,7 @@ def test_ssu_hook_refuses_speculative_verify():
         mamba2._ACTIVE = None
 
 
-def _gdn_backend(window: int, monkeypatch):
+def _gdn_backend(window: int):
     """A ReplayGDNAttnBackend without SGLang's constructor (it needs a model runner), on CPU."""
     import replayssm_kernels
 
@@ -83,10 +83,7 @@ def _gdn_backend(window: int, monkeypatch):
     from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
     from tests.integration.test_pool import SIZE, _params
 
-    import sglang.srt.layers.attention.linear.gdn_backend as gb
-
-    # SGLang's conv update is Triton; the GDN decode path only needs it to return the mixed qkv.
-    monkeypatch.setattr(gb, "causal_conv1d_update", lambda x, *a, **k: x, raising=False)
+    # CPU tensors: forward_decode runs the plug-in's torch path (cpu.gdn: conv update + ring decode).
     pool = ReplayMambaPool(
         replay=ReplayPoolSpec(family="gdn", window=window, act_dtype=torch.float32),
         size=SIZE, spec_state_size=SIZE, cache_params=_params("gdn"), mamba_layer_ids=[0, 2, 4], device="cpu",
@@ -103,10 +100,11 @@ def _gdn_backend(window: int, monkeypatch):
     return be, pool
 
 
-def test_gdn_decode_window4_matches_window1(monkeypatch):
-    """Seven decode steps of two requests through forward_decode: L=4 (two ring cycles) == L=1."""
+def test_gdn_decode_window4_matches_window1():
+    """Seven decode steps of two requests through forward_decode (CPU path): L=4 (two ring cycles) == L=1."""
     HV, V, Hk, K = 4, 8, 2, 8
-    layer = SimpleNamespace(layer_id=2, conv_weights=None, bias=None, activation="silu", q_dim=Hk * K,
+    conv_weights = 0.5 * torch.randn(2 * Hk * K + HV * V, 4, generator=torch.Generator().manual_seed(2))
+    layer = SimpleNamespace(layer_id=2, conv_weights=conv_weights, bias=None, activation="silu", q_dim=Hk * K,
                             k_dim=Hk * K, v_dim=HV * V, num_q_heads=Hk, head_q_dim=K, num_k_heads=Hk,
                             head_k_dim=K, num_v_heads=HV, head_v_dim=V,
                             A_log=torch.log(torch.linspace(0.5, 2.0, HV)), dt_bias=torch.full((HV,), -2.0))
@@ -115,7 +113,7 @@ def test_gdn_decode_window4_matches_window1(monkeypatch):
               torch.randn(2, HV, generator=g)) for _ in range(7)]
     outs = {}
     for window in (4, 1):
-        be, pool = _gdn_backend(window, monkeypatch)
+        be, pool = _gdn_backend(window)
         pool.mamba_cache.temporal.copy_(0.1 * torch.randn(pool.mamba_cache.temporal.shape, generator=g.manual_seed(1)))
         slots = torch.tensor([3, 5], dtype=torch.int32)
         res = []
@@ -123,7 +121,7 @@ def test_gdn_decode_window4_matches_window1(monkeypatch):
             be.forward_metadata = SimpleNamespace(mamba_cache_indices=slots)
             be._step = build_eager(cursors=pool.cursors, slot_idx=slots, num_prefills=0, num_decodes=2,
                                    track_mask=None, window=window, rows=be.rows)
-            o = be.forward_decode(layer, SimpleNamespace(), qkv, a, b)
+            o = be.forward_decode(layer, SimpleNamespace(mamba_track_mask=None), qkv, a, b)
             assert o.shape == (1, 2, HV, V)
             res.append(o)
         outs[window] = (torch.stack(res), pool.mamba_cache.temporal[1, 3].clone(), pool.cursors.clone())

@@ -158,11 +158,29 @@ def _nemotron_h_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
     return w
 
 
-def _qwen3_next_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
-    """Qwen3-Next (GDN + gated full attention, MoE MLP), in the split checkpoint names SGLang maps.
+def _pack_qkvzba(
+    qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, hk: int, dk: int, dv: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3-Next's packed in-projections: per key head ``[q | k | v (r heads) | z (r heads)]`` and
+    ``[b (r) | a (r)]``, ``r = HV / Hk``, from ``qkv = [all q | all k | all v]``, ``z``, ``b``, ``a``."""
+    d = qkv.shape[1]
+    q, k, v = torch.split(qkv, [hk * dk, hk * dk, z.shape[0]], dim=0)
+    r = z.shape[0] // (hk * dv)
+    qkvz = torch.cat(
+        [q.view(hk, dk, d), k.view(hk, dk, d), v.view(hk, r * dv, d), z.view(hk, r * dv, d)], dim=1
+    ).reshape(-1, d)
+    ba = torch.cat([b.view(hk, r, d), a.view(hk, r, d)], dim=1).reshape(-1, d)
+    return qkvz, ba
 
-    The in-projection is written as ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` / ``in_proj_a``
-    (the loader stacks them); with random weights the packing order is immaterial.
+
+def _qwen3_next_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
+    """Qwen3-Next (GDN + gated full attention, MoE MLP), in Qwen3-Next's checkpoint layout.
+
+    The GDN in-projections are the packed ``in_proj_qkvz`` / ``in_proj_ba`` of the released Qwen3-Next
+    checkpoints (``_pack_qkvzba``).  SGLang 0.5.17 cannot load the split names ``in_proj_qkv`` /
+    ``in_proj_z`` for ``Qwen3NextForCausalLM`` with unquantized weights: its stacked mapping passes the
+    shard id ``(0, 1, 2)``, which ``MergedColumnParallelLinear.weight_loader`` refuses
+    (``NotImplementedError: Shard id with multiple indices``).
     """
     d, v = cfg["hidden_size"], cfg["vocab_size"]
     hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
@@ -194,10 +212,11 @@ def _qwen3_next_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
         w[f"{pre}.mlp.shared_expert_gate.weight"] = gen.linear(1, d)
         if (i + 1) % interval:
             la = f"{pre}.linear_attn"
-            w[f"{la}.in_proj_qkv.weight"] = gen.linear(conv_dim, d)
-            w[f"{la}.in_proj_z.weight"] = gen.linear(value_dim, d)
-            w[f"{la}.in_proj_b.weight"] = gen.linear(hv, d)
-            w[f"{la}.in_proj_a.weight"] = gen.linear(hv, d, gain=0.5)
+            qkv = gen.linear(conv_dim, d)
+            z = gen.linear(value_dim, d)
+            b = gen.linear(hv, d)
+            a = gen.linear(hv, d, gain=0.5)
+            w[f"{la}.in_proj_qkvz.weight"], w[f"{la}.in_proj_ba.weight"] = _pack_qkvzba(qkv, z, b, a, hk, dk, dv)
             w[f"{la}.conv1d.weight"] = gen.normal(conv_dim, 1, kconv, std=0.6 / math.sqrt(kconv))
             w[f"{la}.A_log"] = torch.log(gen.uniform(hv, lo=0.5, hi=4.0))
             w[f"{la}.dt_bias"] = _inv_softplus(gen.uniform(hv, lo=0.01, hi=0.08))
@@ -239,10 +258,11 @@ def _qwen3_5_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
         w[f"{pre}.mlp.down_proj.weight"] = gen.linear(d, f, gain=0.5)
         if (i + 1) % interval:
             la = f"{pre}.linear_attn"
-            w[f"{la}.in_proj_qkv.weight"] = gen.linear(conv_dim, d)
-            w[f"{la}.in_proj_z.weight"] = gen.linear(value_dim, d)
-            w[f"{la}.in_proj_b.weight"] = gen.linear(hv, d)
-            w[f"{la}.in_proj_a.weight"] = gen.linear(hv, d, gain=0.5)
+            qkv = gen.linear(conv_dim, d)
+            z = gen.linear(value_dim, d)
+            b = gen.linear(hv, d)
+            a = gen.linear(hv, d, gain=0.5)
+            w[f"{la}.in_proj_qkvz.weight"], w[f"{la}.in_proj_ba.weight"] = _pack_qkvzba(qkv, z, b, a, hk, dk, dv)
             w[f"{la}.conv1d.weight"] = gen.normal(conv_dim, 1, kconv, std=0.6 / math.sqrt(kconv))
             w[f"{la}.A_log"] = torch.log(gen.uniform(hv, lo=0.5, hi=4.0))
             w[f"{la}.dt_bias"] = _inv_softplus(gen.uniform(hv, lo=0.01, hi=0.08))
