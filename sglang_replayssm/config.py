@@ -1,6 +1,6 @@
 """The one ReplaySSM configuration of a server, and how every process of that server reads it.
 
-The command line (``--ssm-backend``, ``--replayssm-window``; see ``hooks/args.py``) or the user sets
+The command line (``--ssm-backend``, ``--replayssm-window``, ``--replayssm-verify``; see ``hooks/args.py``) or the user sets
 one environment variable, ``SGLANG_REPLAYSSM_CONFIG``, holding this configuration as JSON.  SGLang
 spawns its scheduler and TP worker processes with the ``spawn`` start method; they inherit the
 environment (the pickled ``ServerArgs`` carries SGLang's own fields only), and the plug-in's
@@ -9,7 +9,7 @@ the same answer in every process of one server.
 
 | variable | value | unset |
 |---|---|---|
-| ``SGLANG_REPLAYSSM_CONFIG`` | JSON object with any of the keys ``backend``, ``window`` | ``ReplaySSMConfig()`` |
+| ``SGLANG_REPLAYSSM_CONFIG`` | JSON object with any of the keys ``backend``, ``window``, ``verify`` | ``ReplaySSMConfig()`` |
 
 Example: ``SGLANG_REPLAYSSM_CONFIG='{"backend": "replay", "window": 8}'`` (the way to configure an
 in-process ``sglang.Engine(**kwargs)``, which has no command line).
@@ -23,10 +23,11 @@ import os
 from collections.abc import Mapping, MutableMapping
 from typing import Self
 
-__all__ = ["BACKENDS", "ENV_VAR", "ReplaySSMConfig"]
+__all__ = ["BACKENDS", "ENV_VAR", "VERIFY_MODES", "ReplaySSMConfig"]
 
 ENV_VAR = "SGLANG_REPLAYSSM_CONFIG"
 BACKENDS: tuple[str, ...] = ("default", "replay")
+VERIFY_MODES: tuple[str, ...] = ("auto", "replay", "snapshot")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,6 +42,9 @@ class ReplaySSMConfig:
     window : int
         Ring window ``L >= 1``: decode flushes the ring into the checkpoint every ``L`` steps.
         ``L = 1`` is the conventional update.  Ignored by ``backend="default"``.
+    verify : str
+        Speculative verify path: ``"auto"`` (per batch bucket and draft length, ``heuristic.py``),
+        ``"replay"`` or ``"snapshot"`` (SGLang's own).  Ignored without speculative decoding.
 
     Raises
     ------
@@ -50,6 +54,7 @@ class ReplaySSMConfig:
 
     backend: str = "default"
     window: int = 16
+    verify: str = "auto"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -60,6 +65,10 @@ class ReplaySSMConfig:
             )
         if self.window < 1:
             raise ValueError(f"replayssm window L: expected an integer >= 1, got {self.window}")
+        if self.verify not in VERIFY_MODES:
+            raise ValueError(
+                f"replayssm verify: expected one of {', '.join(VERIFY_MODES)}, got {self.verify!r}"
+            )
 
     def to_env(self) -> str:
         """Return the JSON value of ``SGLANG_REPLAYSSM_CONFIG`` for this configuration."""
@@ -72,7 +81,7 @@ class ReplaySSMConfig:
         Parameters
         ----------
         value : str
-            A JSON object with any of the keys ``backend`` and ``window``; missing keys take their
+            A JSON object with any of the keys ``backend``, ``window`` and ``verify``; missing keys take their
             defaults.
 
         Returns

@@ -1,4 +1,4 @@
-"""The plug-in's two server flags, ``--ssm-backend`` and ``--replayssm-window``.
+"""The plug-in's server flags, ``--ssm-backend``, ``--replayssm-window`` and ``--replayssm-verify``.
 
 SGLang's ``ServerArgs`` is a dataclass that a plug-in cannot add fields to, and
 ``ServerArgs.from_cli_args`` keeps only its own fields.  So the flags live beside it:
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_replayssm import patching
-from sglang_replayssm.config import BACKENDS, ReplaySSMConfig
+from sglang_replayssm.config import BACKENDS, VERIFY_MODES, ReplaySSMConfig
 from sglang_replayssm.errors import ReplaySSMStartupError
 from sglang_replayssm.hooks import HookSpec
 
@@ -46,7 +46,7 @@ def _window(text: str) -> int:
 
 
 def add_flags(result: None, parser: argparse.ArgumentParser) -> None:
-    """AFTER hook on the staticmethod ``ServerArgs.add_cli_args(parser)``: add the two flags.
+    """AFTER hook on the staticmethod ``ServerArgs.add_cli_args(parser)``: add the flags.
 
     Parameters
     ----------
@@ -77,6 +77,15 @@ def add_flags(result: None, parser: argparse.ArgumentParser) -> None:
         help="ReplaySSM ring window: the state checkpoint is rewritten once every L decode steps "
         "(L >= 1; L = 1 is the conventional update). Only used with --ssm-backend replay. Default: %(default)s.",
     )
+    group.add_argument(
+        "--replayssm-verify",
+        choices=VERIFY_MODES,
+        default=defaults.verify,
+        help="Speculative verify path with --ssm-backend replay. 'auto': per CUDA-graph batch bucket and "
+        "draft length, replay verify where SGLang's snapshot verify is memory-bandwidth-bound, else "
+        "snapshot; tree drafts (--speculative-eagle-topk > 1) always use snapshot. 'replay' / "
+        "'snapshot' force one path. Default: %(default)s.",
+    )
 
 
 def config_from_namespace(args: argparse.Namespace) -> ReplaySSMConfig | None:
@@ -106,7 +115,12 @@ def config_from_namespace(args: argparse.Namespace) -> ReplaySSMConfig | None:
             f"{'ssm_backend' if present[0] else 'replayssm_window'}"
         )
     try:
-        return ReplaySSMConfig(backend=args.ssm_backend, window=args.replayssm_window)
+        return ReplaySSMConfig(
+            backend=args.ssm_backend,
+            window=args.replayssm_window,
+            # absent from a namespace built by hand before this flag existed: keep the env/default
+            verify=getattr(args, "replayssm_verify", None) or _env_config().verify,
+        )
     except ValueError as exc:
         raise ReplaySSMStartupError(str(exc)) from None
 

@@ -29,6 +29,7 @@ def test_defaults() -> None:
         ({"window": True}, "window L: expected an integer >= 1, got bool True"),
         ({"window": "8"}, "window L: expected an integer >= 1, got str '8'"),
         ({"window": 8.0}, "window L: expected an integer >= 1, got float 8.0"),
+        ({"verify": "fast"}, "replayssm verify: expected one of auto, replay, snapshot, got 'fast'"),
     ],
 )
 def test_invalid_fields_are_rejected_with_expected_and_actual(fields: dict, message: str) -> None:
@@ -63,7 +64,7 @@ def test_partial_env_value_keeps_other_defaults() -> None:
     [
         ("{oops", "expected a JSON object, got '{oops'"),
         ("[1, 2]", "expected a JSON object, got list"),
-        ('{"L": 3}', r"expected keys among \['backend', 'window'\], got unknown \['L'\]"),
+        ('{"L": 3}', r"expected keys among \['backend', 'verify', 'window'\], got unknown \['L'\]"),
         ('{"window": 0}', "window L: expected an integer >= 1, got 0"),
     ],
 )
@@ -116,6 +117,24 @@ def test_env_value_is_the_flags_default(stock_sglang: None, monkeypatch: pytest.
     assert (args.ssm_backend, args.replayssm_window) == ("default", 4)
     args = _server_parser().parse_args(["--model-path", "m", "--replayssm-window", "2"])
     assert args.replayssm_window == 2
+
+
+def test_verify_flag_reaches_the_config(stock_sglang: None, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from sglang.srt.plugins import load_plugins
+
+    from sglang_replayssm.hooks.args import config_from_namespace
+
+    load_plugins()
+    args = _server_parser().parse_args(["--model-path", "m"])
+    assert config_from_namespace(args).verify == "auto"
+    args = _server_parser().parse_args(["--model-path", "m", "--replayssm-verify", "snapshot"])
+    assert config_from_namespace(args) == ReplaySSMConfig(verify="snapshot")
+    monkeypatch.setenv(ENV_VAR, '{"verify": "replay"}')
+    assert _server_parser().parse_args(["--model-path", "m"]).replayssm_verify == "replay"
+    with pytest.raises(SystemExit):
+        _server_parser().parse_args(["--model-path", "m", "--replayssm-verify", "fast"])
+    assert "argument --replayssm-verify: invalid choice: 'fast'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,494 @@
+"""Replay verify or SGLang's snapshot verify: one choice per CUDA-graph batch bucket and draft length.
+
+Speculative verify of ``T`` tokens can run two ways for a hybrid SSM layer:
+
+- **snapshot** (SGLang 0.5.17 stock): the verify kernel reads the state ``S`` and writes one state
+  per draft token into ``intermediate_ssm``; the commit copies the accepted one back into
+  ``temporal`` (read + write ``S``): ``(3 + T)·S + T·I`` bytes per layer and request (math.md §11).
+- **replay** (ours): read ``S`` and the ring history, write ``T`` ring records, write ``S`` only on a
+  flush step: ``S + S/F + (h̄ + T)·r + T·r + T·I`` with ``F`` the flush period and ``h̄`` the mean
+  history (below).
+
+The replay path moves far fewer bytes, but does more arithmetic per byte and has the same launch
+count, so it only pays where the snapshot path is **bandwidth-bound**.  The rule, per bucket (batch
+size ``bs``) and ``T``:
+
+1. tree drafts (``topk > 1``): snapshot (the chunkwise verify is valid for linear chains only);
+2. ``--replayssm-verify replay`` / ``snapshot``: that path (the override);
+3. otherwise (``auto``), from the times ``t_snap``, ``t_replay`` of one verify step of the whole
+   bucket (all SSM layers) and the bytes ``B_snap``, ``B_replay`` the byte model says they move,
+   the achieved bandwidth utilisation ``u = B / t / peak``:
+
+   - ``u_snap < BANDWIDTH_BOUND`` (0.5): the snapshot path is latency/launch-bound; snapshot;
+   - else replay iff ``t_replay * MIN_SPEEDUP <= t_snap`` (``MIN_SPEEDUP = 1.05``); else snapshot.
+
+   The times come from a short timed probe on CUDA (``probe(bs, T) -> Timing``, supplied by the
+   integration).  Without a probe (CPU), or when the probe fails or returns unusable numbers, the
+   times are predicted from the byte model alone: ``t = layers · launch_s + B / peak`` (the log
+   line says ``source=byte-model`` and why).
+
+Every decision is logged, one line per bucket, with the numbers behind it, and cached in a JSON
+file keyed by device, shape, ``T``, bucket and versions (SGLang, sglang-replayssm, this rule), so a
+restart on the same GPU and model re-uses it without probing.  Overrides and tree drafts are not
+cached (they need no probe).
+
+Nothing here imports SGLang or touches a GPU unless a CUDA probe / ``cuda_device_profile`` is called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+import torch
+
+from sglang_replayssm.config import VERIFY_MODES
+from sglang_replayssm.errors import ReplaySSMStartupError
+from sglang_replayssm.sizing import ring_spec
+
+__all__ = [
+    "BANDWIDTH_BOUND",
+    "HEURISTIC_VERSION",
+    "MIN_SPEEDUP",
+    "VERIFY_MODES",
+    "Decision",
+    "DecisionCache",
+    "DeviceProfile",
+    "Timing",
+    "VerifyShape",
+    "check_verify_mode",
+    "cpu_device_profile",
+    "cuda_device_profile",
+    "decide",
+    "decide_buckets",
+    "replay_verify_bytes",
+    "snapshot_verify_bytes",
+    "time_cuda",
+    "verify_shape",
+]
+
+logger = logging.getLogger(__name__)
+
+HEURISTIC_VERSION = 1
+BANDWIDTH_BOUND = 0.5
+"""Achieved / peak bandwidth of the snapshot path at or above which it counts as bandwidth-bound."""
+MIN_SPEEDUP = 1.05
+"""The replay path must be at least this much faster (measured or predicted) to be chosen."""
+CACHE_ENV_VAR = "SGLANG_REPLAYSSM_VERIFY_CACHE"
+
+
+# --------------------------------------------------------------------------------------------------
+# Byte model (math.md §11, per layer and request)
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VerifyShape:
+    """The per-layer sizes the byte model needs, for one rank.
+
+    Attributes
+    ----------
+    family : str
+        ``"mamba2"`` or ``"gdn"``.
+    state_bytes : int
+        ``S``: one request's temporal state of one layer.
+    record_bytes : int
+        ``r``: one ring record (one token) of one layer (``sizing.ring_spec``).
+    io_bytes : int
+        ``I``: one token's kernel inputs and output of one layer.
+    num_layers : int
+        SSM layers on this rank.
+    window : int
+        Decode window ``L``.
+    """
+
+    family: str
+    state_bytes: int
+    record_bytes: int
+    io_bytes: int
+    num_layers: int
+    window: int
+
+    def key(self) -> str:
+        return (
+            f"{self.family}:S{self.state_bytes}:r{self.record_bytes}:I{self.io_bytes}"
+            f":layers{self.num_layers}:L{self.window}"
+        )
+
+
+def verify_shape(
+    *,
+    family: str,
+    temporal_shape: tuple[int, int, int],
+    conv_dim: int,
+    num_k_heads: int,
+    num_layers: int,
+    window: int,
+    state_dtype: torch.dtype,
+    act_dtype: torch.dtype,
+) -> VerifyShape:
+    """Build a ``VerifyShape`` from SGLang's per-rank state shape (as ``sizing.ring_spec`` takes it)."""
+    spec = ring_spec(
+        family=family, temporal_shape=temporal_shape, conv_dim=conv_dim, num_k_heads=num_k_heads,
+        num_layers=num_layers, window=window, act_dtype=act_dtype,
+    )
+    a_b = act_dtype.itemsize
+    h, p, n = temporal_shape
+    state = h * p * n * state_dtype.itemsize
+    record = spec.bytes_per_slot_layer // spec.rows
+    if family == "mamba2":
+        g = (conv_dim - h * p) // (2 * n)
+        io = 2 * h * p * a_b + h * a_b + 2 * g * n * a_b  # x, out, dt, B, C
+    else:
+        hv, v, k = temporal_shape
+        io = (2 * num_k_heads * k + 2 * hv * v) * a_b + 2 * hv * a_b  # q, k, v, out, a, b
+    return VerifyShape(
+        family=family, state_bytes=state, record_bytes=record, io_bytes=io, num_layers=num_layers,
+        window=window,
+    )
+
+
+def snapshot_verify_bytes(shape: VerifyShape, num_tokens: int) -> float:
+    """SGLang 0.5.17's snapshot verify + commit copy, per layer and request: ``(3 + T)·S + T·I``."""
+    return (3 + num_tokens) * shape.state_bytes + num_tokens * shape.io_bytes
+
+
+def replay_verify_bytes(shape: VerifyShape, num_tokens: int, accepted: float | None = None) -> float:
+    """Replay verify + commit, per layer and request: ``S + S/F + (h̄ + T)·r + T·r + T·I``.
+
+    With the flush rule "flush when ``len + T > L``" (kernels/README.md) and ``a`` accepted tokens per
+    step, a flush leaves ``len = a`` and the history grows by ``a`` up to ``L − T``: the flush period
+    is ``F = max(L − T, 0)/a + 1`` and the mean history ``h̄ = (a + max(L − T, a))/2``.  ``a``
+    defaults to ``T`` (every draft accepted): the most frequent flushes, the upper bound.
+    """
+    t = num_tokens
+    a = float(t if accepted is None else accepted)
+    if not 1 <= a <= t:
+        raise ValueError(f"accepted: expected 1 <= a <= T={t}, got {a}")
+    slack = max(shape.window - t, 0)
+    flush_period = slack / a + 1
+    history = (a + max(slack, a)) / 2
+    r = shape.record_bytes
+    s = shape.state_bytes
+    return s + s / flush_period + (history + t) * r + t * r + t * shape.io_bytes
+
+
+# --------------------------------------------------------------------------------------------------
+# Device and timings
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeviceProfile:
+    """What the rule needs to know of the device.
+
+    Attributes
+    ----------
+    name : str
+        Cache key part, e.g. ``"cuda:NVIDIA H200"`` or ``"cpu"``.
+    kind : str
+        ``"cuda"`` (timed probes allowed) or ``"cpu"`` (byte model only).
+    peak_bytes_per_s : float
+        Peak (copy) bandwidth: the denominator of the utilisation.
+    launch_s : float
+        Fixed cost per layer and verify step, used only when predicting times from the byte model.
+    peak_source : str
+        How ``peak_bytes_per_s`` was obtained (logged).
+    """
+
+    name: str
+    kind: str
+    peak_bytes_per_s: float
+    launch_s: float
+    peak_source: str
+
+
+def cpu_device_profile(peak_bytes_per_s: float = 50e9, launch_s: float = 20e-6) -> DeviceProfile:
+    """A nominal CPU profile (no measurement: decisions on CPU come from the byte model alone)."""
+    return DeviceProfile(name="cpu", kind="cpu", peak_bytes_per_s=peak_bytes_per_s, launch_s=launch_s,
+                         peak_source="nominal")
+
+
+def time_cuda(fn: Callable[[], object], *, warmup: int = 3, iters: int = 10) -> float:
+    """Mean seconds per call of ``fn`` on the current CUDA stream (CUDA events; syncs)."""
+    for _ in range(warmup):
+        fn()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def cuda_device_profile(device: torch.device | int | None = None, *, probe_bytes: int = 1 << 30,
+                        launch_s: float = 5e-6) -> DeviceProfile:
+    """Measure the device-to-device copy bandwidth of a CUDA device (``probe_bytes`` read + written)."""
+    index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index or 0
+    props = torch.cuda.get_device_properties(index)
+    with torch.cuda.device(index):
+        src = torch.empty(probe_bytes // 2, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        seconds = time_cuda(lambda: dst.copy_(src))
+        del src, dst
+    return DeviceProfile(name=f"cuda:{props.name}", kind="cuda", peak_bytes_per_s=probe_bytes / seconds,
+                         launch_s=launch_s, peak_source="measured copy")
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Seconds of one verify step of a whole bucket (all SSM layers), per path."""
+
+    snapshot_s: float
+    replay_s: float
+
+    def usable(self) -> bool:
+        return all(math.isfinite(t) and t > 0 for t in (self.snapshot_s, self.replay_s))
+
+
+Probe = Callable[[int, int], Timing]
+"""``probe(batch_size, num_tokens) -> Timing``: times both verify paths on the device (CUDA only)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# The decision
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decision:
+    """One bucket's choice and the numbers behind it."""
+
+    batch_size: int
+    num_tokens: int
+    path: str  # "replay" or "snapshot"
+    reason: str
+    source: str  # "measured", "byte-model", "override", "tree", "cached ..."
+    snapshot_bytes: float
+    replay_bytes: float
+    snapshot_s: float
+    replay_s: float
+    snapshot_util: float
+    replay_util: float
+
+    def log_line(self) -> str:
+        return (
+            f"ReplaySSM verify bs={self.batch_size} T={self.num_tokens}: {self.path} ({self.reason}; "
+            f"source={self.source}; snapshot {self.snapshot_bytes / 1e6:.3f} MB "
+            f"{self.snapshot_s * 1e6:.1f} us util {self.snapshot_util:.2f}, replay "
+            f"{self.replay_bytes / 1e6:.3f} MB {self.replay_s * 1e6:.1f} us util {self.replay_util:.2f})"
+        )
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, fields: Mapping) -> Decision:
+        return cls(**fields)
+
+
+def check_verify_mode(mode: str, topk: int) -> None:
+    """Refuse (``ReplaySSMStartupError``) an unknown mode, or ``replay`` forced on tree drafts."""
+    if mode not in VERIFY_MODES:
+        raise ReplaySSMStartupError(
+            f"--replayssm-verify: expected one of {', '.join(VERIFY_MODES)}, got {mode!r}"
+        )
+    if mode == "replay" and topk > 1:
+        raise ReplaySSMStartupError(
+            f"--replayssm-verify replay cannot serve tree drafts (--speculative-eagle-topk {topk} > 1): the "
+            "chunkwise replay verify is valid for linear draft chains only; use auto or snapshot"
+        )
+
+
+def decide(
+    batch_size: int,
+    num_tokens: int,
+    shape: VerifyShape,
+    device: DeviceProfile,
+    *,
+    mode: str = "auto",
+    topk: int = 1,
+    timing: Timing | None = None,
+    fallback_note: str = "",
+) -> Decision:
+    """Choose the verify path of one bucket (see the module docstring for the rule).
+
+    Parameters
+    ----------
+    batch_size, num_tokens : int
+        The CUDA-graph bucket ``bs`` and draft length ``T`` (tokens verified per request).
+    shape, device : VerifyShape, DeviceProfile
+    mode : str
+        ``--replayssm-verify``.
+    topk : int
+        ``--speculative-eagle-topk``; ``> 1`` is a tree draft.
+    timing : Timing, optional
+        Measured times of both paths; ``None`` (or unusable numbers) predicts them from the byte model.
+    fallback_note : str
+        Why ``timing`` is missing (logged), e.g. ``"no CUDA"``.
+    """
+    check_verify_mode(mode, topk)
+    if batch_size < 1 or num_tokens < 1:
+        raise ValueError(f"expected batch_size >= 1 and num_tokens >= 1, got {batch_size}, {num_tokens}")
+    scale = batch_size * shape.num_layers
+    b_snap = snapshot_verify_bytes(shape, num_tokens) * scale
+    b_replay = replay_verify_bytes(shape, num_tokens) * scale
+    if timing is not None and timing.usable():
+        source = "measured"
+        t_snap, t_replay = timing.snapshot_s, timing.replay_s
+    else:
+        if timing is not None:
+            fallback_note = f"unusable probe times {timing.snapshot_s!r}/{timing.replay_s!r}"
+        source = "byte-model" + (f" ({fallback_note})" if fallback_note else "")
+        fixed = shape.num_layers * device.launch_s
+        t_snap = fixed + b_snap / device.peak_bytes_per_s
+        t_replay = fixed + b_replay / device.peak_bytes_per_s
+    u_snap = b_snap / t_snap / device.peak_bytes_per_s
+    u_replay = b_replay / t_replay / device.peak_bytes_per_s
+
+    if topk > 1:
+        path, reason, source = "snapshot", f"tree drafts (topk={topk}) use the snapshot path", "tree"
+    elif mode != "auto":
+        path, reason, source = mode, f"override --replayssm-verify {mode}", "override"
+    elif u_snap < BANDWIDTH_BOUND:
+        path = "snapshot"
+        reason = f"snapshot path not bandwidth-bound (util {u_snap:.2f} < {BANDWIDTH_BOUND})"
+    elif t_replay * MIN_SPEEDUP <= t_snap:
+        path = "replay"
+        reason = (f"snapshot path bandwidth-bound (util {u_snap:.2f} >= {BANDWIDTH_BOUND}) and replay "
+                  f"{t_snap / t_replay:.2f}x faster")
+    else:
+        path = "snapshot"
+        reason = (f"replay not faster enough ({t_snap / t_replay:.2f}x < {MIN_SPEEDUP}x) although the "
+                  f"snapshot path is bandwidth-bound (util {u_snap:.2f})")
+    return Decision(
+        batch_size=batch_size, num_tokens=num_tokens, path=path, reason=reason, source=source,
+        snapshot_bytes=b_snap, replay_bytes=b_replay, snapshot_s=t_snap, replay_s=t_replay,
+        snapshot_util=u_snap, replay_util=u_replay,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Cache
+# --------------------------------------------------------------------------------------------------
+
+
+def _versions() -> str:
+    from sglang_replayssm import __version__
+
+    try:
+        from importlib.metadata import version
+
+        sglang_version = version("sglang")
+    except Exception:  # noqa: BLE001 -- a missing distribution only weakens the key
+        sglang_version = "unknown"
+    return f"sglang{sglang_version}:replayssm{__version__}:rule{HEURISTIC_VERSION}"
+
+
+def default_cache_path() -> Path:
+    """``$SGLANG_REPLAYSSM_VERIFY_CACHE``, else ``~/.cache/sglang_replayssm/verify_decisions.json``."""
+    value = os.environ.get(CACHE_ENV_VAR)
+    if value:
+        return Path(value)
+    return Path.home() / ".cache" / "sglang_replayssm" / "verify_decisions.json"
+
+
+class DecisionCache:
+    """Decisions of ``auto`` mode in a JSON file, keyed by device, shape, T, bucket and versions.
+
+    An unreadable or malformed file is treated as empty (and rewritten); writes are atomic.
+    """
+
+    def __init__(self, path: str | os.PathLike, versions: str | None = None) -> None:
+        self.path = Path(path)
+        self.versions = _versions() if versions is None else versions
+
+    def key(self, device: DeviceProfile, shape: VerifyShape, batch_size: int, num_tokens: int) -> str:
+        return f"{device.name}|{shape.key()}|T{num_tokens}|bs{batch_size}|{self.versions}"
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, key: str) -> Decision | None:
+        fields = self._read().get(key)
+        if not isinstance(fields, dict):
+            return None
+        try:
+            return Decision.from_json(fields)
+        except TypeError:
+            return None
+
+    def put_many(self, entries: Mapping[str, Decision]) -> None:
+        data = self._read()
+        data.update({key: decision.to_json() for key, decision in entries.items()})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+
+def decide_buckets(
+    buckets: Iterable[int],
+    num_tokens: int,
+    shape: VerifyShape,
+    device: DeviceProfile,
+    *,
+    mode: str = "auto",
+    topk: int = 1,
+    probe: Probe | None = None,
+    cache: DecisionCache | None = None,
+    log: logging.Logger = logger,
+) -> dict[int, Decision]:
+    """Decide every bucket, logging one line each; re-use and fill ``cache`` in ``auto`` mode.
+
+    The probe runs only when ``device.kind == "cuda"``; on CPU the byte model decides and the log says
+    so.  A probe that raises falls back to the byte model for that bucket (logged, not cached).
+    """
+    check_verify_mode(mode, topk)
+    if topk > 1:
+        log.info("ReplaySSM verify: tree drafts (--speculative-eagle-topk %d > 1) go to SGLang's snapshot "
+                 "verify for every bucket", topk)
+    decisions: dict[int, Decision] = {}
+    fresh: dict[str, Decision] = {}
+    cacheable = mode == "auto" and topk <= 1
+    for bs in sorted(set(buckets)):
+        key = cache.key(device, shape, bs, num_tokens) if cache is not None else None
+        cached = cache.get(key) if cacheable and cache is not None else None
+        if cached is not None:
+            decision = dataclasses.replace(cached, source=f"cached {cached.source}")
+        else:
+            timing, note, store = None, "", cacheable
+            if not cacheable:
+                pass
+            elif device.kind != "cuda":
+                note = "no CUDA: byte model only"
+            elif probe is None:
+                note = "no probe"
+            else:
+                try:
+                    timing = probe(bs, num_tokens)
+                except Exception as exc:  # noqa: BLE001 -- any probe failure falls back, logged
+                    note, store = f"probe failed: {type(exc).__name__}: {exc}", False
+            decision = decide(bs, num_tokens, shape, device, mode=mode, topk=topk, timing=timing,
+                              fallback_note=note)
+            # CUDA: only measured decisions are cached (a later start probes again); CPU: byte model.
+            if store and key is not None and (decision.source == "measured" or device.kind != "cuda"):
+                fresh[key] = decision
+        decisions[bs] = decision
+        log.info("%s", decision.log_line())
+    if cache is not None and fresh:
+        cache.put_many(fresh)
+    return decisions

@@ -1,0 +1,197 @@
+"""The verify-path heuristic (``sglang_replayssm.heuristic``) with synthetic timings: the rule, the
+fallbacks (latency-bound snapshot, replay not faster, no CUDA, failing or unusable probe), the
+override, tree drafts, one log line per bucket, and the decision cache."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from sglang_replayssm import heuristic as h
+from sglang_replayssm.errors import ReplaySSMStartupError
+
+# A Mamba-2 layer of realistic size (H=64, P=64, N=128, G=8), 21 layers, L=16.
+SHAPE = h.verify_shape(
+    family="mamba2", temporal_shape=(64, 64, 128), conv_dim=64 * 64 + 2 * 8 * 128, num_k_heads=1,
+    num_layers=21, window=16, state_dtype=torch.float32, act_dtype=torch.bfloat16,
+)
+PEAK = 4.0e12
+GPU = h.DeviceProfile(name="cuda:Synthetic", kind="cuda", peak_bytes_per_s=PEAK, launch_s=5e-6,
+                      peak_source="synthetic")
+T = 4
+
+
+def _bytes(bs: int) -> tuple[float, float]:
+    scale = bs * SHAPE.num_layers
+    return h.snapshot_verify_bytes(SHAPE, T) * scale, h.replay_verify_bytes(SHAPE, T) * scale
+
+
+def _timing(bs: int, snap_util: float, speedup: float) -> h.Timing:
+    """Times for which the snapshot path reaches ``snap_util`` of peak and replay is ``speedup`` x faster."""
+    b_snap, _ = _bytes(bs)
+    t_snap = b_snap / (snap_util * PEAK)
+    return h.Timing(snapshot_s=t_snap, replay_s=t_snap / speedup)
+
+
+def test_byte_model_matches_math_md() -> None:
+    # math.md §11: SGLang snapshot spec (3+T)S + T·I; ReplaySSM spec S + S/F + (h̄+T)r + T·r + T·I.
+    shape = h.VerifyShape(family="mamba2", state_bytes=3_932_160, record_bytes=17_792, io_bytes=35_008,
+                          num_layers=1, window=16)
+    assert h.snapshot_verify_bytes(shape, 4) == 27_665_152
+    # a = 2.5: F = 12/2.5 + 1 = 5.8, h̄ = (2.5 + 12)/2 = 7.25 (math.md's h̄ = 6 ignores the floor a)
+    expected = 3_932_160 + 3_932_160 / 5.8 + (7.25 + 4) * 17_792 + 4 * 17_792 + 4 * 35_008
+    assert h.replay_verify_bytes(shape, 4, 2.5) == pytest.approx(expected)
+    # the default a = T is the upper bound over a
+    assert all(h.replay_verify_bytes(shape, 4) >= h.replay_verify_bytes(shape, 4, a) for a in (1, 2, 3, 4))
+    # T > L: every verify flushes
+    short = h.VerifyShape(family="mamba2", state_bytes=100, record_bytes=1, io_bytes=1, num_layers=1, window=2)
+    assert h.replay_verify_bytes(short, 4) == 100 + 100 + (4 + 4) + 4 + 4
+    with pytest.raises(ValueError, match="accepted: expected 1 <= a <= T=4, got 5"):
+        h.replay_verify_bytes(shape, 4, 5)
+
+
+def test_gdn_shape_uses_the_ring_record() -> None:
+    shape = h.verify_shape(family="gdn", temporal_shape=(32, 128, 128), conv_dim=0, num_k_heads=16,
+                           num_layers=24, window=16, state_dtype=torch.float32, act_dtype=torch.bfloat16)
+    # record: u, v [HV, V] bf16, k [Hk, K] bf16, g, beta [HV] fp32
+    assert shape.record_bytes == 32 * 128 * 2 * 2 + 16 * 128 * 2 + 32 * 4 * 2
+    assert shape.state_bytes == 32 * 128 * 128 * 4
+
+
+@pytest.mark.parametrize(
+    ("snap_util", "speedup", "path", "reason"),
+    [
+        (0.9, 3.0, "replay", "snapshot path bandwidth-bound (util 0.90 >= 0.5) and replay 3.00x faster"),
+        (0.5, 1.05, "replay", "bandwidth-bound (util 0.50 >= 0.5) and replay 1.05x faster"),
+        (0.3, 3.0, "snapshot", "snapshot path not bandwidth-bound (util 0.30 < 0.5)"),  # fallback
+        (0.9, 1.02, "snapshot", "replay not faster enough (1.02x < 1.05x)"),  # fallback
+        (0.9, 0.7, "snapshot", "replay not faster enough (0.70x < 1.05x)"),  # replay slower
+    ],
+)
+def test_rule_on_measured_timings(snap_util: float, speedup: float, path: str, reason: str) -> None:
+    d = h.decide(64, T, SHAPE, GPU, timing=_timing(64, snap_util, speedup))
+    assert (d.path, d.source) == (path, "measured")
+    assert reason in d.reason
+    assert d.snapshot_util == pytest.approx(snap_util)
+    b_snap, b_replay = _bytes(64)
+    assert (d.snapshot_bytes, d.replay_bytes) == (b_snap, b_replay)
+    assert d.replay_util == pytest.approx(b_replay / d.replay_s / PEAK)
+
+
+@pytest.mark.parametrize("mode", ["replay", "snapshot"])
+def test_override_wins_over_the_timings(mode: str) -> None:
+    # replay would be chosen in auto (and snapshot in the second case): the override decides either way
+    for timing in (_timing(64, 0.9, 3.0), _timing(64, 0.1, 0.5)):
+        d = h.decide(64, T, SHAPE, GPU, mode=mode, timing=timing)
+        assert (d.path, d.source, d.reason) == (mode, "override", f"override --replayssm-verify {mode}")
+
+
+def test_tree_drafts_go_to_snapshot_and_replay_override_is_refused(caplog: pytest.LogCaptureFixture) -> None:
+    probed = []
+    with caplog.at_level(logging.INFO, logger="sglang_replayssm.heuristic"):
+        out = h.decide_buckets([1, 64], T, SHAPE, GPU, topk=4,
+                               probe=lambda bs, t: probed.append(bs) or _timing(bs, 0.9, 3.0))
+    assert {d.path for d in out.values()} == {"snapshot"} and {d.source for d in out.values()} == {"tree"}
+    assert probed == []  # no probe for tree drafts
+    assert "tree drafts (--speculative-eagle-topk 4 > 1)" in caplog.records[0].getMessage()
+    assert h.decide(64, T, SHAPE, GPU, mode="snapshot", topk=4).path == "snapshot"
+    with pytest.raises(ReplaySSMStartupError, match="--replayssm-verify replay cannot serve tree drafts"):
+        h.decide_buckets([1], T, SHAPE, GPU, mode="replay", topk=2)
+    with pytest.raises(ReplaySSMStartupError, match="expected one of auto, replay, snapshot, got 'fast'"):
+        h.check_verify_mode("fast", 1)
+
+
+def test_one_log_line_per_bucket_with_the_numbers(caplog: pytest.LogCaptureFixture) -> None:
+    utils = {1: 0.2, 8: 0.6, 64: 0.9, 256: 0.95}
+    with caplog.at_level(logging.INFO, logger="sglang_replayssm.heuristic"):
+        out = h.decide_buckets([256, 1, 64, 8, 64], T, SHAPE, GPU,
+                               probe=lambda bs, t: _timing(bs, utils[bs], 2.0))
+    assert [out[bs].path for bs in (1, 8, 64, 256)] == ["snapshot", "replay", "replay", "replay"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4
+    assert [line.split(":")[0] for line in lines] == [f"ReplaySSM verify bs={bs} T=4" for bs in (1, 8, 64, 256)]
+    first = lines[0]
+    for part in ("snapshot (snapshot path not bandwidth-bound (util 0.20 < 0.5)", "source=measured",
+                 " MB ", " us util 0.20", "replay "):
+        assert part in first
+
+
+def test_cpu_decides_from_the_byte_model_alone(caplog: pytest.LogCaptureFixture) -> None:
+    cpu = h.cpu_device_profile()
+
+    def probe(bs: int, t: int) -> h.Timing:
+        raise AssertionError("the timed probe must not run on CPU")
+
+    with caplog.at_level(logging.INFO, logger="sglang_replayssm.heuristic"):
+        out = h.decide_buckets([1, 4], T, SHAPE, cpu, probe=probe)
+    for d in out.values():
+        assert d.source == "byte-model (no CUDA: byte model only)"
+        b_snap, b_replay = d.snapshot_bytes, d.replay_bytes
+        fixed = SHAPE.num_layers * cpu.launch_s
+        assert d.snapshot_s == pytest.approx(fixed + b_snap / cpu.peak_bytes_per_s)
+        assert d.replay_s == pytest.approx(fixed + b_replay / cpu.peak_bytes_per_s)
+    assert all("source=byte-model (no CUDA: byte model only)" in r.getMessage() for r in caplog.records)
+    # a tiny model is launch-bound even by the byte model: snapshot
+    tiny = h.VerifyShape(family="mamba2", state_bytes=4096, record_bytes=160, io_bytes=300, num_layers=2,
+                         window=16)
+    assert h.decide(1, T, tiny, cpu).path == "snapshot"
+
+
+def test_failing_or_unusable_probe_falls_back_to_the_byte_model(tmp_path) -> None:
+    cache = h.DecisionCache(tmp_path / "c.json", versions="v")
+
+    def broken(bs: int, t: int) -> h.Timing:
+        if bs == 1:
+            raise RuntimeError("out of memory")
+        return h.Timing(snapshot_s=float("nan"), replay_s=1e-3)
+
+    out = h.decide_buckets([1, 64], T, SHAPE, GPU, probe=broken, cache=cache)
+    assert out[1].source == "byte-model (probe failed: RuntimeError: out of memory)"
+    assert out[64].source == "byte-model (unusable probe times nan/0.001)"
+    # byte-model path gives the same as decide() without timing
+    assert out[64].path == h.decide(64, T, SHAPE, GPU).path
+    assert not (tmp_path / "c.json").exists()  # nothing measured, nothing cached on CUDA
+
+
+def test_decisions_are_cached_per_device_shape_and_version(tmp_path) -> None:
+    path = tmp_path / "sub" / "verify.json"
+    calls = []
+
+    def probe(bs: int, t: int) -> h.Timing:
+        calls.append(bs)
+        return _timing(bs, 0.9, 2.0)
+
+    first = h.decide_buckets([8, 64], T, SHAPE, GPU, probe=probe, cache=h.DecisionCache(path, versions="v1"))
+    assert calls == [8, 64]
+    assert len(json.loads(path.read_text())) == 2
+    again = h.decide_buckets([8, 64], T, SHAPE, GPU, probe=probe, cache=h.DecisionCache(path, versions="v1"))
+    assert calls == [8, 64]  # no probe: cached
+    assert {bs: d.path for bs, d in again.items()} == {bs: d.path for bs, d in first.items()}
+    assert again[8].source == "cached measured"
+    # another version, device, shape or T probes again
+    h.decide_buckets([8], T, SHAPE, GPU, probe=probe, cache=h.DecisionCache(path, versions="v2"))
+    other_gpu = h.DeviceProfile(name="cuda:Other", kind="cuda", peak_bytes_per_s=PEAK, launch_s=5e-6,
+                                peak_source="synthetic")
+    h.decide_buckets([8], T, SHAPE, other_gpu, probe=probe, cache=h.DecisionCache(path, versions="v1"))
+    other_shape = h.VerifyShape(**{**SHAPE.__dict__, "window": 8})
+    h.decide_buckets([8], T, other_shape, GPU, probe=probe, cache=h.DecisionCache(path, versions="v1"))
+    h.decide_buckets([8], 3, SHAPE, GPU, probe=probe, cache=h.DecisionCache(path, versions="v1"))
+    assert calls == [8, 64, 8, 8, 8, 8]
+    assert len(json.loads(path.read_text())) == 6
+    # overrides never read or write the cache
+    out = h.decide_buckets([8], T, SHAPE, GPU, mode="snapshot", probe=probe, cache=h.DecisionCache(path, "v1"))
+    assert out[8].source == "override" and calls == [8, 64, 8, 8, 8, 8]
+    # a corrupt file is an empty cache, rewritten
+    path.write_text("{not json")
+    h.decide_buckets([8], T, SHAPE, GPU, probe=probe, cache=h.DecisionCache(path, versions="v1"))
+    assert calls[-1] == 8 and len(json.loads(path.read_text())) == 1
+
+
+def test_default_versions_name_sglang_and_the_rule(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    cache = h.DecisionCache(tmp_path / "c.json")
+    assert cache.versions.startswith("sglang0.5.17:replayssm") and cache.versions.endswith(":rule1")
+    monkeypatch.setenv(h.CACHE_ENV_VAR, str(tmp_path / "x.json"))
+    assert h.default_cache_path() == tmp_path / "x.json"
