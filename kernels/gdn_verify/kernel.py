@@ -41,6 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_kernels.gdn_decode._fold import fold_records
 from replayssm_kernels.gdn_verify._validate import validate_gdn_verify
 
 __all__ = ["gdn_replay_verify", "gdn_replay_verify_fwd", "gdn_replay_verify_fwd_kernel"]
@@ -187,36 +188,11 @@ def gdn_replay_verify_fwd_kernel(
     n_rec = r_len
     if is_flush:
         # ---- Exact fold of the committed records: gdn_replay_decode's fold loop verbatim. ----
-        row = r_start % R
-        pf = r_len > 0
-        n0_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
-        n0_v = tl.load(p_rv + row * stride_rv_r + o_v * stride_rv_v, mask=mask_v & pf, other=0)
-        n0_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
-        n0_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
-        row = (r_start + 1) % R
-        pf = r_len > 1
-        n1_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
-        n1_v = tl.load(p_rv + row * stride_rv_r + o_v * stride_rv_v, mask=mask_v & pf, other=0)
-        n1_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
-        n1_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
-        for i_r in range(0, r_len):
-            b_k = n0_k.to(tl.float32)
-            b_v = n0_v.to(tl.float32)
-            b_g = n0_g
-            b_beta = n0_b
-            n0_k, n0_v, n0_g, n0_b = n1_k, n1_v, n1_g, n1_b
-            row = (r_start + i_r + 2) % R
-            pf = i_r + 2 < r_len
-            n1_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
-            n1_v = tl.load(p_rv + row * stride_rv_r + o_v * stride_rv_v, mask=mask_v & pf, other=0)
-            n1_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
-            n1_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
-            if USE_QK_L2NORM:
-                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-            b_h *= tl.exp(b_g)
-            b_v -= tl.sum(b_h * b_k[None, :], 1)
-            b_v *= b_beta
-            b_h += b_v[:, None] * b_k[None, :]
+        b_h = fold_records(
+            b_h, p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
+            stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r,
+            USE_QK_L2NORM,
+        )
         b_h = b_h.to(state.dtype.element_ty)
         tl.store(p_s, b_h, mask=mask_h)
         # The window runs from the stored (possibly 16-bit) checkpoint: what later steps read.
