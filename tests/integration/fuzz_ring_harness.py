@@ -1,0 +1,550 @@
+"""Model-checked harness for the ring protocol on a real CPU ``ReplayMambaPool`` (Mamba-2 family).
+
+Used by ``test_fuzz_ring.py`` (hypothesis state machine, seeded random driver, regression cases).
+
+The **system** is SGLang's ``HybridReqToTokenPool`` with our ``ReplayMambaPool`` inside (slot
+allocation and its ``replayssm_write_pos`` reset are SGLang's own code), driven through the public
+pieces the integration uses: ``decode_cursor_step`` + ``mamba2_replay_decode_ref``,
+``verify_cursor_step`` + ``mamba2_replay_verify_ref`` + ``verify_commit_ref``,
+``metadata.reset_extend_rows`` (prefill / extend), ``pool.clear_slots``, ``pool.copy_from`` (COW),
+``pool.get_cpu_copy`` / ``pool.load_cpu_copy`` (offload / reload, with SGLang's 0-d
+``req.mamba_pool_idx`` as the index) and SGLang's ``free_mamba_cache``.
+
+The **model** keeps per live request, independently of the pool:
+
+- ``S64``: the float64 conventional state after exactly the accepted tokens;
+- ``tokens``: the accepted tokens' inputs since the checkpoint was last written from outside
+  (prefill / extend / COW), and ``shadow``: the fp32 state after each of them, folded with the
+  conventional fp32 update (what ``selective_state_update`` stores), ``shadow[0]`` = that checkpoint;
+- ``cur``: the cursor pair ``(start, len)`` that kernels/README.md's rules predict.
+
+``check_all`` (after every operation) asserts for every live slot: the pool's cursors equal the
+model's; ring rows ``[0, len)`` hold exactly the last ``len`` accepted tokens (x, B bitwise; Δ
+bitwise against the fp32 softplus); the checkpoint is bit-identical to the fp32 shadow state
+``len`` tokens ago; the float64 fold of the committed records onto the checkpoint equals ``S64``
+(relative tolerance ``STATE_RTOL``). Each step also checks its outputs (every window token of a
+verify, accepted or not, against the float64 recurrence from ``S64``), that padding rows' outputs are
+untouched, and that every slot the operation must not write (null slot 0, other live slots, free
+slots, offloaded requests' former slots) is bit-identical before and after. Ring rows outside
+``[0, len)`` and free slots' checkpoints are NaN-poisoned after every operation, so any read of a
+rejected draft, a stale row or a stale checkpoint shows up as NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from types import SimpleNamespace
+
+import torch
+
+from replayssm_kernels import (
+    decode_cursor_step,
+    mamba2_conventional_f64,
+    mamba2_replay_decode_ref,
+    mamba2_replay_verify_ref,
+    min_ring_size,
+    verify_commit_ref,
+    verify_cursor_step,
+)
+from sglang_replayssm.metadata import reset_extend_rows
+from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
+
+F32, F64 = torch.float32, torch.float64
+STATE_RTOL = 2e-5  # ‖materialised − S64‖ / max(‖S64‖, 1)
+OUT_TOL = 2e-5  # |y − y64| <= OUT_TOL · (1 + |y64|)
+
+
+class ProtocolViolation(AssertionError):
+    """A check of the harness failed (the message names the operation, slot and quantity)."""
+
+
+def _softplus_f32(u: torch.Tensor) -> torch.Tensor:
+    return torch.where(u <= 20.0, torch.log(torch.exp(u) + 1), u)
+
+
+@dataclasses.dataclass
+class Token:
+    """One token's mixer inputs for every layer: ``x [Ly,H,P]``, ``dt [Ly,H]``, ``B, C [Ly,G,N]``."""
+
+    x: torch.Tensor
+    dt: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+
+
+@dataclasses.dataclass
+class Request:
+    rid: int
+    sg: SimpleNamespace  # what SGLang's allocator reads and writes
+    S64: torch.Tensor  # [Ly, H, P, N] float64
+    tokens: list[Token]
+    shadow: list[torch.Tensor]  # fp32 [Ly, H, P, N], len(tokens) + 1 entries
+    cur: list[int]  # model cursor [start, len]
+    offloaded: object | None = None  # get_cpu_copy result while offloaded
+    lineage: tuple[int, ...] = ()
+
+    @property
+    def slot(self) -> int | None:
+        return None if self.sg.mamba_pool_idx is None else int(self.sg.mamba_pool_idx)
+
+
+class Mamba2RingHarness:
+    """A small CPU pool plus the float64 model; every public method is one operation.
+
+    Parameters
+    ----------
+    slots : int
+        Allocatable state slots (pool size; slot 0 is the null slot on top).
+    window : int
+        Decode window ``L``.
+    max_tokens : int
+        Largest verify ``T``; the ring has ``min_ring_size(L, max_tokens)`` rows.
+    layers : int
+        Linear-attention layers (each with its own A, dt_bias, D and inputs; one cursor pair).
+    seed : int
+        Seeds the layer parameters.
+    """
+
+    H, P, N, G = 2, 4, 4, 1
+
+    def __init__(self, *, slots: int = 4, window: int = 4, max_tokens: int = 3, layers: int = 1,
+                 seed: int = 0, offload_0d: bool = False):
+        from sglang.srt.configs.mamba_utils import (
+            Mamba2CacheParams,
+            Mamba2StateDType,
+            Mamba2StateShape,
+        )
+        from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+        H, P, N, G = self.H, self.P, self.N, self.G
+        self.L, self.Tmax, self.layers = window, max_tokens, layers
+        self.offload_0d = offload_0d
+        self.R = min_ring_size(window, max_tokens)
+        shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=H * P, n_groups=G,
+                                        num_heads=H, head_dim=P, state_size=N, conv_kernel=4)
+        params = Mamba2CacheParams(shape=shape, layers=list(range(layers)),
+                                   dtype=Mamba2StateDType(conv=F32, temporal=F32))
+        # The pool sizes its ring as R = window rows (no spec sizing in ReplayPoolSpec yet), so ask
+        # for the verify ring size directly; the protocol's L is passed to the cursor functions.
+        previous = HybridReqToTokenPool.__dict__["mamba_pool_cls"]
+        HybridReqToTokenPool.mamba_pool_cls = functools.partial(
+            ReplayMambaPool, replay=ReplayPoolSpec(family="mamba2", window=self.R, act_dtype=F32))
+        try:
+            self.hpool = HybridReqToTokenPool(
+                size=slots, mamba_size=slots, mamba_spec_state_size=slots, max_context_len=8,
+                device="cpu", enable_memory_saver=False, cache_params=params,
+                mamba_layer_ids=list(range(layers)), enable_mamba_extra_buffer=False)
+        finally:
+            HybridReqToTokenPool.mamba_pool_cls = previous
+        self.pool: ReplayMambaPool = self.hpool.mamba_pool
+        assert self.pool.ring_spec.rows == self.R
+        self.temporal = self.pool.mamba_cache.temporal  # [Ly, slots+1, H, P, N]
+        g = torch.Generator().manual_seed(seed)
+        self.A = -torch.rand(layers, H, generator=g) * 1.5 - 0.1
+        self.dt_bias = torch.randn(layers, H, generator=g) * 0.5
+        self.D = torch.randn(layers, H, generator=g)
+        self.reqs: dict[int, Request] = {}
+        self.next_rid = 1
+        self.steps = 0
+        for t in self.pool.rings.values():
+            t.fill_(float("nan"))
+        self.temporal.fill_(float("nan"))
+        self.temporal[:, 0] = 0  # null slot: written by nobody here
+
+    # ------------------------------------------------------------------ helpers
+
+    def live(self) -> list[Request]:
+        return [r for r in self.reqs.values() if r.offloaded is None]
+
+    def offloaded(self) -> list[Request]:
+        return [r for r in self.reqs.values() if r.offloaded is not None]
+
+    def free_slots(self) -> int:
+        return min(self.hpool.mamba_allocator.available_size(), self.hpool.available_size())
+
+    def _token(self, g: torch.Generator) -> Token:
+        Ly, H, P, N, G = self.layers, self.H, self.P, self.N, self.G
+        return Token(x=torch.randn(Ly, H, P, generator=g), dt=torch.randn(Ly, H, generator=g) - 1.0,
+                     B=torch.randn(Ly, G, N, generator=g), C=torch.randn(Ly, G, N, generator=g))
+
+    def _delta32(self, tok: Token, l: int) -> torch.Tensor:
+        return _softplus_f32(tok.dt[l] + self.dt_bias[l])
+
+    def _fold32(self, S: torch.Tensor, tok: Token) -> torch.Tensor:
+        """fp32 conventional update of all layers (the expression order of selective_state_update)."""
+        out = torch.empty_like(S)
+        hpg = self.H // self.G
+        for l in range(self.layers):
+            d = self._delta32(tok, l)
+            Bh = tok.B[l].repeat_interleave(hpg, dim=0)
+            dA = torch.exp(self.A[l] * d)
+            dB = Bh * d[:, None]
+            out[l] = S[l] * dA[:, None, None] + dB[:, None, :] * tok.x[l][:, :, None]
+        return out
+
+    def _f64(self, S64: torch.Tensor, toks: list[Token]) -> tuple[torch.Tensor, torch.Tensor]:
+        """float64 conventional recurrence over ``toks``: outputs ``[T, Ly, H, P]``, final state."""
+        outs, fin = [], []
+        for l in range(self.layers):
+            y, S = mamba2_conventional_f64(
+                S64[l], torch.stack([t.x[l] for t in toks]), torch.stack([t.dt[l] for t in toks]),
+                self.A[l], torch.stack([t.B[l] for t in toks]), torch.stack([t.C[l] for t in toks]),
+                D=self.D[l], dt_bias=self.dt_bias[l], dt_softplus=True)
+            outs.append(y)
+            fin.append(S)
+        return torch.stack(outs, dim=1), torch.stack(fin)
+
+    def _fail(self, what: str) -> None:
+        raise ProtocolViolation(f"step {self.steps}: {what}")
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        snap = {f"ring_{n}": t.clone() for n, t in self.pool.rings.items()}
+        snap["temporal"] = self.temporal.clone()
+        snap["cursors"] = self.pool.cursors.clone()
+        for i, c in enumerate(self.pool.mamba_cache.conv):
+            snap[f"conv{i}"] = c.clone()
+        return snap
+
+    def _check_untouched(self, before: dict[str, torch.Tensor], allowed: set[int], op: str) -> None:
+        """Every slot outside ``allowed`` is bit-identical (NaN-aware) in every pool tensor."""
+        after = self._snapshot()
+        n = self.pool.cursors.shape[0]
+        keep = torch.ones(n, dtype=torch.bool)
+        for s in allowed:
+            keep[s] = False
+        for name, old in before.items():
+            new = after[name]
+            if name == "cursors":
+                a, b = old[keep], new[keep]
+            else:
+                a, b = old[:, keep], new[:, keep]
+            # Bitwise comparison that treats NaN == NaN (same bits).
+            if not torch.equal(a.view(torch.int32) if a.dtype == F32 else a,
+                               b.view(torch.int32) if b.dtype == F32 else b):
+                bad = [s for s in range(n) if keep[s] and not torch.equal(
+                    (old[s] if name == "cursors" else old[:, s]).nan_to_num(7.25),
+                    (new[s] if name == "cursors" else new[:, s]).nan_to_num(7.25))]
+                self._fail(f"{op}: {name} of slots {bad} changed, but the operation may only write "
+                           f"slots {sorted(allowed)}")
+
+    def _poison(self) -> None:
+        """NaN into ring rows outside [0, len) of live slots, all rows and checkpoints of free slots."""
+        owned = {r.slot: r for r in self.live()}
+        for s in range(1, self.pool.cursors.shape[0]):
+            if s not in owned:
+                for t in self.pool.rings.values():
+                    t[:, s] = float("nan")
+                self.temporal[:, s] = float("nan")
+                continue
+            start, length = owned[s].cur
+            dead = [(start + j) % self.R for j in range(length, self.R)]
+            if dead:
+                idx = torch.tensor(dead)
+                for name, t in self.pool.rings.items():
+                    t[:, s].index_fill_(-2 if name != "dt" else -1, idx, float("nan"))
+
+    def _pad(self, rows: list[Request], pads: list[int]) -> list[Request | None]:
+        """Insert padding rows (None) at the given positions."""
+        out: list[Request | None] = list(rows)
+        for p in pads:
+            out.insert(min(p, len(out)), None)
+        return out
+
+    # ------------------------------------------------------------------ checks
+
+    def check_all(self) -> None:
+        cursors = self.pool.cursors
+        if cursors[0].tolist() != [0, 0]:
+            self._fail(f"null slot 0 cursor changed: {cursors[0].tolist()}")
+        seen: dict[int, int] = {}
+        for r in self.live():
+            s = r.slot
+            if s in seen:
+                self._fail(f"slot {s} owned by requests {seen[s]} and {r.rid}")
+            seen[s] = r.rid
+            start, length = cursors[s].tolist()
+            if [start, length] != r.cur:
+                self._fail(f"req {r.rid} slot {s}: pool cursor {[start, length]} != model {r.cur}")
+            if not (0 <= start < self.R and 0 <= length <= max(self.L, self.Tmax)):
+                self._fail(f"req {r.rid} slot {s}: cursor {[start, length]} out of range")
+            n = len(r.tokens)
+            if length > n:
+                self._fail(f"req {r.rid} slot {s}: len {length} > {n} tokens since the checkpoint")
+            ck = self.temporal[:, s]
+            if not torch.equal(ck, r.shadow[n - length]):
+                err = (ck - r.shadow[n - length]).abs().max().item()
+                self._fail(f"req {r.rid} slot {s}: checkpoint is not the fp32 conventional state "
+                           f"{length} tokens ago (max |diff| {err:.3g})")
+            S = ck.to(F64)
+            for l in range(self.layers):
+                hpg = self.H // self.G
+                Sl = S[l]
+                for j in range(length):
+                    tok = r.tokens[n - length + j]
+                    p = (start + j) % self.R
+                    rx = self.pool.rings["x"][l, s, :, p, :]
+                    rdt = self.pool.rings["dt"][l, s, :, p]
+                    rB = self.pool.rings["B"][l, s, :, p, :]
+                    if not (torch.equal(rx, tok.x[l]) and torch.equal(rB, tok.B[l])
+                            and torch.equal(rdt, self._delta32(tok, l))):
+                        self._fail(f"req {r.rid} slot {s} layer {l}: committed record {j} (phys row "
+                                   f"{p}) is not accepted token {n - length + j}")
+                    d = rdt.to(F64)
+                    Sl = (Sl * torch.exp(self.A[l].to(F64) * d)[:, None, None]
+                          + (d[:, None] * rx.to(F64))[:, :, None]
+                          * rB.to(F64).repeat_interleave(hpg, 0)[:, None, :])
+                ref = r.S64[l]
+                err = (Sl - ref).norm().item() / max(ref.norm().item(), 1.0)
+                if not err <= STATE_RTOL:
+                    self._fail(f"req {r.rid} slot {s} layer {l}: materialised state vs float64 model: "
+                               f"relative error {err:.3g}")
+
+    def _check_out(self, got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+        ok = (got.to(F64) - want).abs() <= OUT_TOL * (1 + want.abs())
+        if not bool(ok.all()):
+            err = (got.to(F64) - want).abs().max().item()
+            self._fail(f"{what}: output differs from the float64 recurrence (max |diff| {err:.3g})")
+
+    # ------------------------------------------------------------------ operations
+
+    def _new_request(self, lineage: tuple[int, ...] = ()) -> Request | None:
+        if self.free_slots() < 1:
+            return None
+        sg = SimpleNamespace(mamba_pool_idx=None, req_pool_idx=None, mamba_needs_clear=False,
+                             mamba_ping_pong_track_buffer=None, inflight_middle_chunks=0,
+                             kv_committed_len=0)
+        if self.hpool.alloc([sg]) is None:
+            return None
+        s = int(sg.mamba_pool_idx)
+        if int(self.pool.cursors[s, 1]) != 0:
+            self._fail(f"alloc: slot {s} handed out with a stale len {int(self.pool.cursors[s, 1])}")
+        rid = self.next_rid
+        self.next_rid += 1
+        r = Request(rid=rid, sg=sg, S64=None, tokens=[], shadow=[], cur=[0, 0],  # type: ignore[arg-type]
+                    lineage=lineage + (rid,))
+        return r
+
+    def _release(self, r: Request) -> None:
+        self.hpool.free_mamba_cache(r.sg)
+        self.hpool.free(r.sg)
+
+    def prefill(self, seed: int) -> int | None:
+        """Allocate a slot (SGLang's alloc), clear it if asked, write a fresh checkpoint, reset."""
+        self.steps += 1
+        before = self._snapshot()
+        r = self._new_request()
+        if r is None:
+            return None
+        s = r.slot
+        if r.sg.mamba_needs_clear:
+            self.pool.clear_slots(torch.tensor([s]))
+            r.sg.mamba_needs_clear = False
+        g = torch.Generator().manual_seed(seed)
+        ck = torch.randn(self.layers, self.H, self.P, self.N, generator=g)
+        self.temporal[:, s] = ck
+        reset_extend_rows(self.pool.cursors, torch.tensor([s], dtype=torch.int32))
+        r.S64, r.tokens, r.shadow, r.cur = ck.to(F64), [], [ck.clone()], [0, 0]
+        self.reqs[r.rid] = r
+        self._check_untouched(before, {s}, "prefill")
+        self._after()
+        return r.rid
+
+    def extend(self, rid: int, seed: int, k: int) -> None:
+        """Chunked-prefill continuation of ``k`` tokens: force-flush first (the ring must be empty
+        when a slot enters extend), then write the extended checkpoint and reset the cursors."""
+        r = self.reqs[rid]
+        if r.cur[1] > 0:
+            self.decode([rid], seed=seed ^ 0x5A5A, force=[True])
+        self.steps += 1
+        before = self._snapshot()
+        s = r.slot
+        g = torch.Generator().manual_seed(seed)
+        toks = [self._token(g) for _ in range(k)]
+        S = self.temporal[:, s].clone()
+        for t in toks:
+            S = self._fold32(S, t)
+        self.temporal[:, s] = S
+        reset_extend_rows(self.pool.cursors, torch.tensor([s], dtype=torch.int32))
+        _, r.S64 = self._f64(r.S64, toks)
+        r.tokens, r.shadow, r.cur = [], [S.clone()], [0, 0]
+        self._check_untouched(before, {s}, "extend")
+        self._after()
+
+    def decode(self, rids: list[int], *, seed: int, force: list[bool] | None = None,
+               pads: list[int] = ()) -> None:
+        """One decode forward over ``rids`` (in this order) with padding rows inserted at ``pads``."""
+        self.steps += 1
+        before = self._snapshot()
+        reqs = [self.reqs[i] for i in rids]
+        force = force or [False] * len(reqs)
+        rows = self._pad(reqs, list(pads))
+        fl_rows = self._pad(force, list(pads))  # type: ignore[arg-type]
+        batch = len(rows)
+        g = torch.Generator().manual_seed(seed)
+        toks = [self._token(g) if r is not None else self._token(g) for r in rows]
+        slot_idx = torch.tensor([r.slot if r is not None else -1 for r in rows], dtype=torch.int32)
+        ff = torch.tensor([bool(f) if r is not None else False for r, f in zip(rows, fl_rows)])
+        start = torch.empty(batch, dtype=torch.int32)
+        length = torch.empty(batch, dtype=torch.int32)
+        flush = torch.empty(batch, dtype=torch.bool)
+        decode_cursor_step(self.pool.cursors, slot_idx, ff, self.L, self.R, start, length, flush)
+        outs = torch.full((self.layers, batch, self.H, self.P), -7.5e30)
+        sentinel = outs.clone()
+        for l in range(self.layers):
+            lr = self.pool.layer_rings(l)
+            mamba2_replay_decode_ref(
+                self.temporal[l], lr["x"], lr["dt"], lr["B"],
+                torch.stack([t.x[l] for t in toks]), torch.stack([t.dt[l] for t in toks]),
+                self.A[l], torch.stack([t.B[l] for t in toks]), torch.stack([t.C[l] for t in toks]),
+                outs[l], slot_idx, start, length, flush,
+                D=self.D[l], dt_bias=self.dt_bias[l], dt_softplus=True)
+        for b, r in enumerate(rows):
+            if r is None:
+                if not torch.equal(outs[:, b], sentinel[:, b]):
+                    self._fail("decode: a padding row's output was written")
+                continue
+            st, ln = r.cur
+            want_flush = ln >= self.L - 1 or bool(fl_rows[b])
+            if [int(start[b]), int(length[b]), bool(flush[b])] != [st, ln, want_flush]:
+                self._fail(f"decode req {r.rid}: snapshot {[int(start[b]), int(length[b]), bool(flush[b])]}"
+                           f" != model {[st, ln, want_flush]}")
+            y64, S64 = self._f64(r.S64, [toks[b]])
+            self._check_out(outs[:, b], y64[0], f"decode req {r.rid} slot {r.slot}")
+            r.S64 = S64
+            r.tokens.append(toks[b])
+            r.shadow.append(self._fold32(r.shadow[-1], toks[b]))
+            r.cur = [(st + ln) % self.R, 0] if want_flush else [st, ln + 1]
+        self._check_untouched(before, {r.slot for r in reqs}, "decode")
+        self._after()
+
+    def verify(self, rids: list[int], *, T: int, accepted: list[int], seed: int,
+               force: list[bool] | None = None, pads: list[int] = ()) -> None:
+        """One verify forward of ``T`` tokens per row, then the commit with ``accepted`` counts."""
+        self.steps += 1
+        before = self._snapshot()
+        reqs = [self.reqs[i] for i in rids]
+        force = force or [False] * len(reqs)
+        rows = self._pad(reqs, list(pads))
+        fl_rows = self._pad(force, list(pads))  # type: ignore[arg-type]
+        acc_rows = self._pad(accepted, list(pads))  # type: ignore[arg-type]
+        batch = len(rows)
+        g = torch.Generator().manual_seed(seed)
+        toks = [[self._token(g) for _ in range(T)] for _ in rows]
+        slot_idx = torch.tensor([r.slot if r is not None else -1 for r in rows], dtype=torch.int32)
+        ff = torch.tensor([bool(f) if r is not None else False for r, f in zip(rows, fl_rows)])
+        start = torch.empty(batch, dtype=torch.int32)
+        length = torch.empty(batch, dtype=torch.int32)
+        flush = torch.empty(batch, dtype=torch.bool)
+        verify_cursor_step(self.pool.cursors, slot_idx, ff, self.L, self.R, T, start, length, flush)
+        outs = torch.full((self.layers, batch, T, self.H, self.P), -7.5e30)
+        sentinel = outs.clone()
+
+        def win(f, l):
+            return torch.stack([torch.stack([f(t)[l] for t in tw]) for tw in toks])
+
+        for l in range(self.layers):
+            lr = self.pool.layer_rings(l)
+            mamba2_replay_verify_ref(
+                self.temporal[l], lr["x"], lr["dt"], lr["B"], win(lambda t: t.x, l),
+                win(lambda t: t.dt, l), self.A[l], win(lambda t: t.B, l), win(lambda t: t.C, l),
+                outs[l], slot_idx, start, length, flush,
+                D=self.D[l], dt_bias=self.dt_bias[l], dt_softplus=True)
+        acc = torch.tensor([int(a) if r is not None else 1 for r, a in zip(rows, acc_rows)],
+                           dtype=torch.int32)
+        verify_commit_ref(self.pool.cursors, slot_idx, start, length, flush, acc, window=self.L,
+                          ring_size=self.R, num_tokens=T)
+        for b, r in enumerate(rows):
+            if r is None:
+                if not torch.equal(outs[:, b], sentinel[:, b]):
+                    self._fail("verify: a padding row's output was written")
+                continue
+            st, ln = r.cur
+            a = int(acc[b])
+            want_flush = ln + T > self.L or bool(fl_rows[b])
+            if [int(start[b]), int(length[b]), bool(flush[b])] != [st, ln, want_flush]:
+                self._fail(f"verify req {r.rid}: snapshot {[int(start[b]), int(length[b]), bool(flush[b])]}"
+                           f" != model {[st, ln, want_flush]}")
+            y64, _ = self._f64(r.S64, toks[b])
+            for t in range(T):
+                self._check_out(outs[:, b, t], y64[t], f"verify req {r.rid} slot {r.slot} token {t} "
+                                f"(accepted {a} of {T})")
+            _, r.S64 = self._f64(r.S64, toks[b][:a])
+            for t in toks[b][:a]:
+                r.tokens.append(t)
+                r.shadow.append(self._fold32(r.shadow[-1], t))
+            r.cur = [(st + ln) % self.R, a] if want_flush else [st, ln + a]
+        self._check_untouched(before, {r.slot for r in reqs}, "verify")
+        self._after()
+
+    def flush(self, rid: int, seed: int) -> None:
+        """Forced flush: a decode step of that request alone with ``force_flush``."""
+        self.decode([rid], seed=seed, force=[True])
+
+    def fork(self, rid: int, seed: int) -> int | None:
+        """Copy-on-write fork: force-flush the source if its ring is not empty (SGLang's invariant:
+        the source of ``copy_from`` is a flushed checkpoint), then ``copy_from`` into a new slot."""
+        if self.free_slots() < 1:
+            return None
+        src = self.reqs[rid]
+        if src.cur[1] > 0:
+            self.flush(rid, seed)
+        self.steps += 1
+        before = self._snapshot()
+        dst = self._new_request(lineage=src.lineage)
+        assert dst is not None
+        dst.sg.mamba_needs_clear = False
+        self.pool.copy_from(torch.tensor([src.slot]), torch.tensor([dst.slot]))
+        # The destination's state is the source's checkpoint with an empty ring; the model's
+        # branch continues from the source's accepted tokens.
+        dst.S64 = src.S64.clone()
+        dst.tokens, dst.shadow, dst.cur = [], [src.shadow[-1].clone()], [0, 0]
+        self.reqs[dst.rid] = dst
+        self._check_untouched(before, {dst.slot}, "fork")
+        self._after()
+        return dst.rid
+
+    def offload(self, rid: int) -> None:
+        """Retraction with CPU backup: ``get_cpu_copy(req.mamba_pool_idx)``, then free the slot."""
+        self.steps += 1
+        before = self._snapshot()
+        r = self.reqs[rid]
+        idx = r.sg.mamba_pool_idx  # a 0-d tensor in SGLang (HybridReqToTokenPool.alloc: mid[0])
+        r.offloaded = self.pool.get_cpu_copy(idx if self.offload_0d else idx.reshape(1))
+        self._release(r)
+        self._check_untouched(before, set(), "offload")
+        self._after()
+
+    def reload(self, rid: int) -> bool:
+        """Readmission: a fresh slot from SGLang's alloc, then ``load_cpu_copy`` into it."""
+        if self.free_slots() < 1:
+            return False
+        self.steps += 1
+        before = self._snapshot()
+        r = self.reqs[rid]
+        sg = r.sg
+        sg.mamba_needs_clear = False
+        if self.hpool.alloc([sg]) is None:
+            return False
+        sg.mamba_needs_clear = False
+        s = int(sg.mamba_pool_idx)
+        idx = sg.mamba_pool_idx
+        self.pool.load_cpu_copy(r.offloaded, idx if self.offload_0d else idx.reshape(1))
+        r.offloaded = None
+        self._check_untouched(before, {s}, "reload")
+        self._after()
+        return True
+
+    def free(self, rid: int) -> None:
+        """Finish / abort: free the request's slot (its contents stay for the next owner)."""
+        self.steps += 1
+        before = self._snapshot()
+        r = self.reqs.pop(rid)
+        if r.offloaded is None:
+            self._release(r)
+        self._check_untouched(before, set(), "free")
+        self._after()
+
+    def _after(self) -> None:
+        self.check_all()
+        self._poison()
