@@ -140,3 +140,10 @@ def test_unsupported_family_refused(tmp_path: Path, tmp_path_factory):
 def test_builtin_replayssm_flag_refused(nemotron: Path, tmp_path: Path):
     text = _refused(nemotron, ["--ssm-backend", "replay", "--enable-linear-replayssm"], tmp_path)
     assert "--enable-linear-replayssm" in text and "cannot be combined" in text
+
+
+def test_qwen3_5_on_cpu_refused(tmp_path: Path):
+    # Refused while the server arguments are resolved, before any weight or tokenizer is loaded, so
+    # the shape-faithful config alone (no checkpoint) is enough.
+    text = _refused(make_model.HERE / "qwen3_5_4b", ["--ssm-backend", "replay"], tmp_path)
+    assert "does not run on --device cpu" in text and "Qwen3.5" in text
