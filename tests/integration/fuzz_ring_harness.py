@@ -32,6 +32,7 @@ rejected draft, a stale row or a stale checkpoint shows up as NaN.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from types import SimpleNamespace
@@ -51,6 +52,7 @@ from sglang_replayssm.metadata import reset_extend_rows
 from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
 
 F32, F64 = torch.float32, torch.float64
+STATS: collections.Counter = collections.Counter()  # operations run, by kind (for reports)
 STATE_RTOL = 2e-5  # ‖materialised − S64‖ / max(‖S64‖, 1)
 OUT_TOL = 2e-5  # |y − y64| <= OUT_TOL · (1 + |y64|)
 
@@ -145,6 +147,7 @@ class Mamba2RingHarness:
         self.dt_bias = torch.randn(layers, H, generator=g) * 0.5
         self.D = torch.randn(layers, H, generator=g)
         self.reqs: dict[int, Request] = {}
+        STATS["sequences"] += 1
         self.next_rid = 1
         self.steps = 0
         for t in self.pool.rings.values():
@@ -194,6 +197,8 @@ class Mamba2RingHarness:
             outs.append(y)
             fin.append(S)
         return torch.stack(outs, dim=1), torch.stack(fin)
+
+    _op = "?"
 
     def _fail(self, what: str) -> None:
         raise ProtocolViolation(f"step {self.steps}: {what}")
@@ -331,6 +336,7 @@ class Mamba2RingHarness:
 
     def prefill(self, seed: int) -> int | None:
         """Allocate a slot (SGLang's alloc), clear it if asked, write a fresh checkpoint, reset."""
+        self._op = "prefill"
         self.steps += 1
         before = self._snapshot()
         r = self._new_request()
@@ -353,9 +359,11 @@ class Mamba2RingHarness:
     def extend(self, rid: int, seed: int, k: int) -> None:
         """Chunked-prefill continuation of ``k`` tokens: force-flush first (the ring must be empty
         when a slot enters extend), then write the extended checkpoint and reset the cursors."""
+        self._op = "extend"
         r = self.reqs[rid]
         if r.cur[1] > 0:
             self.decode([rid], seed=seed ^ 0x5A5A, force=[True])
+        self._op = "extend"
         self.steps += 1
         before = self._snapshot()
         s = r.slot
@@ -374,6 +382,7 @@ class Mamba2RingHarness:
     def decode(self, rids: list[int], *, seed: int, force: list[bool] | None = None,
                pads: list[int] = ()) -> None:
         """One decode forward over ``rids`` (in this order) with padding rows inserted at ``pads``."""
+        self._op = "decode"
         self.steps += 1
         before = self._snapshot()
         reqs = [self.reqs[i] for i in rids]
@@ -421,6 +430,7 @@ class Mamba2RingHarness:
     def verify(self, rids: list[int], *, T: int, accepted: list[int], seed: int,
                force: list[bool] | None = None, pads: list[int] = ()) -> None:
         """One verify forward of ``T`` tokens per row, then the commit with ``accepted`` counts."""
+        self._op = "verify"
         self.steps += 1
         before = self._snapshot()
         reqs = [self.reqs[i] for i in rids]
@@ -484,11 +494,13 @@ class Mamba2RingHarness:
     def fork(self, rid: int, seed: int) -> int | None:
         """Copy-on-write fork: force-flush the source if its ring is not empty (SGLang's invariant:
         the source of ``copy_from`` is a flushed checkpoint), then ``copy_from`` into a new slot."""
+        self._op = "fork"
         if self.free_slots() < 1:
             return None
         src = self.reqs[rid]
         if src.cur[1] > 0:
             self.flush(rid, seed)
+        self._op = "fork"
         self.steps += 1
         before = self._snapshot()
         dst = self._new_request(lineage=src.lineage)
@@ -506,6 +518,7 @@ class Mamba2RingHarness:
 
     def offload(self, rid: int) -> None:
         """Retraction with CPU backup: ``get_cpu_copy(req.mamba_pool_idx)``, then free the slot."""
+        self._op = "offload"
         self.steps += 1
         before = self._snapshot()
         r = self.reqs[rid]
@@ -517,6 +530,7 @@ class Mamba2RingHarness:
 
     def reload(self, rid: int) -> bool:
         """Readmission: a fresh slot from SGLang's alloc, then ``load_cpu_copy`` into it."""
+        self._op = "reload"
         if self.free_slots() < 1:
             return False
         self.steps += 1
@@ -537,6 +551,7 @@ class Mamba2RingHarness:
 
     def free(self, rid: int) -> None:
         """Finish / abort: free the request's slot (its contents stay for the next owner)."""
+        self._op = "free"
         self.steps += 1
         before = self._snapshot()
         r = self.reqs.pop(rid)
@@ -546,5 +561,6 @@ class Mamba2RingHarness:
         self._after()
 
     def _after(self) -> None:
+        STATS[self._op] += 1
         self.check_all()
         self._poison()

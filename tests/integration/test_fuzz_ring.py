@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from fuzz_ring_harness import Mamba2RingHarness, ProtocolViolation
+from fuzz_ring_harness import STATS, Mamba2RingHarness, ProtocolViolation
 
 EXAMPLES = int(os.environ.get("FUZZ_RING_EXAMPLES", "2000"))
 SEED = os.environ.get("FUZZ_RING_SEED")
@@ -82,20 +83,37 @@ def _machine(**shape):
         def extend(self, data, seed, k):
             self.h.extend(self._pick(data), seed, k)
 
-        @precondition(lambda self: self.h.live())
-        @rule(data=st.data(), seed=SEEDS)
-        def decode(self, data, seed):
+        def _decode(self, data, seed):
             sub, force, pads = self._rows(data)
             self.h.decode(sub, seed=seed, force=force, pads=pads)
 
-        @precondition(lambda self: self.h.live())
-        @rule(data=st.data(), seed=SEEDS)
-        def verify(self, data, seed):
+        def _verify(self, data, seed):
             sub, force, pads = self._rows(data)
             T = data.draw(st.integers(1, self.h.Tmax), label="T")
             acc = data.draw(st.lists(st.integers(1, T), min_size=len(sub), max_size=len(sub)),
                             label="accepted")
             self.h.verify(sub, T=T, accepted=acc, seed=seed, force=force, pads=pads)
+
+        # Rules are drawn uniformly: two copies each give decode and verify twice the weight.
+        @precondition(lambda self: self.h.live())
+        @rule(data=st.data(), seed=SEEDS)
+        def decode(self, data, seed):
+            self._decode(data, seed)
+
+        @precondition(lambda self: self.h.live())
+        @rule(data=st.data(), seed=SEEDS)
+        def decode_again(self, data, seed):
+            self._decode(data, seed)
+
+        @precondition(lambda self: self.h.live())
+        @rule(data=st.data(), seed=SEEDS)
+        def verify(self, data, seed):
+            self._verify(data, seed)
+
+        @precondition(lambda self: self.h.live())
+        @rule(data=st.data(), seed=SEEDS)
+        def verify_again(self, data, seed):
+            self._verify(data, seed)
 
         @precondition(lambda self: self.h.live())
         @rule(data=st.data(), seed=SEEDS)
@@ -131,11 +149,23 @@ def _settings(examples: int, steps: int) -> settings:
                     suppress_health_check=list(HealthCheck))
 
 
+def _report(what: str, t0: float) -> None:
+    dt = time.perf_counter() - t0
+    n = STATS["sequences"]
+    ops = sum(v for k, v in STATS.items() if k != "sequences")
+    print(f"\n{what}: {n} sequences, {ops} checked operations in {dt:.1f} s "
+          f"({n / dt:.0f} sequences/s); {dict(sorted(STATS.items()))}")
+    STATS.clear()
+
+
 def _run(machine, examples: int, steps: int) -> None:
     test = get_state_machine_test(machine, settings=_settings(examples, steps))
     if SEED is not None:
         test = hseed(int(SEED))(test)
+    STATS.clear()
+    t0 = time.perf_counter()
     test()
+    _report("hypothesis machine", t0)
 
 
 def test_fuzz_ring_machine():
@@ -190,11 +220,14 @@ def drive(seed: int, *, n_ops: int = 12, **shape) -> Mamba2RingHarness:
 
 
 def _drive_many(base: int, count: int, **kw) -> None:
+    STATS.clear()
+    t0 = time.perf_counter()
     for i in range(count):
         try:
             drive(base + i, **kw)
         except ProtocolViolation as e:
             raise AssertionError(f"drive(seed={base + i}, {kw}) failed: {e}") from e
+    _report("seeded driver", t0)
 
 
 def test_fuzz_ring_seeded():
