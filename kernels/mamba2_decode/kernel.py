@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_kernels.mamba2_decode._fold import record_factors
 from replayssm_kernels.mamba2_decode._validate import validate_mamba2_decode
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_decode_fwd", "launch_config"]
@@ -296,20 +297,13 @@ def _mamba2_replay_decode_fwd_kernel(
             # are in flight together), then the remainder one by one; no masked fold steps.
             for c in range(0, n_full, FOLD_UNROLL):
                 for jj in tl.static_range(FOLD_UNROLL):
-                    row = (start + c + jj) % R
-                    b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_p, other=0.0)
-                    dtj = tl.load(p_rdt + row * stride_rdt_row)
-                    b_Bj = tl.load(p_rB + row * stride_rB_row, mask=m_n, other=0.0)
-                    dA = tl.exp(A * dtj)
-                    dB = b_Bj.to(tl.float32) * dtj
+                    b_xj, dA, dB = record_factors(p_rx, p_rdt, p_rB, (start + c + jj) % R, A, m_p,
+                                                  m_n, stride_rx_row, stride_rdt_row,
+                                                  stride_rB_row)
                     b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
             for j in range(n_full, length):
-                row = (start + j) % R
-                b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_p, other=0.0)
-                dtj = tl.load(p_rdt + row * stride_rdt_row)
-                b_Bj = tl.load(p_rB + row * stride_rB_row, mask=m_n, other=0.0)
-                dA = tl.exp(A * dtj)
-                dB = b_Bj.to(tl.float32) * dtj
+                b_xj, dA, dB = record_factors(p_rx, p_rdt, p_rB, (start + j) % R, A, m_p, m_n,
+                                              stride_rx_row, stride_rdt_row, stride_rB_row)
                 b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
             b_x = b_x_raw.to(tl.float32)
             dA = dA_c

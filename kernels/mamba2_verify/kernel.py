@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_kernels.mamba2_decode._fold import record_factors
 from replayssm_kernels.mamba2_decode.kernel import _softplus
 from replayssm_kernels.mamba2_verify._validate import validate_mamba2_verify
 
@@ -50,11 +51,8 @@ __all__ = ["mamba2_replay_verify", "mamba2_replay_verify_fwd", "launch_config"]
 def _fold_record(b_s, p_rx, p_rdt, p_rB, row, A, m_p, m_n, stride_rx_row, stride_rdt_row,
                  stride_rB_row):
     # One committed record, exactly as the decode kernel's fold (and selective_state_update).
-    b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_p, other=0.0)
-    dtj = tl.load(p_rdt + row * stride_rdt_row)
-    b_Bj = tl.load(p_rB + row * stride_rB_row, mask=m_n, other=0.0)
-    dA = tl.exp(A * dtj)
-    dB = b_Bj.to(tl.float32) * dtj
+    b_xj, dA, dB = record_factors(p_rx, p_rdt, p_rB, row, A, m_p, m_n, stride_rx_row,
+                                  stride_rdt_row, stride_rB_row)
     return tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
 
 
