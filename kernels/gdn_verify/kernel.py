@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels.gdn_decode._fold import fold_records
-from replayssm_kernels.gdn_verify._validate import validate_gdn_verify
+from replayssm_kernels.gdn_decode._validate import validate_gdn_verify
 
 __all__ = ["gdn_replay_verify", "gdn_replay_verify_fwd", "gdn_replay_verify_fwd_kernel"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_kernels.gdn_verify._validate import validate_gdn_verify
+from replayssm_kernels.gdn_decode._validate import validate_gdn_verify
 
 __all__ = ["gdn_replay_verify_ref"]
 
