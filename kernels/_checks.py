@@ -6,6 +6,7 @@ No check copies or converts: a wrong layout is refused, never fixed silently.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -14,6 +15,8 @@ __all__ = [
     "check_tensor",
     "check_same_device",
     "check_index",
+    "check_launch_device",
+    "interpreting",
     "FLOAT_DTYPES",
     "STATE_DTYPES",
 ]
@@ -66,3 +69,16 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
 def check_index(name: str, t: torch.Tensor, batch: int) -> None:
     """Check a per-row int index/cursor vector of length ``batch``."""
     check_tensor(name, t, (batch,), (torch.int32, torch.int64))
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET`` set, not 0)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_launch_device(name: str, t: torch.Tensor) -> None:
+    """Refuse a tensor a Triton kernel cannot run on: not CUDA, and no interpreter."""
+    if t.device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"{name}: expected a CUDA tensor (or TRITON_INTERPRET=1 on CPU), got device {t.device}"
+        )

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_kernels._checks import check_launch_device
 from replayssm_kernels.commit._validate import validate_commit, validate_ring_sizes
 
 __all__ = ["verify_commit", "verify_commit_fwd", "verify_cursor_step"]
@@ -198,11 +199,7 @@ def verify_commit(
     """
     validate_commit(cursors, slot_idx, ring_start, ring_len, flush, accepted, window, ring_size,
                     num_tokens, out_flush_next)
-    if cursors.device.type != "cuda" and not _interpreting():
-        raise ValueError(
-            "cursors: expected a CUDA tensor (or TRITON_INTERPRET=1 on CPU), "
-            f"got device {cursors.device}"
-        )
+    check_launch_device("cursors", cursors)
     kw = dict(window=window, ring_size=ring_size, num_tokens=num_tokens,
               out_flush_next=out_flush_next)
     if cursors.device.type == "cuda":
@@ -210,9 +207,3 @@ def verify_commit(
             verify_commit_fwd(cursors, slot_idx, ring_start, ring_len, flush, accepted, **kw)
     else:
         verify_commit_fwd(cursors, slot_idx, ring_start, ring_len, flush, accepted, **kw)
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

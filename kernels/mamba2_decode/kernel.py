@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_kernels._checks import check_launch_device, interpreting
 from replayssm_kernels.mamba2_decode._fold import record_factors
 from replayssm_kernels.mamba2_decode._validate import validate_mamba2_decode
 
@@ -390,7 +391,7 @@ def launch_config(P: int, N: int, R: int) -> LaunchConfig:
     block_p = min(16, triton.next_power_of_2(P))
     block_l = triton.next_power_of_2(R)
     num_warps = 4 if triton.next_power_of_2(N) * block_p >= 1024 else 2
-    return LaunchConfig(block_p, block_l, 4, num_warps, 1, not _interpreting(), 0, 96)
+    return LaunchConfig(block_p, block_l, 4, num_warps, 1, not interpreting(), 0, 96)
 
 
 def mamba2_replay_decode_fwd(
@@ -445,7 +446,7 @@ def mamba2_replay_decode_fwd(
     s_prefetch = cfg.s_prefetch if s_prefetch is None else s_prefetch
     pf_l1 = cfg.pf_l1 if pf_l1 is None else pf_l1
     pipe = cfg.pipe if pipe is None else pipe
-    extra = {} if cfg.maxnreg is None or _interpreting() else {"maxnreg": cfg.maxnreg}
+    extra = {} if cfg.maxnreg is None or interpreting() else {"maxnreg": cfg.maxnreg}
     if block_l < R:
         raise AssertionError(f"block_l ({block_l}) must be >= R ({R})")
     z_strides = (z.stride(0), z.stride(1), z.stride(2)) if z is not None else (0, 0, 0)
@@ -485,12 +486,6 @@ def mamba2_replay_decode_fwd(
         num_warps=num_warps,
         **extra,
     )
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def mamba2_replay_decode(
@@ -572,11 +567,7 @@ def mamba2_replay_decode(
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
         flush, D, z, dt_bias,
     )
-    if state.device.type != "cuda" and not _interpreting():
-        raise ValueError(
-            "state: expected a CUDA tensor (or TRITON_INTERPRET=1 on CPU), "
-            f"got device {state.device}"
-        )
+    check_launch_device("state", state)
     launch = lambda: mamba2_replay_decode_fwd(  # noqa: E731
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
         flush, D=D, z=z, dt_bias=dt_bias, dt_softplus=bool(dt_softplus),

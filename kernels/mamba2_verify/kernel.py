@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_kernels._checks import check_launch_device
 from replayssm_kernels.mamba2_decode._fold import record_factors
 from replayssm_kernels.mamba2_decode.kernel import _softplus
 from replayssm_kernels.mamba2_verify._validate import validate_mamba2_verify
@@ -330,12 +331,6 @@ def mamba2_replay_verify_fwd(
     )
 
 
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def mamba2_replay_verify(
     state: torch.Tensor,
     ring_x: torch.Tensor,
@@ -421,11 +416,7 @@ def mamba2_replay_verify(
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
         flush, D, z, dt_bias,
     )
-    if state.device.type != "cuda" and not _interpreting():
-        raise ValueError(
-            "state: expected a CUDA tensor (or TRITON_INTERPRET=1 on CPU), "
-            f"got device {state.device}"
-        )
+    check_launch_device("state", state)
     d = vd.dims
     launch = lambda: mamba2_replay_verify_fwd(  # noqa: E731
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
