@@ -1,11 +1,12 @@
-"""Model-checked harness for the ring protocol on a real CPU ``ReplayMambaPool`` (Mamba-2 family).
+"""Model-checked harness for the ring protocol on a real CPU ``ReplayMambaPool`` (Mamba-2 and GDN).
 
 Used by ``test_fuzz_ring.py`` (hypothesis state machine, seeded random driver, regression cases).
 
 The **system** is SGLang's ``HybridReqToTokenPool`` with our ``ReplayMambaPool`` inside (slot
 allocation and its ``replayssm_write_pos`` reset are SGLang's own code), driven through the public
-pieces the integration uses: ``decode_cursor_step`` + ``mamba2_replay_decode_ref``,
-``verify_cursor_step`` + ``mamba2_replay_verify_ref`` + ``verify_commit_ref``,
+pieces the integration uses: ``decode_cursor_step`` + ``mamba2_replay_decode_ref`` (GDN:
+``gdn_replay_decode_ref``), ``verify_cursor_step`` + ``mamba2_replay_verify_ref`` (GDN:
+``gdn_replay_verify_ref``) + ``verify_commit_ref``,
 ``metadata.reset_extend_rows`` (prefill / extend), ``pool.clear_slots``, ``pool.copy_from`` (COW),
 ``pool.get_cpu_copy`` / ``pool.load_cpu_copy`` (offload / reload, with SGLang's 0-d
 ``req.mamba_pool_idx`` as the index) and SGLang's ``free_mamba_cache``.
@@ -19,8 +20,8 @@ The **model** keeps per live request, independently of the pool:
 - ``cur``: the cursor pair ``(start, len)`` that kernels/README.md's rules predict.
 
 ``check_all`` (after every operation) asserts for every live slot: the pool's cursors equal the
-model's; ring rows ``[0, len)`` hold exactly the last ``len`` accepted tokens (x, B bitwise; Δ
-bitwise against the fp32 softplus); the checkpoint is bit-identical to the fp32 shadow state
+model's; ring rows ``[0, len)`` hold exactly the last ``len`` accepted tokens (Mamba-2: x, B, Δ;
+GDN: raw k, raw v, g, β; all bitwise against the inputs / the kernel's fp32 gate math); the checkpoint is bit-identical to the fp32 shadow state
 ``len`` tokens ago; the float64 fold of the committed records onto the checkpoint equals ``S64``
 (relative tolerance ``STATE_RTOL``). Each step also checks its outputs (every window token of a
 verify, accepted or not, against the float64 recurrence from ``S64``), that padding rows' outputs are
@@ -41,6 +42,9 @@ import torch
 
 from replayssm_kernels import (
     decode_cursor_step,
+    gdn_conventional_f64,
+    gdn_replay_decode_ref,
+    gdn_replay_verify_ref,
     mamba2_conventional_f64,
     mamba2_replay_decode_ref,
     mamba2_replay_verify_ref,
@@ -65,14 +69,14 @@ def _softplus_f32(u: torch.Tensor) -> torch.Tensor:
     return torch.where(u <= 20.0, torch.log(torch.exp(u) + 1), u)
 
 
-@dataclasses.dataclass
-class Token:
-    """One token's mixer inputs for every layer: ``x [Ly,H,P]``, ``dt [Ly,H]``, ``B, C [Ly,G,N]``."""
+class Token(dict):
+    """One token's mixer inputs for every layer, ``name -> [Ly, ...]`` (attribute access).
 
-    x: torch.Tensor
-    dt: torch.Tensor
-    B: torch.Tensor
-    C: torch.Tensor
+    Mamba-2: ``x [Ly,H,P]``, ``dt [Ly,H]``, ``B, C [Ly,G,N]``; GDN: ``q, k [Ly,Hk,K]``,
+    ``v [Ly,HV,V]``, ``a, b [Ly,HV]``.
+    """
+
+    __getattr__ = dict.__getitem__
 
 
 @dataclasses.dataclass
@@ -91,8 +95,13 @@ class Request:
         return None if self.sg.mamba_pool_idx is None else int(self.sg.mamba_pool_idx)
 
 
-class Mamba2RingHarness:
+class RingHarness:
     """A small CPU pool plus the float64 model; every public method is one operation.
+
+    Family-specific parts (shapes, inputs, the fp32 and float64 recurrences, the record check and
+    the kernel references) are the ``_family_*`` hooks of ``Mamba2RingHarness`` and
+    ``GdnRingHarness``. The state is ``[H, P, N]`` per layer (GDN: ``[HV, V, K]``), outputs
+    ``[H, P]`` per token (GDN: ``[HV, V]``).
 
     Parameters
     ----------
@@ -109,6 +118,7 @@ class Mamba2RingHarness:
     """
 
     H, P, N, G = 2, 4, 4, 1
+    family = "?"
 
     def __init__(self, *, slots: int = 4, window: int = 4, max_tokens: int = 3, layers: int = 1,
                  seed: int = 0, offload_0d: bool = False):
@@ -123,6 +133,7 @@ class Mamba2RingHarness:
         self.L, self.Tmax, self.layers = window, max_tokens, layers
         self.offload_0d = offload_0d
         self.R = min_ring_size(window, max_tokens)
+        # GDN reads (num_heads, head_dim, state_size, n_groups) as (HV, V, K, Hk).
         shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=H * P, n_groups=G,
                                         num_heads=H, head_dim=P, state_size=N, conv_kernel=4)
         params = Mamba2CacheParams(shape=shape, layers=list(range(layers)),
@@ -131,7 +142,7 @@ class Mamba2RingHarness:
         # for the verify ring size directly; the protocol's L is passed to the cursor functions.
         previous = HybridReqToTokenPool.__dict__["mamba_pool_cls"]
         HybridReqToTokenPool.mamba_pool_cls = functools.partial(
-            ReplayMambaPool, replay=ReplayPoolSpec(family="mamba2", window=self.R, act_dtype=F32))
+            ReplayMambaPool, replay=ReplayPoolSpec(family=self.family, window=self.R, act_dtype=F32))
         try:
             self.hpool = HybridReqToTokenPool(
                 size=slots, mamba_size=slots, mamba_spec_state_size=slots, max_context_len=8,
@@ -142,10 +153,7 @@ class Mamba2RingHarness:
         self.pool: ReplayMambaPool = self.hpool.mamba_pool
         assert self.pool.ring_spec.rows == self.R
         self.temporal = self.pool.mamba_cache.temporal  # [Ly, slots+1, H, P, N]
-        g = torch.Generator().manual_seed(seed)
-        self.A = -torch.rand(layers, H, generator=g) * 1.5 - 0.1
-        self.dt_bias = torch.randn(layers, H, generator=g) * 0.5
-        self.D = torch.randn(layers, H, generator=g)
+        self._family_params(torch.Generator().manual_seed(seed))
         self.reqs: dict[int, Request] = {}
         STATS["sequences"] += 1
         self.next_rid = 1
@@ -165,38 +173,6 @@ class Mamba2RingHarness:
 
     def free_slots(self) -> int:
         return min(self.hpool.mamba_allocator.available_size(), self.hpool.available_size())
-
-    def _token(self, g: torch.Generator) -> Token:
-        Ly, H, P, N, G = self.layers, self.H, self.P, self.N, self.G
-        return Token(x=torch.randn(Ly, H, P, generator=g), dt=torch.randn(Ly, H, generator=g) - 1.0,
-                     B=torch.randn(Ly, G, N, generator=g), C=torch.randn(Ly, G, N, generator=g))
-
-    def _delta32(self, tok: Token, l: int) -> torch.Tensor:
-        return _softplus_f32(tok.dt[l] + self.dt_bias[l])
-
-    def _fold32(self, S: torch.Tensor, tok: Token) -> torch.Tensor:
-        """fp32 conventional update of all layers (the expression order of selective_state_update)."""
-        out = torch.empty_like(S)
-        hpg = self.H // self.G
-        for l in range(self.layers):
-            d = self._delta32(tok, l)
-            Bh = tok.B[l].repeat_interleave(hpg, dim=0)
-            dA = torch.exp(self.A[l] * d)
-            dB = Bh * d[:, None]
-            out[l] = S[l] * dA[:, None, None] + dB[:, None, :] * tok.x[l][:, :, None]
-        return out
-
-    def _f64(self, S64: torch.Tensor, toks: list[Token]) -> tuple[torch.Tensor, torch.Tensor]:
-        """float64 conventional recurrence over ``toks``: outputs ``[T, Ly, H, P]``, final state."""
-        outs, fin = [], []
-        for l in range(self.layers):
-            y, S = mamba2_conventional_f64(
-                S64[l], torch.stack([t.x[l] for t in toks]), torch.stack([t.dt[l] for t in toks]),
-                self.A[l], torch.stack([t.B[l] for t in toks]), torch.stack([t.C[l] for t in toks]),
-                D=self.D[l], dt_bias=self.dt_bias[l], dt_softplus=True)
-            outs.append(y)
-            fin.append(S)
-        return torch.stack(outs, dim=1), torch.stack(fin)
 
     _op = "?"
 
@@ -247,7 +223,8 @@ class Mamba2RingHarness:
             if dead:
                 idx = torch.tensor(dead)
                 for name, t in self.pool.rings.items():
-                    t[:, s].index_fill_(-2 if name != "dt" else -1, idx, float("nan"))
+                    # [Ly, slots, heads, R] (dt, g, beta) or [Ly, slots, heads, R, dim]
+                    t[:, s].index_fill_(-1 if t.dim() == 4 else -2, idx, float("nan"))
 
     def _pad(self, rows: list[Request], pads: list[int]) -> list[Request | None]:
         """Insert padding rows (None) at the given positions."""
@@ -281,24 +258,8 @@ class Mamba2RingHarness:
                 err = (ck - r.shadow[n - length]).abs().max().item()
                 self._fail(f"req {r.rid} slot {s}: checkpoint is not the fp32 conventional state "
                            f"{length} tokens ago (max |diff| {err:.3g})")
-            S = ck.to(F64)
             for l in range(self.layers):
-                hpg = self.H // self.G
-                Sl = S[l]
-                for j in range(length):
-                    tok = r.tokens[n - length + j]
-                    p = (start + j) % self.R
-                    rx = self.pool.rings["x"][l, s, :, p, :]
-                    rdt = self.pool.rings["dt"][l, s, :, p]
-                    rB = self.pool.rings["B"][l, s, :, p, :]
-                    if not (torch.equal(rx, tok.x[l]) and torch.equal(rB, tok.B[l])
-                            and torch.equal(rdt, self._delta32(tok, l))):
-                        self._fail(f"req {r.rid} slot {s} layer {l}: committed record {j} (phys row "
-                                   f"{p}) is not accepted token {n - length + j}")
-                    d = rdt.to(F64)
-                    Sl = (Sl * torch.exp(self.A[l].to(F64) * d)[:, None, None]
-                          + (d[:, None] * rx.to(F64))[:, :, None]
-                          * rB.to(F64).repeat_interleave(hpg, 0)[:, None, :])
+                Sl = self._family_materialise(l, s, r, start, length)
                 ref = r.S64[l]
                 err = (Sl - ref).norm().item() / max(ref.norm().item(), 1.0)
                 if not err <= STATE_RTOL:
@@ -401,13 +362,7 @@ class Mamba2RingHarness:
         outs = torch.full((self.layers, batch, self.H, self.P), -7.5e30)
         sentinel = outs.clone()
         for l in range(self.layers):
-            lr = self.pool.layer_rings(l)
-            mamba2_replay_decode_ref(
-                self.temporal[l], lr["x"], lr["dt"], lr["B"],
-                torch.stack([t.x[l] for t in toks]), torch.stack([t.dt[l] for t in toks]),
-                self.A[l], torch.stack([t.B[l] for t in toks]), torch.stack([t.C[l] for t in toks]),
-                outs[l], slot_idx, start, length, flush,
-                D=self.D[l], dt_bias=self.dt_bias[l], dt_softplus=True)
+            self._family_decode(l, toks, outs[l], slot_idx, start, length, flush)
         for b, r in enumerate(rows):
             if r is None:
                 if not torch.equal(outs[:, b], sentinel[:, b]):
@@ -450,16 +405,8 @@ class Mamba2RingHarness:
         outs = torch.full((self.layers, batch, T, self.H, self.P), -7.5e30)
         sentinel = outs.clone()
 
-        def win(f, l):
-            return torch.stack([torch.stack([f(t)[l] for t in tw]) for tw in toks])
-
         for l in range(self.layers):
-            lr = self.pool.layer_rings(l)
-            mamba2_replay_verify_ref(
-                self.temporal[l], lr["x"], lr["dt"], lr["B"], win(lambda t: t.x, l),
-                win(lambda t: t.dt, l), self.A[l], win(lambda t: t.B, l), win(lambda t: t.C, l),
-                outs[l], slot_idx, start, length, flush,
-                D=self.D[l], dt_bias=self.dt_bias[l], dt_softplus=True)
+            self._family_verify(l, toks, outs[l], slot_idx, start, length, flush)
         acc = torch.tensor([int(a) if r is not None else 1 for r, a in zip(rows, acc_rows)],
                            dtype=torch.int32)
         verify_commit_ref(self.pool.cursors, slot_idx, start, length, flush, acc, window=self.L,
@@ -564,3 +511,180 @@ class Mamba2RingHarness:
         STATS[self._op] += 1
         self.check_all()
         self._poison()
+
+
+class Mamba2RingHarness(RingHarness):
+    """Mamba-2: records ``(x, Δ, B)``; ``mamba2_replay_decode_ref`` / ``mamba2_replay_verify_ref``."""
+
+    family = "mamba2"
+
+    def _family_params(self, g: torch.Generator) -> None:
+        Ly, H = self.layers, self.H
+        self.A = -torch.rand(Ly, H, generator=g) * 1.5 - 0.1
+        self.dt_bias = torch.randn(Ly, H, generator=g) * 0.5
+        self.D = torch.randn(Ly, H, generator=g)
+
+    def _token(self, g: torch.Generator) -> Token:
+        Ly, H, P, N, G = self.layers, self.H, self.P, self.N, self.G
+        return Token(x=torch.randn(Ly, H, P, generator=g), dt=torch.randn(Ly, H, generator=g) - 1.0,
+                     B=torch.randn(Ly, G, N, generator=g), C=torch.randn(Ly, G, N, generator=g))
+
+    def _delta32(self, tok: Token, l: int) -> torch.Tensor:
+        return _softplus_f32(tok.dt[l] + self.dt_bias[l])
+
+    def _fold32(self, S: torch.Tensor, tok: Token) -> torch.Tensor:
+        """fp32 conventional update of all layers (the expression order of selective_state_update)."""
+        out = torch.empty_like(S)
+        hpg = self.H // self.G
+        for l in range(self.layers):
+            d = self._delta32(tok, l)
+            Bh = tok.B[l].repeat_interleave(hpg, dim=0)
+            dA = torch.exp(self.A[l] * d)
+            dB = Bh * d[:, None]
+            out[l] = S[l] * dA[:, None, None] + dB[:, None, :] * tok.x[l][:, :, None]
+        return out
+
+    def _f64(self, S64: torch.Tensor, toks: list[Token]) -> tuple[torch.Tensor, torch.Tensor]:
+        """float64 conventional recurrence over ``toks``: outputs ``[T, Ly, H, P]``, final state."""
+        outs, fin = [], []
+        for l in range(self.layers):
+            y, S = mamba2_conventional_f64(
+                S64[l], torch.stack([t.x[l] for t in toks]), torch.stack([t.dt[l] for t in toks]),
+                self.A[l], torch.stack([t.B[l] for t in toks]), torch.stack([t.C[l] for t in toks]),
+                D=self.D[l], dt_bias=self.dt_bias[l], dt_softplus=True)
+            outs.append(y)
+            fin.append(S)
+        return torch.stack(outs, dim=1), torch.stack(fin)
+
+    def _family_materialise(self, l: int, s: int, r: Request, start: int, length: int) -> torch.Tensor:
+        """Check ring rows [0, len) against the accepted tokens; fold them onto the checkpoint in f64."""
+        n = len(r.tokens)
+        hpg = self.H // self.G
+        Sl = self.temporal[l, s].to(F64)
+        for j in range(length):
+            tok = r.tokens[n - length + j]
+            p = (start + j) % self.R
+            rx = self.pool.rings["x"][l, s, :, p, :]
+            rdt = self.pool.rings["dt"][l, s, :, p]
+            rB = self.pool.rings["B"][l, s, :, p, :]
+            if not (torch.equal(rx, tok.x[l]) and torch.equal(rB, tok.B[l])
+                    and torch.equal(rdt, self._delta32(tok, l))):
+                self._fail(f"req {r.rid} slot {s} layer {l}: committed record {j} (phys row "
+                           f"{p}) is not accepted token {n - length + j}")
+            d = rdt.to(F64)
+            Sl = (Sl * torch.exp(self.A[l].to(F64) * d)[:, None, None]
+                  + (d[:, None] * rx.to(F64))[:, :, None]
+                  * rB.to(F64).repeat_interleave(hpg, 0)[:, None, :])
+        return Sl
+
+    def _family_decode(self, l, toks, out, slot_idx, start, length, flush) -> None:
+        lr = self.pool.layer_rings(l)
+        mamba2_replay_decode_ref(
+            self.temporal[l], lr["x"], lr["dt"], lr["B"],
+            torch.stack([t.x[l] for t in toks]), torch.stack([t.dt[l] for t in toks]),
+            self.A[l], torch.stack([t.B[l] for t in toks]), torch.stack([t.C[l] for t in toks]),
+            out, slot_idx, start, length, flush,
+            D=self.D[l], dt_bias=self.dt_bias[l], dt_softplus=True)
+
+    def _family_verify(self, l, toks, out, slot_idx, start, length, flush) -> None:
+        def win(name):
+            return torch.stack([torch.stack([t[name][l] for t in tw]) for tw in toks])
+
+        lr = self.pool.layer_rings(l)
+        mamba2_replay_verify_ref(
+            self.temporal[l], lr["x"], lr["dt"], lr["B"], win("x"), win("dt"), self.A[l],
+            win("B"), win("C"), out, slot_idx, start, length, flush,
+            D=self.D[l], dt_bias=self.dt_bias[l], dt_softplus=True)
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+class GdnRingHarness(RingHarness):
+    """Gated DeltaNet: ``(H, P, N, G)`` read as ``(HV, V, K, Hk)``; records ``(u, raw k, raw v, g,
+    β)``; ``gdn_replay_decode_ref`` / ``gdn_replay_verify_ref``. The record check covers raw k, raw v,
+    g and β (what the fold replays) bitwise; ``u`` feeds non-flush outputs only, which are checked
+    against the float64 recurrence."""
+
+    family = "gdn"
+
+    def _family_params(self, g: torch.Generator) -> None:
+        Ly, HV = self.layers, self.H
+        self.A_log = torch.rand(Ly, HV, generator=g) * 0.5 - 1.0
+        self.dt_bias = torch.randn(Ly, HV, generator=g) * 0.5
+        self.scale = self.N ** -0.5
+
+    def _token(self, g: torch.Generator) -> Token:
+        Ly, HV, V, K, Hk = self.layers, self.H, self.P, self.N, self.G
+        return Token(q=torch.randn(Ly, Hk, K, generator=g), k=torch.randn(Ly, Hk, K, generator=g),
+                     v=torch.randn(Ly, HV, V, generator=g), a=torch.randn(Ly, HV, generator=g),
+                     b=torch.randn(Ly, HV, generator=g))
+
+    def _gate32(self, tok: Token, l: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g, β) in fp32 as the decode kernel computes them (β rounded to b's dtype: fp32 here)."""
+        x = tok.a[l] + self.dt_bias[l]
+        sp = torch.where(x <= 20.0, torch.log(1.0 + torch.exp(x)), x)
+        g = -torch.exp(self.A_log[l]) * sp
+        beta = torch.sigmoid(tok.b[l]).to(tok.b.dtype).to(F32)
+        return g, beta
+
+    def _fold32(self, S: torch.Tensor, tok: Token) -> torch.Tensor:
+        """fp32 packed-decode update of all layers (gdn_replay_decode's fold, current-token form)."""
+        out = torch.empty_like(S)
+        grp = self.H // self.G
+        for l in range(self.layers):
+            g, beta = self._gate32(tok, l)
+            kh = _l2norm(tok.k[l]).repeat_interleave(grp, 0)
+            Sl = S[l] * torch.exp(g)[:, None, None]
+            u = (tok.v[l] - (Sl * kh[:, None, :]).sum(-1)) * beta[:, None]
+            out[l] = Sl + u[:, :, None] * kh[:, None, :]
+        return out
+
+    def _f64(self, S64: torch.Tensor, toks: list[Token]) -> tuple[torch.Tensor, torch.Tensor]:
+        outs, fin = [], []
+        for l in range(self.layers):
+            y, S = gdn_conventional_f64(
+                S64[l], *(torch.stack([t[n][l] for t in toks]) for n in ("q", "k", "v", "a", "b")),
+                self.A_log[l], self.dt_bias[l], scale=self.scale)
+            outs.append(y)
+            fin.append(S)
+        return torch.stack(outs, dim=1), torch.stack(fin)
+
+    def _family_materialise(self, l: int, s: int, r: Request, start: int, length: int) -> torch.Tensor:
+        n = len(r.tokens)
+        grp = self.H // self.G
+        rings = self.pool.rings
+        Sl = self.temporal[l, s].to(F64)
+        for j in range(length):
+            tok = r.tokens[n - length + j]
+            p = (start + j) % self.R
+            rk, rv = rings["k"][l, s, :, p, :], rings["v"][l, s, :, p, :]
+            rg, rb = rings["g"][l, s, :, p], rings["beta"][l, s, :, p]
+            g, beta = self._gate32(tok, l)
+            if not (torch.equal(rk, tok.k[l]) and torch.equal(rv, tok.v[l])
+                    and torch.equal(rg, g) and torch.equal(rb, beta)):
+                self._fail(f"req {r.rid} slot {s} layer {l}: committed record {j} (phys row "
+                           f"{p}) is not accepted token {n - length + j}")
+            kh = _l2norm(rk.to(F64)).repeat_interleave(grp, 0)
+            Sl = Sl * torch.exp(rg.to(F64))[:, None, None]
+            u = rb.to(F64)[:, None] * (rv.to(F64) - (Sl * kh[:, None, :]).sum(-1))
+            Sl = Sl + u[:, :, None] * kh[:, None, :]
+        return Sl
+
+    def _family_decode(self, l, toks, out, slot_idx, start, length, flush) -> None:
+        lr = self.pool.layer_rings(l)
+        gdn_replay_decode_ref(
+            self.temporal[l], lr["u"], lr["k"], lr["v"], lr["g"], lr["beta"],
+            *(torch.stack([t[n][l] for t in toks]) for n in ("q", "k", "v", "a", "b")),
+            self.A_log[l], self.dt_bias[l], out, slot_idx, start, length, flush, scale=self.scale)
+
+    def _family_verify(self, l, toks, out, slot_idx, start, length, flush) -> None:
+        def win(name):
+            return torch.stack([torch.stack([t[name][l] for t in tw]) for tw in toks])
+
+        lr = self.pool.layer_rings(l)
+        gdn_replay_verify_ref(
+            self.temporal[l], lr["u"], lr["k"], lr["v"], lr["g"], lr["beta"],
+            *(win(n) for n in ("q", "k", "v", "a", "b")),
+            self.A_log[l], self.dt_bias[l], out, slot_idx, start, length, flush, scale=self.scale)

@@ -1,4 +1,4 @@
-"""Model-checked fuzz of the ring protocol on a real CPU ``ReplayMambaPool`` (issue 7, Mamba-2).
+"""Model-checked fuzz of the ring protocol on a real CPU ``ReplayMambaPool`` (issue 7; Mamba-2 and GDN).
 
 A hypothesis ``RuleBasedStateMachine`` drives allocate + prefill, chunked extend, decode steps,
 speculative verify of ``T <= 3`` tokens with a random accepted count and its commit, forced flushes,
@@ -8,9 +8,10 @@ model of ``fuzz_ring_harness.py``; every operation ends with ``Mamba2RingHarness
 that module for what is checked). Tiny shapes (H=2, P=4, N=4, G=1, L=4, R=7, 4 slots), torch
 references only, one intra-op thread.
 
-CI: ``test_fuzz_ring_machine`` runs ``FUZZ_RING_EXAMPLES`` (default 2,000) derandomised sequences
-of up to 12 operations (hypothesis database off, so every run draws the same cases), and
-``test_fuzz_ring_seeded`` 300 more from a plain seeded driver. More: ``FUZZ_RING_EXAMPLES=20000``,
+CI: ``test_fuzz_ring_machine`` runs ``FUZZ_RING_EXAMPLES`` (default 2,000) derandomised Mamba-2
+sequences of up to 12 operations and a quarter as many GDN ones (hypothesis database off, so every
+run draws the same cases), and ``test_fuzz_ring_seeded`` 200 more per family from a plain seeded
+driver. ``pytest -s`` prints sequences, operations by kind and sequences/s. More: ``FUZZ_RING_EXAMPLES=20000``,
 ``FUZZ_RING_SEED=<n>`` (a different, non-derandomised hypothesis run, and the driver's base seed),
 or ``-m slow`` (2 layers, L=5, T<=4, 5 slots, longer sequences).
 """
@@ -34,7 +35,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from fuzz_ring_harness import STATS, Mamba2RingHarness, ProtocolViolation
+from fuzz_ring_harness import STATS, GdnRingHarness, Mamba2RingHarness, ProtocolViolation
 
 EXAMPLES = int(os.environ.get("FUZZ_RING_EXAMPLES", "2000"))
 SEED = os.environ.get("FUZZ_RING_SEED")
@@ -50,13 +51,18 @@ def _one_thread():
     torch.set_num_threads(old)
 
 
-def _machine(**shape):
+FAMILIES = {"mamba2": Mamba2RingHarness, "gdn": GdnRingHarness}
+
+
+def _machine(family: str = "mamba2", **shape):
+    harness = FAMILIES[family]
+
     class RingMachine(RuleBasedStateMachine):
         """One example = one pool and one random sequence of pool / protocol operations."""
 
         @initialize(seed=SEEDS)
         def setup(self, seed):
-            self.h = Mamba2RingHarness(seed=seed % 97, **shape)
+            self.h = harness(seed=seed % 97, **shape)
             self.h.prefill(seed)
 
         def _pick(self, data, live=True):
@@ -168,9 +174,12 @@ def _run(machine, examples: int, steps: int) -> None:
     _report("hypothesis machine", t0)
 
 
-def test_fuzz_ring_machine():
-    """2,000 (``FUZZ_RING_EXAMPLES``) derandomised hypothesis sequences, Mamba-2, T <= 3."""
-    _run(_machine(slots=4, window=4, max_tokens=3, layers=1), EXAMPLES, 12)
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_fuzz_ring_machine(family: str):
+    """``FUZZ_RING_EXAMPLES`` (default 2,000) derandomised hypothesis sequences for Mamba-2, a
+    quarter as many for GDN (same protocol and pool code; the CI budget is ~90 s), T <= 3."""
+    n = EXAMPLES if family == "mamba2" else max(EXAMPLES // 4, 1)
+    _run(_machine(family, slots=4, window=4, max_tokens=3, layers=1), n, 12)
 
 
 # ---------------------------------------------------------------------- seeded random driver
@@ -179,10 +188,10 @@ OPS = ("prefill", "decode", "decode", "verify", "verify", "verify", "flush", "fo
        "reload", "free", "extend")
 
 
-def drive(seed: int, *, n_ops: int = 12, **shape) -> Mamba2RingHarness:
+def drive(seed: int, *, family: str = "mamba2", n_ops: int = 12, **shape):
     """One random operation sequence from ``random.Random(seed)``; raises ``ProtocolViolation``."""
     rng = random.Random(seed)
-    h = Mamba2RingHarness(seed=seed % 97, **shape)
+    h = FAMILIES[family](seed=seed % 97, **shape)
     h.prefill(rng.randrange(1 << 31))
     for _ in range(n_ops):
         live, off = h.live(), h.offloaded()
@@ -230,29 +239,33 @@ def _drive_many(base: int, count: int, **kw) -> None:
     _report("seeded driver", t0)
 
 
-def test_fuzz_ring_seeded():
-    """300 sequences of the plain seeded driver (mixes verify-heavy and all-accept/all-reject)."""
-    _drive_many(int(SEED or 0) * 100_000, 300, slots=4, window=4, max_tokens=3, layers=1)
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_fuzz_ring_seeded(family: str):
+    """200 sequences of the plain seeded driver (verify-heavy, accepted counts biased to 1 and T)."""
+    _drive_many(int(SEED or 0) * 100_000, 200, family=family, slots=4, window=4, max_tokens=3,
+                layers=1)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
 @pytest.mark.parametrize("shape", [
     dict(slots=5, window=5, max_tokens=4, layers=2),
     dict(slots=3, window=2, max_tokens=3, layers=1),  # T > L: R = max(L, T) + T
     dict(slots=3, window=1, max_tokens=2, layers=1),  # L = 1: every decode step flushes
 ], ids=["L5T4x2", "L2T3", "L1T2"])
-def test_fuzz_ring_slow(shape):
-    _run(_machine(**shape), max(EXAMPLES, 2000), 30)
-    _drive_many(int(SEED or 0) * 100_000 + 1_000_000, 500, n_ops=30, **shape)
+def test_fuzz_ring_slow(family, shape):
+    _run(_machine(family, **shape), max(EXAMPLES // 5, 400), 30)
+    _drive_many(int(SEED or 0) * 100_000 + 1_000_000, 300, family=family, n_ops=30, **shape)
 
 
 # ---------------------------------------------------------------------- regression cases
 
 
-def test_regression_fork_source_with_pending_verify_window():
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_regression_fork_source_with_pending_verify_window(family: str):
     """A fork right after a verify whose accepted window is still in the ring (len = a after a
     flush verify): the source must be force-flushed first, and the branches stay isolated."""
-    h = Mamba2RingHarness(slots=4, window=4, max_tokens=3)
+    h = FAMILIES[family](slots=4, window=4, max_tokens=3)
     a = h.prefill(1)
     h.verify([a], T=3, accepted=[3], seed=2)
     h.verify([a], T=3, accepted=[2], seed=3)  # len 3 + 3 > 4: flush verify, len = 2
@@ -261,9 +274,10 @@ def test_regression_fork_source_with_pending_verify_window():
     h.decode([a, b], seed=6)
 
 
-def test_regression_slot_reuse_after_free_and_offload():
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_regression_slot_reuse_after_free_and_offload(family: str):
     """Free and offload hand slots back; their stale cursors must not reach the next owner."""
-    h = Mamba2RingHarness(slots=2, window=4, max_tokens=3)
+    h = FAMILIES[family](slots=2, window=4, max_tokens=3)
     a = h.prefill(1)
     h.decode([a], seed=2)
     h.verify([a], T=3, accepted=[2], seed=3)  # a: len 3, start 0
