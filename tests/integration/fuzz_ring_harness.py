@@ -21,8 +21,9 @@ The **model** keeps per live request, independently of the pool:
 
 ``check_all`` (after every operation) asserts for every live slot: the pool's cursors equal the
 model's; ring rows ``[0, len)`` hold exactly the last ``len`` accepted tokens (Mamba-2: x, B, Δ;
-GDN: raw k, raw v, g, β; all bitwise against the inputs / the kernel's fp32 gate math); the checkpoint is bit-identical to the fp32 shadow state
-``len`` tokens ago; the float64 fold of the committed records onto the checkpoint equals ``S64``
+GDN: raw k, raw v, g, β; all bitwise against the inputs / the kernel's fp32 gate math); the
+checkpoint is bit-identical to the fp32 shadow state ``len`` tokens ago; the float64 fold of the
+committed records onto the checkpoint equals ``S64``
 (relative tolerance ``STATE_RTOL``). Each step also checks its outputs (every window token of a
 verify, accepted or not, against the float64 recurrence from ``S64``), that padding rows' outputs are
 untouched, and that every slot the operation must not write (null slot 0, other live slots, free
@@ -287,7 +288,8 @@ class RingHarness:
             self._fail(f"alloc: slot {s} handed out with a stale len {int(self.pool.cursors[s, 1])}")
         rid = self.next_rid
         self.next_rid += 1
-        r = Request(rid=rid, sg=sg, S64=None, tokens=[], shadow=[], cur=[0, 0],  # type: ignore[arg-type]
+        r = Request(rid=rid, sg=sg, S64=None,  # type: ignore[arg-type]
+                    tokens=[], shadow=[], cur=[0, 0],
                     lineage=lineage + (rid,))
         return r
 
@@ -371,7 +373,8 @@ class RingHarness:
             st, ln = r.cur
             want_flush = ln >= self.L - 1 or bool(fl_rows[b])
             if [int(start[b]), int(length[b]), bool(flush[b])] != [st, ln, want_flush]:
-                self._fail(f"decode req {r.rid}: snapshot {[int(start[b]), int(length[b]), bool(flush[b])]}"
+                snap = [int(start[b]), int(length[b]), bool(flush[b])]
+                self._fail(f"decode req {r.rid}: snapshot {snap}"
                            f" != model {[st, ln, want_flush]}")
             y64, S64 = self._f64(r.S64, [toks[b]])
             self._check_out(outs[:, b], y64[0], f"decode req {r.rid} slot {r.slot}")
@@ -420,7 +423,8 @@ class RingHarness:
             a = int(acc[b])
             want_flush = ln + T > self.L or bool(fl_rows[b])
             if [int(start[b]), int(length[b]), bool(flush[b])] != [st, ln, want_flush]:
-                self._fail(f"verify req {r.rid}: snapshot {[int(start[b]), int(length[b]), bool(flush[b])]}"
+                snap = [int(start[b]), int(length[b]), bool(flush[b])]
+                self._fail(f"verify req {r.rid}: snapshot {snap}"
                            f" != model {[st, ln, want_flush]}")
             y64, _ = self._f64(r.S64, toks[b])
             for t in range(T):
@@ -557,7 +561,7 @@ class Mamba2RingHarness(RingHarness):
         return torch.stack(outs, dim=1), torch.stack(fin)
 
     def _family_materialise(self, l: int, s: int, r: Request, start: int, length: int) -> torch.Tensor:
-        """Check ring rows [0, len) against the accepted tokens; fold them onto the checkpoint in f64."""
+        """Check ring rows [0, len) against the accepted tokens; fold them onto the checkpoint (f64)."""
         n = len(r.tokens)
         hpg = self.H // self.G
         Sl = self.temporal[l, s].to(F64)
