@@ -162,8 +162,14 @@ class ReplayMambaPool(MambaPool):
 
     def get_cpu_copy(self, indices):
         conv_cpu, temporal_cpu = super().get_cpu_copy(indices)[:2]
-        rings_cpu = {name: t[:, indices].to("cpu") for name, t in self.rings.items()}
-        cursors_cpu = self.cursors[indices].to("cpu")
+        # SGLang passes the request's 0-d slot tensor, and indexing with it gives a view: on a CPU
+        # pool `.to("cpu")` is then no copy, and a slot reused before the reload would overwrite the
+        # backup (found by tests/integration/test_fuzz_ring.py). Copy explicitly.
+        if self.cursors.device.type == "cpu":
+            conv_cpu = [c.clone() for c in conv_cpu]
+            temporal_cpu = temporal_cpu.clone()
+        rings_cpu = {name: t[:, indices].to("cpu", copy=True) for name, t in self.rings.items()}
+        cursors_cpu = self.cursors[indices].to("cpu", copy=True)
         return conv_cpu, temporal_cpu, _RingCopy(rings=rings_cpu, cursors=cursors_cpu)
 
     def load_cpu_copy(self, mamba_cache_cpu, indices):

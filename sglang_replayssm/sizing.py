@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from replayssm_kernels import min_ring_size
 
 __all__ = ["FAMILIES", "RingSpec", "ring_spec", "ring_rows"]
 
@@ -40,12 +41,13 @@ CURSOR_BYTES_PER_SLOT = 2 * 4
 
 
 def ring_rows(window: int, spec_tokens: int = 0) -> int:
-    """Physical ring rows ``R`` for decode window ``L`` (``R >= L``; ``+ T`` for spec verify)."""
+    """Physical ring rows ``R``: ``L`` for decode; ``max(L, T) + T`` with spec verify of ``T`` tokens
+    (``replayssm_kernels.commit.min_ring_size``)."""
     if window < 1:
         raise ValueError(f"window: expected >= 1, got {window}")
     if spec_tokens < 0:
         raise ValueError(f"spec_tokens: expected >= 0, got {spec_tokens}")
-    return window + spec_tokens
+    return min_ring_size(window, spec_tokens)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -294,12 +294,9 @@ def test_regression_slot_reuse_after_free_and_offload(family: str):
     h.decode([c, a], seed=8, force=[False, True])
 
 
-@pytest.mark.xfail(strict=True, raises=ProtocolViolation, reason=(
-    "BUG: ReplayMambaPool.get_cpu_copy (and MambaPool's, for temporal/conv) with SGLang's 0-d "
-    "req.mamba_pool_idx returns views on a CPU pool (t[:, idx] is basic indexing, .to('cpu') is a "
-    "no-op): the backup aliases the freed slot and a reload restores whatever its next owner wrote"))
 def test_regression_offload_with_0d_index_aliases_on_cpu():
-    """Found by the fuzz (seeds 0, 1, 6 of the seeded driver with SGLang's 0-d index)."""
+    """Found by the fuzz (seeds 0, 1, 6 of the seeded driver with SGLang's 0-d index): the CPU
+    backup aliased the freed slot; ReplayMambaPool.get_cpu_copy now copies."""
     h = Mamba2RingHarness(slots=2, window=4, max_tokens=3, offload_0d=True)
     a = h.prefill(1)
     h.decode([a], seed=2)
