@@ -239,7 +239,11 @@ def test_full_size_shapes_on_meta(name: str, lo: float, hi: float):
         assert sum(k.endswith("mixer.A_log") for k in w) == 21
     else:
         la = "model.layers.0.linear_attn"
-        assert w[f"{la}.in_proj_qkv.weight"].shape == (QWEN35_4B.qkv_dim, c["hidden_size"])
+        if name == "qwen3_next_4b":  # packed [q | k | v | z] per key head
+            assert w[f"{la}.in_proj_qkvz.weight"].shape == (
+                QWEN35_4B.qkv_dim + QWEN35_4B.HV * QWEN35_4B.V, c["hidden_size"])
+        else:
+            assert w[f"{la}.in_proj_qkv.weight"].shape == (QWEN35_4B.qkv_dim, c["hidden_size"])
         assert w[f"{la}.A_log"].shape == (QWEN35_4B.HV,)
         assert sum(k.endswith("linear_attn.A_log") for k in w) == 24
 

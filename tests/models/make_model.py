@@ -258,11 +258,12 @@ def _qwen3_5_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
         w[f"{pre}.mlp.down_proj.weight"] = gen.linear(d, f, gain=0.5)
         if (i + 1) % interval:
             la = f"{pre}.linear_attn"
-            qkv = gen.linear(conv_dim, d)
-            z = gen.linear(value_dim, d)
-            b = gen.linear(hv, d)
-            a = gen.linear(hv, d, gain=0.5)
-            w[f"{la}.in_proj_qkvz.weight"], w[f"{la}.in_proj_ba.weight"] = _pack_qkvzba(qkv, z, b, a, hk, dk, dv)
+            # Qwen3.5's split checkpoint names; SGLang's Qwen3_5 loader merges them (its packed
+            # weight loaders accept the (0, 1, 2) shard id that Qwen3-Next's refuses).
+            w[f"{la}.in_proj_qkv.weight"] = gen.linear(conv_dim, d)
+            w[f"{la}.in_proj_z.weight"] = gen.linear(value_dim, d)
+            w[f"{la}.in_proj_b.weight"] = gen.linear(hv, d)
+            w[f"{la}.in_proj_a.weight"] = gen.linear(hv, d, gain=0.5)
             w[f"{la}.conv1d.weight"] = gen.normal(conv_dim, 1, kconv, std=0.6 / math.sqrt(kconv))
             w[f"{la}.A_log"] = torch.log(gen.uniform(hv, lo=0.5, hi=4.0))
             w[f"{la}.dt_bias"] = _inv_softplus(gen.uniform(hv, lo=0.01, hi=0.08))
