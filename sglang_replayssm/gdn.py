@@ -25,7 +25,7 @@ import torch
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
 from sglang_replayssm.mamba2 import PERF_NOTE
-from sglang_replayssm.metadata import GraphBuffers, ReplayStep, build_eager
+from sglang_replayssm.metadata import GraphBuffers, GraphMetadataMixin, ReplayStep, build_eager
 from sglang_replayssm.pool import ReplayMambaPool
 
 __all__ = ["ReplayGDNAttnBackend"]
@@ -44,7 +44,7 @@ def decode_kernel(device: torch.device) -> Callable[..., None]:
     raise ValueError(f"ReplaySSM GDN decode: unsupported device {device}")
 
 
-class ReplayGDNAttnBackend(GDNAttnBackend):
+class ReplayGDNAttnBackend(GraphMetadataMixin, GDNAttnBackend):
     """``GDNAttnBackend`` that decodes through the ReplaySSM rings (see the module docstring)."""
 
     def __init__(self, model_runner):
@@ -108,42 +108,6 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
                 window=self.window,
                 rows=self.rows,
             )
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
-        super().init_cuda_graph_state(max_bs, max_num_tokens)
-        self._graph = GraphBuffers(max_bs, self.device)
-
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
-        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
-        if not forward_batch.forward_mode.is_decode_or_idle():
-            raise NotImplementedError(
-                f"ReplaySSM: graph forward mode {forward_batch.forward_mode} is not supported"
-            )
-        if self._graph is None:
-            raise RuntimeError("ReplaySSM: init_cuda_graph_state was not called before a graph forward")
-        bs = forward_batch.batch_size
-        i = bs - 1
-        self._graph_bs = bs
-        self._step = ReplayStep(
-            slot_idx=self.state_indices_list[i],
-            ring_start=self._graph.ring_start[i],
-            ring_len=self._graph.ring_len[i],
-            flush=self._graph.flush[i],
-        )
-
-    def init_forward_metadata_in_graph(self, forward_batch):
-        super().init_forward_metadata_in_graph(forward_batch)
-        bs = self._graph_bs
-        if bs is None:
-            return
-        self._graph.step(
-            bs=bs,
-            cursors=self.pool.cursors,
-            slots=self.state_indices_list[bs - 1],
-            track_mask=getattr(forward_batch, "mamba_track_mask", None),
-            window=self.window,
-            rows=self.rows,
-        )
 
     # ------------------------------------------------------------------ forward
 

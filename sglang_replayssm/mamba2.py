@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
 
-from sglang_replayssm.metadata import GraphBuffers, ReplayStep, build_eager
+from sglang_replayssm.metadata import GraphBuffers, GraphMetadataMixin, ReplayStep, build_eager
 from sglang_replayssm.pool import ReplayMambaPool
 
 __all__ = ["ReplayMamba2AttnBackend", "replay_selective_state_update", "PERF_NOTE"]
@@ -118,7 +118,7 @@ def replay_selective_state_update(original: Callable[..., Any], *args: Any, **kw
     return out
 
 
-class ReplayMamba2AttnBackend(Mamba2AttnBackend):
+class ReplayMamba2AttnBackend(GraphMetadataMixin, Mamba2AttnBackend):
     """``Mamba2AttnBackend`` that decodes through the ReplaySSM rings (see the module docstring)."""
 
     def __init__(self, model_runner):
@@ -161,44 +161,6 @@ class ReplayMamba2AttnBackend(Mamba2AttnBackend):
             num_prefills=md.num_prefills,
             num_decodes=md.num_decodes,
             track_mask=forward_batch.mamba_track_mask,
-            window=self.window,
-            rows=self.rows,
-        )
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
-        super().init_cuda_graph_state(max_bs, max_num_tokens)
-        self._graph = GraphBuffers(max_bs, self.device)
-
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
-        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
-        if not forward_batch.forward_mode.is_decode_or_idle():
-            raise NotImplementedError(
-                f"ReplaySSM: graph forward mode {forward_batch.forward_mode} is not supported"
-            )
-        if self._graph is None:
-            raise RuntimeError("ReplaySSM: init_cuda_graph_state was not called before a graph forward")
-        bs = forward_batch.batch_size
-        i = bs - 1
-        # The layers read the static buffers; init_forward_metadata_in_graph (inside the graph)
-        # fills them.  SGLang refreshed state_indices_list[i] in place just now.
-        self._graph_bs = bs
-        self._step = ReplayStep(
-            slot_idx=self.state_indices_list[i],
-            ring_start=self._graph.ring_start[i],
-            ring_len=self._graph.ring_len[i],
-            flush=self._graph.flush[i],
-        )
-
-    def init_forward_metadata_in_graph(self, forward_batch):
-        super().init_forward_metadata_in_graph(forward_batch)
-        bs = self._graph_bs
-        if bs is None:
-            return
-        self._graph.step(
-            bs=bs,
-            cursors=self.pool.cursors,
-            slots=self.state_indices_list[bs - 1],
-            track_mask=getattr(forward_batch, "mamba_track_mask", None),
             window=self.window,
             rows=self.rows,
         )

@@ -25,7 +25,7 @@ import dataclasses
 import torch
 from replayssm_kernels import decode_cursor_step
 
-__all__ = ["ReplayStep", "build_eager", "reset_extend_rows", "GraphBuffers"]
+__all__ = ["ReplayStep", "build_eager", "reset_extend_rows", "GraphBuffers", "GraphMetadataMixin"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -144,4 +144,52 @@ class GraphBuffers:
         _step_into(cursors, slots, force, window, rows, self.ring_start[i], self.ring_len[i], self.flush[i])
         return ReplayStep(
             slot_idx=slots, ring_start=self.ring_start[i], ring_len=self.ring_len[i], flush=self.flush[i]
+        )
+
+
+class GraphMetadataMixin:
+    """CUDA-graph metadata of both ReplaySSM backends (put before SGLang's backend in the bases).
+
+    The host expects ``pool`` (``ReplayMambaPool``), ``window``, ``rows``, ``device`` and SGLang's
+    ``state_indices_list``, and initialises ``_graph = None``, ``_graph_bs = None`` and ``_step``.
+    ``init_forward_metadata_out_graph`` hands the layers the static buffers of the batch size;
+    ``init_forward_metadata_in_graph``, recorded inside the captured graph, runs the cursor step
+    into them, so every replay advances the cursors on the device with no host sync.
+    """
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
+        self._graph = GraphBuffers(max_bs, self.device)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+        if not forward_batch.forward_mode.is_decode_or_idle():
+            raise NotImplementedError(
+                f"ReplaySSM: graph forward mode {forward_batch.forward_mode} is not supported"
+            )
+        if self._graph is None:
+            raise RuntimeError("ReplaySSM: init_cuda_graph_state was not called before a graph forward")
+        bs = forward_batch.batch_size
+        i = bs - 1
+        # SGLang refreshed state_indices_list[i] in place just now.
+        self._graph_bs = bs
+        self._step = ReplayStep(
+            slot_idx=self.state_indices_list[i],
+            ring_start=self._graph.ring_start[i],
+            ring_len=self._graph.ring_len[i],
+            flush=self._graph.flush[i],
+        )
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        super().init_forward_metadata_in_graph(forward_batch)
+        bs = self._graph_bs
+        if bs is None:
+            return
+        self._graph.step(
+            bs=bs,
+            cursors=self.pool.cursors,
+            slots=self.state_indices_list[bs - 1],
+            track_mask=getattr(forward_batch, "mamba_track_mask", None),
+            window=self.window,
+            rows=self.rows,
         )

@@ -55,7 +55,13 @@ def _restore_stock() -> None:
             stock = raw if inner is raw.__func__ else type(raw)(inner)
         elif isinstance(raw, type):
             # A class REPLACE hook subclasses the class it replaces.
-            stock = raw.__bases__[0] if id(raw) in replacements else raw
+            # A replacement may put our own mixins before SGLang's class in its bases: the stock
+            # class is the first base that is not ours.
+            stock = (
+                next(b for b in raw.__mro__[1:] if not b.__module__.startswith("sglang_replayssm"))
+                if id(raw) in replacements
+                else raw
+            )
         else:
             stock = patching.unwrap_hooks(raw)
         if stock is not raw:
