@@ -9,11 +9,12 @@ Cursor rules (``anchors.md`` section 4, "stale cursors"): a slot's ring is empti
 checkpoint is written from outside the ring protocol:
 
 - allocation: ``HybridReqToTokenPool.alloc`` zeroes ``replayssm_write_pos[slot]``.  We expose the
-  ``len`` column of our cursors under that name, so SGLang's own resets (alloc, ``copy_from``
-  destination, finished-request donation capped by ``len`` in ``MambaComponent``) apply to our
-  rings unchanged.  ``start`` needs no reset: with ``len == 0`` no row is read.
-- ``clear_slots`` (deferred zeroing of a fresh slot) and ``copy_from`` (copy-on-write destination):
-  reset here.
+  ``len`` column of our cursors under that name, so SGLang's own resets (alloc, finished-request
+  donation capped by ``len`` in ``MambaComponent``) apply to our rings unchanged.  ``start`` needs
+  no reset: with ``len == 0`` no row is read.
+- ``clear_slots`` (deferred zeroing of a fresh slot): reset here.
+- ``copy_from`` (copy-on-write destination, chunked-prefill donation): the destination takes the
+  source's ring rows and cursors with its checkpoint (a fork carries the ring; ``radix.py``).
 - prefill / extend: the metadata build resets the rows it extends (``metadata.py``).
 - offload / reload (``get_cpu_copy`` / ``load_cpu_copy``, PD decode retraction): the rings and
   cursors travel with the checkpoint, so a reloaded slot continues exactly.
@@ -115,7 +116,7 @@ class ReplayMambaPool(MambaPool):
                 for name, (s, dt) in self.ring_spec.tensors.items()
             }
             self.cursors = torch.zeros((num_slots, 2), dtype=torch.int32, device=device)
-        # SGLang resets / reads this name on alloc, copy_from and finished-request donation.
+        # SGLang resets / reads this name on alloc and finished-request donation.
         self.replayssm_write_pos = self.cursors[:, 1]
         ring_bytes = sum(t.numel() * t.element_size() for t in self.rings.values())
         ring_bytes += self.cursors.numel() * self.cursors.element_size()
@@ -155,10 +156,30 @@ class ReplayMambaPool(MambaPool):
         self.reset_slots(indices)
 
     def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
-        # SGLang's invariant: the source is a flushed checkpoint (ring empty, or its length capped
-        # out of the radix key); the destination starts with an empty ring.
+        """Fork: copy checkpoint, conv state, ring rows and cursors of ``src`` into ``dst``.
+
+        The destination is the source's logical state (checkpoint + ``len`` records), whatever the
+        source's ``len``: a source with a pending ring is carried, never dropped (SGLang's own
+        ``copy_from`` copies ``temporal`` only and assumes a flushed source).  Radix-tree slots
+        have empty rings (``radix.py``, invariant T), so a copy-on-write from the tree starts with
+        an empty ring.  In place; no host sync.
+
+        Parameters
+        ----------
+        src_indices, dst_indices : torch.Tensor
+            ``[n]`` integer slot indices, pairwise, disjoint.
+        """
+        src = src_indices.to(device=self.cursors.device, dtype=torch.long).reshape(-1)
+        dst = dst_indices.to(device=self.cursors.device, dtype=torch.long).reshape(-1)
+        if src.shape != dst.shape:
+            raise ValueError(
+                f"copy_from: expected as many destination as source slots, got {tuple(dst.shape)} "
+                f"and {tuple(src.shape)}"
+            )
         super().copy_from(src_indices, dst_indices)
-        self.reset_slots(dst_indices)
+        for t in self.rings.values():
+            t[:, dst] = t[:, src]
+        self.cursors[dst] = self.cursors[src]
 
     def get_cpu_copy(self, indices):
         conv_cpu, temporal_cpu = super().get_cpu_copy(indices)[:2]

@@ -1,4 +1,4 @@
-"""``ReplayMambaPool`` on CPU: ring shapes and bytes, slot 0, and every cursor reset rule."""
+"""``ReplayMambaPool`` on CPU: ring shapes and bytes, slot 0, cursor resets and the copy (fork) rule."""
 
 from __future__ import annotations
 
@@ -53,16 +53,28 @@ def test_ring_shapes_and_bytes(family: str, caplog: pytest.LogCaptureFixture):
     assert pool.cursors[3].tolist() == [0, 5]
 
 
-def test_clear_and_copy_reset_cursors():
+def test_clear_resets_and_copy_forks_cursors_and_rings():
     pool = _pool()
+    g = torch.Generator().manual_seed(1)
+    for t in pool.rings.values():
+        t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
     pool.cursors[1:] = torch.tensor([2, 3], dtype=torch.int32)
     pool.mamba_cache.temporal[:, 2] = 7.0
     pool.clear_slots(torch.tensor([1]))
     assert pool.cursors[1].tolist() == [0, 0] and pool.cursors[2].tolist() == [2, 3]
+    pool.cursors[2] = torch.tensor([1, 2], dtype=torch.int32)
+    before = {n: t.clone() for n, t in pool.rings.items()}
     pool.copy_from(torch.tensor([2]), torch.tensor([4]))
-    assert pool.cursors[4].tolist() == [0, 0]
-    assert pool.cursors[2].tolist() == [2, 3]  # the source keeps its ring
+    # the destination is the source's logical state: checkpoint, ring rows and cursors
+    assert pool.cursors[4].tolist() == [1, 2]
+    assert pool.cursors[2].tolist() == [1, 2]  # the source keeps its ring
     assert torch.equal(pool.mamba_cache.temporal[:, 4], pool.mamba_cache.temporal[:, 2])
+    for n, t in pool.rings.items():
+        assert torch.equal(t[:, 4], before[n][:, 2]), n
+        keep = [s for s in range(SIZE + 1) if s != 4]
+        assert torch.equal(t[:, keep], before[n][:, keep]), n  # only the destination is written
+    with pytest.raises(ValueError, match="as many destination as source"):
+        pool.copy_from(torch.tensor([2, 3]), torch.tensor([4]))
 
 
 def test_offload_reload_round_trips_rings_and_cursors():
@@ -79,11 +91,10 @@ def test_offload_reload_round_trips_rings_and_cursors():
         assert torch.equal(t[:, 5], want[n])
 
 
-def test_refuses_builtin_replayssm_and_spec():
+def test_refuses_builtin_replayssm():
+    # (speculative pools: R = max(L, T) + T, checked in test_spec_verify.py)
     with pytest.raises(ValueError, match="built-in"):
         _pool(enable_linear_replayssm=True)
-    with pytest.raises(ValueError, match="speculative"):
-        _pool(speculative_num_draft_tokens=4)
 
 
 def test_hybrid_pool_alloc_resets_the_cursor_of_a_reused_slot():

@@ -1,0 +1,161 @@
+"""Radix-cache invariants with ReplaySSM rings (``sglang_replayssm/radix.py``), on CPU.
+
+T: a slot the tree takes has an empty ring, and the key it claims is the length its checkpoint is
+complete for; F: ``copy_from`` forks the ring with the checkpoint; E: extend rows have empty rings.
+The donation tests run SGLang's own ``MambaComponent.prepare_for_caching_req`` under our hook, on a
+real ``HybridReqToTokenPool`` with a ``ReplayMambaPool`` inside (the component itself is a stand-in
+carrying the attributes the method reads).
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_replayssm.hooks.radix import around_prepare_for_caching_req
+from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
+from sglang_replayssm.radix import DonationStats, check_extend_rows, reset_tree_slots, seal_donated_slot
+
+
+def _hybrid_pool(extra_buffer: bool = False, slots: int = 8):
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=8, n_groups=1, num_heads=2,
+                                    head_dim=4, state_size=4, conv_kernel=4)
+    params = Mamba2CacheParams(shape=shape, layers=[0, 1],
+                               dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
+    previous = HybridReqToTokenPool.__dict__["mamba_pool_cls"]
+    HybridReqToTokenPool.mamba_pool_cls = functools.partial(
+        ReplayMambaPool, replay=ReplayPoolSpec(family="mamba2", window=4, act_dtype=torch.float32))
+    try:
+        hp = HybridReqToTokenPool(size=4, mamba_size=slots, mamba_spec_state_size=4, max_context_len=8,
+                                  device="cpu", enable_memory_saver=False, cache_params=params,
+                                  mamba_layer_ids=[0, 1], enable_mamba_extra_buffer=extra_buffer)
+    finally:
+        HybridReqToTokenPool.mamba_pool_cls = previous
+    pool = hp.mamba_pool
+    g = torch.Generator().manual_seed(0)
+    pool.mamba_cache.temporal.copy_(torch.randn(pool.mamba_cache.temporal.shape, generator=g))
+    for t in pool.rings.values():
+        t.copy_(torch.randn(t.shape, generator=g))
+    return hp
+
+
+def _req(hp):
+    req = SimpleNamespace(mamba_pool_idx=None, req_pool_idx=None, mamba_needs_clear=False,
+                          mamba_ping_pong_track_buffer=None, mamba_next_track_idx=None,
+                          mamba_last_track_seqlen=None, inflight_middle_chunks=0, kv_committed_len=0)
+    assert hp.alloc([req]) is not None
+    return req
+
+
+def _component(hp):
+    """What ``MambaComponent.prepare_for_caching_req`` reads from ``self``."""
+    cache = SimpleNamespace(req_to_token_pool=hp, enable_mamba_extra_buffer=hp.enable_mamba_extra_buffer)
+    return SimpleNamespace(cache=cache, int8_ckpt_pool=None,
+                           _alloc_mamba_slot=lambda: hp.mamba_allocator.alloc(1))
+
+
+def _donate(hp, req, token_ids_len, finished):
+    from sglang.srt.mem_cache.unified_cache.components.mamba_component import MambaComponent
+
+    params = SimpleNamespace(mamba_value=None)
+    cl = around_prepare_for_caching_req(MambaComponent.prepare_for_caching_req, _component(hp), req, params,
+                                        token_ids_len, finished)
+    return cl, params.mamba_value
+
+
+@pytest.fixture(autouse=True)
+def _stats():
+    DonationStats.reset()
+    yield
+    DonationStats.reset()
+
+
+def test_seal_caps_the_key_and_empties_the_ring():
+    cursors = torch.zeros(5, 2, dtype=torch.int32)
+    cursors[3] = torch.tensor([2, 3])
+    assert seal_donated_slot(cursors, torch.tensor([3]), 40) == 37
+    assert cursors[3].tolist() == [0, 0]
+    assert seal_donated_slot(cursors, 3, 40) == 40  # empty ring: nothing cut
+    assert (DonationStats.donated, DonationStats.cut_tokens) == (2, 3)
+    cursors[2, 1] = 5
+    with pytest.raises(ValueError, match="5 ring records but the key claims only 4"):
+        seal_donated_slot(cursors, 2, 4)
+    with pytest.raises(ValueError, match=r"slot expected in \[1, 5\), got 0"):
+        seal_donated_slot(cursors, 0, 4)
+
+
+def test_reset_tree_slots_only_touches_the_given_slots():
+    cursors = torch.tensor([[0, 0], [1, 2], [3, 1], [2, 2]], dtype=torch.int32)
+    reset_tree_slots(cursors, torch.tensor([[2]]))
+    assert cursors.tolist() == [[0, 0], [1, 2], [0, 0], [2, 2]]
+
+
+def test_check_extend_rows_refuses_a_pending_ring():
+    cursors = torch.zeros(5, 2, dtype=torch.int32)
+    cursors[4] = torch.tensor([1, 0])  # start alone does not matter
+    check_extend_rows(cursors, torch.tensor([1, -1, 4], dtype=torch.int32))
+    check_extend_rows(cursors, torch.tensor([], dtype=torch.int32))
+    cursors[2, 1] = 1
+    with pytest.raises(RuntimeError, match="radix invariant E"):
+        check_extend_rows(cursors, torch.tensor([1, 2]))
+
+
+def test_finished_no_buffer_donation_is_capped_by_sglang_and_counted():
+    hp = _hybrid_pool()
+    pool = hp.mamba_pool
+    req = _req(hp)
+    s = int(req.mamba_pool_idx)
+    pool.cursors[s] = torch.tensor([1, 3])
+    cl, value = _donate(hp, req, 50, finished=True)
+    assert cl == 47 and int(value) == s  # the live slot itself enters the tree
+    assert pool.cursors[s, 1] == 0
+    assert (DonationStats.donated, DonationStats.cut_tokens) == (1, 3)
+
+
+@pytest.mark.parametrize("pending", [0, 2])
+def test_unfinished_no_buffer_donation_is_complete(pending: int):
+    """Chunked-prefill insert: SGLang copies the live slot; the copy's key must not claim the
+    tokens still in the ring (the copy carries them, then the seal cuts and empties them)."""
+    hp = _hybrid_pool()
+    pool = hp.mamba_pool
+    req = _req(hp)
+    s = int(req.mamba_pool_idx)
+    pool.cursors[s] = torch.tensor([2, pending])
+    live_before = {n: t[:, s].clone() for n, t in pool.rings.items()}
+    cl, value = _donate(hp, req, 30, finished=False)
+    d = int(value.reshape(-1)[0])
+    assert d != s and cl == 30 - pending
+    assert pool.cursors[d].tolist() == [0, 0]  # the node's checkpoint is its whole state
+    assert torch.equal(pool.mamba_cache.temporal[:, d], pool.mamba_cache.temporal[:, s])
+    assert pool.cursors[s].tolist() == [2, pending]  # the live request keeps its ring
+    for n, t in pool.rings.items():
+        assert torch.equal(t[:, s], live_before[n]), n
+    assert (DonationStats.donated, DonationStats.cut_tokens) == (1, pending)
+
+
+def test_extra_buffer_donation_zeroes_the_stale_cursor_of_the_track_slot():
+    hp = _hybrid_pool(extra_buffer=True)
+    pool = hp.mamba_pool
+    req = _req(hp)
+    track = req.mamba_ping_pong_track_buffer
+    keep = int(track[hp.get_mamba_ping_pong_keep_idx(req)])
+    pool.cursors[keep] = torch.tensor([3, 2])  # left over from the slot's previous owner
+    req.mamba_last_track_seqlen = 16
+    cl, value = _donate(hp, req, 20, finished=False)
+    assert int(value.reshape(-1)[0]) == keep and cl == 16
+    assert pool.cursors[keep].tolist() == [0, 0]
+
+
+def test_int8_checkpoint_pool_is_refused():
+    hp = _hybrid_pool()
+    comp = _component(hp)
+    comp.int8_ckpt_pool = object()
+    with pytest.raises(RuntimeError, match="int8 mamba checkpoint pool"):
+        around_prepare_for_caching_req(lambda *a: None, comp, _req(hp), SimpleNamespace(mamba_value=None),
+                                       10, True)
