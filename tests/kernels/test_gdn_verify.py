@@ -362,6 +362,7 @@ CPU_CASES = [
     # non-power-of-two K and V (masked lanes), fp32 u, non-contiguous pool, int64 slot_idx
     Case(HV=4, Hk=2, K=24, V=20, L=8, T=4, u_dtype=FP32, noncontig=True, idx64=True),
     Case(HV=2, Hk=1, K=16, V=16, L=12, T=8, act_dtype=FP32, tol_out=1e-5, requests=2, steps=12),
+    Case(HV=2, Hk=1, K=16, V=16, L=6, T=4, state_dtype=BF16, tol_state=2e-3, steps=12),
 ]
 REF_CASES = CPU_CASES + [
     Case(HV=6, Hk=3, K=40, V=24, L=8, T=4, state_dtype=BF16, tol_state=2e-3, steps=20),
@@ -439,6 +440,143 @@ def test_kernel_vs_f64_gpu(case):
     fold (compiled code: FMA contraction and the compiler's reduction trees)."""
     sim = Sim(case, seed=4, ops="kernel").run()
     print(f"\n[gpu {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Against SGLang's snapshot verify (fused_sigmoid_gating_delta_rule_update with intermediate states)
+
+
+def snapshot_compare(HV, Hk, K, V, L, T, *, batch, seed, device=DEVICE) -> dict:
+    """One verify step of ours against SGLang 0.5.17's snapshot verify on the same requests.
+
+    Each live row gets a committed history of ``len`` tokens in ``[0, max(L, T)]`` (random ring
+    start), appended by our decode kernel as non-flush steps; SGLang's side advances a copy of the
+    checkpoint over the same tokens with ``fused_sigmoid_gating_delta_rule_update`` (its decode
+    mode, one token per call). Then both verify ``T`` tokens: ours with rows flushing iff
+    ``len + T > L`` or forced, SGLang's exactly as ``TritonGDNKernel.target_verify`` calls it
+    (``disable_state_update=True``, ``intermediate_states_buffer [batch, T, HV, V, K]``,
+    ``cache_steps=T``, varlen ``cu_seqlens``). Convention difference: SGLang keeps β in fp32, ours
+    rounds it to ``b.dtype`` as the packed decode does (kernels/README.md), so with bf16 ``b`` the
+    two differ by that rounding, not by bitwise noise. Checks: padding row untouched, non-flush
+    rows and other slots' checkpoints bit-identical, SGLang's verify leaves its state alone.
+    """
+    from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import (
+        fused_sigmoid_gating_delta_rule_update as sg_verify,
+    )
+
+    g = torch.Generator().manual_seed(seed)
+    bf = torch.bfloat16
+    R = min_ring_size(L, T)
+    slots = batch + 2
+    hmax = max(L, T)
+    state = (0.5 * torch.randn(slots, HV, V, K, generator=g)).to(device)
+    rings = [torch.full(sh, math.nan, dtype=dt, device=device) for sh, dt in (
+        ((slots, HV, R, V), bf), ((slots, Hk, R, K), bf), ((slots, HV, R, V), bf),
+        ((slots, HV, R), torch.float32), ((slots, HV, R), torch.float32))]
+    A_log = torch.log(0.5 + 3.5 * torch.rand(HV, generator=g)).to(device)
+    dt_bias = (torch.randn(HV, generator=g) - 1.5).to(device)
+    scale = K**-0.5
+    live = (torch.randperm(slots - 1, generator=g)[:batch] + 1).tolist()
+    h = torch.randint(0, hmax + 1, (batch,), generator=g)
+    h[0], h[-1] = 0, hmax
+    flush = (h + T > L) | (torch.rand(batch, generator=g) < 0.2)
+    flush[0] = T > L  # row 0 (empty ring) flushes only if it must
+    start = torch.randint(0, R, (batch,), generator=g)
+    i32 = dict(dtype=torch.int32, device=device)
+
+    def tokens(n):
+        D = 2 * Hk * K + HV * V
+        mixed = torch.randn(batch + 1, n, D, generator=g).to(device=device, dtype=bf)
+        q = mixed[..., : Hk * K].unflatten(-1, (Hk, K))
+        k = mixed[..., Hk * K : 2 * Hk * K].unflatten(-1, (Hk, K))
+        v = mixed[..., 2 * Hk * K :].unflatten(-1, (HV, V))
+        ab = torch.randn(batch + 1, n, 2 * HV, generator=g).to(device=device, dtype=bf)
+        return q, k, v, ab[..., :HV], ab[..., HV:]
+
+    sg_state = state.clone()
+    hist = tokens(hmax)
+    for j in range(hmax):  # history: our non-flush decode appends; SGLang's decode update
+        rows = [s if int(h[b]) > j else -1 for b, s in enumerate(live)]
+        idx = torch.tensor(rows + [-1], **i32)
+        q, k, v, a, b = (x[:, j] for x in hist)
+        gdn_replay_decode(
+            state, *rings, q, k, v, a, b, A_log, dt_bias,
+            torch.empty(batch + 1, HV, V, dtype=bf, device=device), idx,
+            torch.cat([start, torch.zeros(1, dtype=torch.long)]).to(**i32),
+            torch.full((batch + 1,), j, **i32),
+            torch.zeros(batch + 1, dtype=torch.bool, device=device), scale=scale,
+        )  # fmt: skip
+        # SGLang's kernel takes the batch stride as T x the token stride: packed tokens
+        q, k, v, a, b = (x[:, None].contiguous() for x in (q, k, v, a, b))
+        sg_verify(A_log=A_log, a=a, dt_bias=dt_bias, softplus_beta=1.0, softplus_threshold=20.0,
+                  q=q, k=k, v=v, b=b, initial_state_source=sg_state, initial_state_indices=idx,
+                  scale=scale, use_qk_l2norm_in_kernel=True)  # fmt: skip
+    hist_state = sg_state.clone()
+    state_before = state.clone()
+
+    q, k, v, a, b = tokens(T)  # last row: padding
+    rows = live + [-1]
+    out = torch.full((batch + 1, T, HV, V), math.nan, dtype=bf, device=device)
+    gdn_replay_verify(
+        state, *rings, q, k, v, a, b, A_log, dt_bias, out, torch.tensor(rows, **i32),
+        torch.cat([start, torch.zeros(1, dtype=torch.long)]).to(**i32),
+        torch.cat([h, torch.zeros(1, dtype=torch.long)]).to(**i32),
+        torch.cat([flush, torch.zeros(1, dtype=torch.bool)]).to(device), scale=scale,
+    )  # fmt: skip
+    # SGLang's snapshot verify, as TritonGDNKernel.target_verify calls it (varlen, packed tokens)
+    n = batch * T
+    buf = torch.zeros(batch, T, HV, V, K, device=device)
+    o_sg = sg_verify(
+        A_log=A_log, a=a[:batch].reshape(n, HV), dt_bias=dt_bias, softplus_beta=1.0,
+        softplus_threshold=20.0, q=q[:batch].reshape(1, n, Hk, K),
+        k=k[:batch].reshape(1, n, Hk, K), v=v[:batch].reshape(1, n, HV, V),
+        b=b[:batch].reshape(n, HV), initial_state_source=sg_state,
+        initial_state_indices=torch.tensor(live, **i32), scale=scale,
+        use_qk_l2norm_in_kernel=True,
+        cu_seqlens=torch.arange(0, n + 1, T, **i32), disable_state_update=True,
+        intermediate_states_buffer=buf, intermediate_state_indices=torch.arange(batch, **i32),
+        cache_steps=T,
+    ).reshape(batch, T, HV, V)  # fmt: skip
+    assert_bits_equal(sg_state, hist_state, "SGLang's verify wrote its state")
+    assert torch.isnan(out[batch]).all(), "padding row written"
+    assert not torch.isnan(out[:batch]).any()
+    assert torch.isfinite(o_sg.float()).all() and torch.isfinite(buf).all()
+    st_num = st_den = 0.0
+    for i, s in enumerate(live):
+        if bool(flush[i]):
+            d = state[s].double() - hist_state[s].double()
+            st_num += float((d * d).sum())
+            st_den += float((hist_state[s].double() ** 2).sum())
+        else:
+            assert_bits_equal(state[s], state_before[s], f"row {i}: non-flush row wrote state")
+    others = [s for s in range(slots) if s not in live]
+    assert_bits_equal(state[others], state_before[others], "untouched slots")
+    d = out[:batch].double() - o_sg.double()
+    res = {
+        "out_rel": float(d.norm() / o_sg.double().norm()),
+        "state_rel": math.sqrt(st_num / st_den) if st_den else 0.0,
+        "flush_rows": int(flush.sum()),
+        "nonflush_rows": int((~flush).sum()),
+    }
+    print(f"\n[gdn-verify vs sglang snapshot] HV{HV} Hk{Hk} K{K} V{V} T={T} L={L}: "
+          f"|out-sglang|/|sglang| = {res['out_rel']:.2e}, flushed checkpoint vs SGLang's state "
+          f"{res['state_rel']:.2e} ({res['flush_rows']} flush / {res['nonflush_rows']} non-flush)")
+    return res
+
+
+@pytest.mark.usefixtures("sglang_fla_interpret")
+def test_outputs_vs_sglang_snapshot_verify():
+    res = snapshot_compare(4, 2, 32, 32, 6, 4, batch=4, seed=30)
+    assert res["flush_rows"] > 0 and res["nonflush_rows"] > 0
+    assert res["out_rel"] < 1e-2 and res["state_rel"] < 5e-3, res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [2, 4, 8], ids=lambda t: f"T{t}")
+def test_gpu_qwen35_vs_sglang_snapshot_verify(T):
+    res = snapshot_compare(32, 16, 128, 128, 16, T, batch=24, seed=800 + T)
+    assert res["flush_rows"] > 0 and res["nonflush_rows"] > 0
+    assert res["out_rel"] < 1e-2 and res["state_rel"] < 5e-3, res
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ per-step row permutation. Each step is either a verify of ``T`` tokens (``verify
 ``mamba2_replay_verify[_ref]`` → random accepted counts ``a`` (all-reject ``a = 1``, partial,
 all-accept ``a = T``) → ``verify_commit[_ref]``) or a plain decode step (``decode_cursor_step`` →
 ``mamba2_replay_decode[_ref]``) on the same rings, with random forced flushes. A float64 shadow
-state per slot only ever sees the accepted tokens. After every call:
+state per slot only ever sees the accepted tokens. After every step, every ring row outside a live
+slot's committed range ``[0, len)`` (rejected drafts, folded records) is overwritten with NaN, so
+a read of one would poison an output or a checkpoint. After every call:
 
 - outputs (NaN-poisoned before) are fully written; padding rows stay NaN;
 - every window output ``out[b, t]`` equals the float64 recurrence from the shadow over window
@@ -99,6 +101,19 @@ def make_tokens(shape: Shape, batch: int, T: int, act_dtype, gen, device, with_z
 def _delta64(dt_row: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
     d = dt_row.double() + dt_bias.double()
     return torch.where(d <= 20, torch.log1p(torch.exp(d.clamp(max=20))), d)
+
+
+def _poison_dead_rows(pool, cursors: torch.Tensor, slots: list[int], R: int) -> None:
+    """NaN into every ring row outside each live slot's committed range ``[0, len)``: rejected
+    drafts and records already folded. A later read of one poisons an output or a checkpoint."""
+    cur = cursors.cpu().tolist()
+    for s in slots:
+        start, n = cur[s]
+        dead = [(start + r) % R for r in range(n, R)]
+        if dead:
+            idx = torch.tensor(dead, device=cursors.device)
+            for t in (pool.ring_x, pool.ring_dt, pool.ring_B):
+                t[s].index_fill_(1, idx, float("nan"))
 
 
 @dataclasses.dataclass
@@ -243,6 +258,7 @@ def run_spec(
         if not is_decode:
             commit(cursors, slot_idx, rs, rl, fl, torch.tensor(acc, device=device), window=L,
                    ring_size=R, num_tokens=T)
+        _poison_dead_rows(pool, cursors, act, R)
 
     rep.out_rel = _rel(torch.cat([o.flatten() for o in outs]),
                        torch.cat([r.flatten() for r in refs]))
@@ -363,6 +379,112 @@ def test_empty_batch_is_a_no_op():
 
 
 # --------------------------------------------------------------------------------------------
+# Against SGLang's snapshot verify (selective_state_update with intermediate_states_buffer)
+# --------------------------------------------------------------------------------------------
+
+
+def snapshot_compare(shape: Shape, T: int, L: int, act_dtype, *, batch: int, seed: int,
+                     device: str = DEVICE) -> dict:
+    """One verify step of ours against SGLang 0.5.17's snapshot verify on the same request states.
+
+    Rows get random committed histories (``len`` in ``[0, max(L, T)]``, random ring starts, records
+    in the ring) and flush iff ``len + T > L`` or forced. SGLang's side: the history replayed token
+    by token into a copy of the checkpoint by ``selective_state_update`` (processed Δ as ``dt``,
+    no softplus, a zero ``dt_bias``: the same update as the fold), then one verify call exactly as
+    ``MambaMixer2.forward`` makes it (``disable_state_update=True``, ``intermediate_states_buffer``
+    ``[batch, T, H, P, N]``, ``cache_steps=T``, ``intermediate_state_indices=arange``). Returns the
+    relative output difference and checks: flush rows' checkpoints bit-identical to SGLang's state
+    after the history (fp32), every other checkpoint untouched, SGLang's verify left its state
+    alone, the padding row's output untouched.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    H, G, P, N = shape.H, shape.G, shape.P, shape.N
+    R = min_ring_size(L, T)
+    slots = batch + 2
+    prm = make_params(shape, gen, device)
+    pool = make_pool(shape, slots, R, torch.float32, act_dtype, "layer", gen, device)
+    live = (torch.randperm(slots - 1, generator=gen)[:batch] + 1).tolist()
+    hmax = max(L, T)
+    h = torch.randint(0, hmax + 1, (batch,), generator=gen)
+    h[0], h[-1] = 0, hmax  # an empty ring and a full one
+    forced = torch.rand(batch, generator=gen) < 0.2
+    forced[0] = False  # row 0 (empty ring) flushes only if it must
+    flush = (h + T > L) | forced
+    start = torch.randint(0, R, (batch,), generator=gen)
+    hx = torch.randn(batch, hmax, H, P, generator=gen).to(device=device, dtype=act_dtype)
+    hB = (torch.randn(batch, hmax, G, N, generator=gen) / math.sqrt(N)).to(device=device,
+                                                                            dtype=act_dtype)
+    hdt = _delta64(torch.randn(batch, hmax, H, generator=gen) * 0.7,
+                   prm.dt_bias.cpu()).float().to(device)
+    for b, s in enumerate(live):
+        for j in range(int(h[b])):
+            r = (int(start[b]) + j) % R
+            pool.ring_x[s, :, r] = hx[b, j]
+            pool.ring_dt[s, :, r] = hdt[b, j]
+            pool.ring_B[s, :, r] = hB[b, j]
+    sg_state = pool.state.clone().contiguous()
+    A_d = prm.A[:, None, None].expand(-1, P, N)
+    zero_bias = torch.zeros(H, device=device)[:, None].expand(-1, P)
+    for j in range(hmax):  # SGLang's state after each row's history
+        idx = torch.tensor([s if int(h[b]) > j else -1 for b, s in enumerate(live)],
+                           dtype=torch.int32, device=device)
+        sglang_ssu(sg_state, hx[:, j], hdt[:, j, :, None].expand(-1, -1, P), A_d, hB[:, j],
+                   hB[:, j], D=zero_bias, z=None, dt_bias=zero_bias, dt_softplus=False,
+                   state_batch_indices=idx, out=torch.empty_like(hx[:, j]))
+    hist_state = sg_state.clone()
+
+    tok = make_tokens(shape, batch + 1, T, act_dtype, gen, device, False)  # last row: padding
+    rows = live + [-1]
+    slot_idx = torch.tensor(rows, dtype=torch.int32, device=device)
+    pad = lambda t, v: torch.cat([t, torch.tensor([v])]).to(device)  # noqa: E731
+    rs, rl = pad(start, 0).int(), pad(h, 0).int()
+    fl = pad(flush, False).bool()
+    out = torch.full((batch + 1, T, H, P), float("nan"), dtype=act_dtype, device=device)
+    state_before = pool.state.clone()
+    mamba2_replay_verify(pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x,
+                         tok.dt[..., None].expand(-1, -1, -1, P), A_d, tok.B, tok.C, out,
+                         slot_idx, rs, rl, fl, D=prm.D[:, None].expand(-1, P), z=None,
+                         dt_bias=prm.dt_bias[:, None].expand(-1, P), dt_softplus=True)
+    # SGLang's snapshot verify, as MambaMixer2.forward calls it in TARGET_VERIFY
+    out_sg = torch.full((batch, T, H, P), float("nan"), dtype=act_dtype, device=device)
+    buf = torch.zeros(batch, T, H, P, N, dtype=torch.float32, device=device)
+    sglang_ssu(sg_state, tok.x[:batch], tok.dt[:batch, ..., None].expand(-1, -1, -1, P), A_d,
+               tok.B[:batch], tok.C[:batch], prm.D[:, None].expand(-1, P), z=None,
+               dt_bias=prm.dt_bias[:, None].expand(-1, P), dt_softplus=True,
+               state_batch_indices=slot_idx[:batch], out=out_sg, disable_state_update=True,
+               intermediate_states_buffer=buf, cache_steps=T,
+               intermediate_state_indices=torch.arange(batch, dtype=torch.int32, device=device))
+    assert _bits_equal(sg_state, hist_state), "SGLang's verify wrote its state"
+    assert torch.isnan(out[batch]).all(), "padding row written"
+    assert not torch.isnan(out[:batch]).any() and not torch.isnan(out_sg).any()
+    for b, s in enumerate(live):
+        if bool(flush[b]):
+            assert _bits_equal(pool.state[s], hist_state[s]), f"row {b}: folded checkpoint"
+        else:
+            assert _bits_equal(pool.state[s], state_before[s]), f"row {b}: state written"
+    others = [s for s in range(slots) if s not in live]
+    assert _bits_equal(pool.state[others], state_before[others]), "untouched slots written"
+    # The last intermediate state is the state after the whole window: check the buffer is real.
+    assert torch.isfinite(buf).all()
+    res = {"out_rel": _rel(out[:batch], out_sg), "flush_rows": int(flush.sum()),
+           "nonflush_rows": int((~flush).sum())}
+    print(f"\n[mamba2-verify vs sglang snapshot] {shape} T={T} L={L} act={str(act_dtype)[6:]}: "
+          f"|out-sglang|/|sglang| = {res['out_rel']:.2e} ({res['flush_rows']} flush / "
+          f"{res['nonflush_rows']} non-flush rows)")
+    return res
+
+
+SNAPSHOT_TOL = {torch.bfloat16: 6e-3, torch.float32: 2e-5}  # two independent bf16 stores
+
+
+@pytest.mark.parametrize("T,act", [(2, torch.bfloat16), (4, torch.float32)], ids=["T2", "T4-fp32"])
+def test_outputs_vs_sglang_snapshot_verify(T, act):
+    res = snapshot_compare(SHAPE_A, T, 6, act, batch=4, seed=40 + T)
+    assert res["flush_rows"] > 0 and res["nonflush_rows"] > 0
+    assert res["out_rel"] < SNAPSHOT_TOL[act], res
+
+
+# --------------------------------------------------------------------------------------------
 # Validation
 # --------------------------------------------------------------------------------------------
 
@@ -435,6 +557,14 @@ def test_gpu_nano4b_spec_bitwise_vs_sglang(T):
     rep = run_spec("kernel", NANO_4B, T, 16, torch.float32, torch.bfloat16, active=24, pads=8,
                    steps=48, seed=500 + T, sglang_check=True)
     _check(rep, torch.float32, torch.bfloat16, T)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [2, 4, 8], ids=lambda t: f"T{t}")
+def test_gpu_nano4b_vs_sglang_snapshot_verify(T):
+    res = snapshot_compare(NANO_4B, T, 16, torch.bfloat16, batch=24, seed=700 + T, device="cuda")
+    assert res["flush_rows"] > 0 and res["nonflush_rows"] > 0
+    assert res["out_rel"] < SNAPSHOT_TOL[torch.bfloat16], res
 
 
 @pytest.mark.gpu
