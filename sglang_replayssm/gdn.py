@@ -27,6 +27,7 @@ from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 from sglang_replayssm.mamba2 import PERF_NOTE
 from sglang_replayssm.metadata import GraphBuffers, GraphMetadataMixin, ReplayStep, build_eager
 from sglang_replayssm.pool import ReplayMambaPool
+from sglang_replayssm.spec import VerifyGraphBuffers, VerifyMetadataMixin, VerifyStep, verify_kernel
 
 __all__ = ["ReplayGDNAttnBackend"]
 
@@ -44,7 +45,7 @@ def decode_kernel(device: torch.device) -> Callable[..., None]:
     raise ValueError(f"ReplaySSM GDN decode: unsupported device {device}")
 
 
-class ReplayGDNAttnBackend(GraphMetadataMixin, GDNAttnBackend):
+class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBackend):
     """``GDNAttnBackend`` that decodes through the ReplaySSM rings (see the module docstring)."""
 
     def __init__(self, model_runner):
@@ -56,8 +57,6 @@ class ReplayGDNAttnBackend(GraphMetadataMixin, GDNAttnBackend):
                 f"{type(pool).__name__}"
             )
         args = model_runner.server_args
-        if args.speculative_algorithm:
-            raise ValueError("ReplaySSM (--ssm-backend replay) does not support speculative decoding yet")
         if getattr(args, "enable_mixed_chunk", False):
             raise ValueError(
                 "ReplaySSM: --enable-mixed-chunk is not supported for Gated DeltaNet models (SGLang runs the "
@@ -66,8 +65,13 @@ class ReplayGDNAttnBackend(GraphMetadataMixin, GDNAttnBackend):
         self.pool = pool
         self.window = pool.replay.window
         self.rows = pool.ring_spec.rows
+        self.num_tokens = pool.spec_tokens
         self._decode = decode_kernel(torch.device(self.device))
-        self._step: ReplayStep | None = None
+        self._verify = verify_kernel("gdn", torch.device(self.device))
+        self._step: ReplayStep | VerifyStep | None = None
+        self._verify_graph: VerifyGraphBuffers | None = None
+        self._last_verify: VerifyStep | None = None
+        self._init_spec(model_runner)
         self._graph: GraphBuffers | None = None
         self._graph_bs: int | None = None
         if not self.is_draft_worker:
@@ -83,9 +87,10 @@ class ReplayGDNAttnBackend(GraphMetadataMixin, GDNAttnBackend):
         mode = forward_batch.forward_mode
         md = self.forward_metadata
         self._graph_bs = None
+        self._graph_verify_bs = None
         if mode.is_target_verify():
-            raise NotImplementedError("ReplaySSM: speculative verify is not supported yet")
-        if mode.is_decode_or_idle():
+            self._step = self._snapshot_verify(md.mamba_cache_indices[: forward_batch.batch_size])
+        elif mode.is_decode_or_idle():
             n = md.mamba_cache_indices.shape[0]
             self._step = build_eager(
                 cursors=self.pool.cursors,
@@ -112,12 +117,12 @@ class ReplayGDNAttnBackend(GraphMetadataMixin, GDNAttnBackend):
     # ------------------------------------------------------------------ forward
 
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        if forward_batch.forward_mode.is_target_verify():
+            return self._forward_verify(layer, mixed_qkv, a, b)
         if not (isinstance(mixed_qkv, torch.Tensor) and mixed_qkv.device.type == "cpu"):
             return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         from sglang_replayssm.cpu.gdn import gdn_extend_cpu
 
-        if forward_batch.forward_mode.is_target_verify():
-            raise NotImplementedError("ReplaySSM CPU GDN: speculative verify is not supported")
         if self.forward_metadata.has_mamba_track_mask:
             raise NotImplementedError("ReplaySSM CPU GDN: mamba radix tracking (extra_buffer)")
         layer_cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
@@ -132,6 +137,76 @@ class ReplayGDNAttnBackend(GraphMetadataMixin, GDNAttnBackend):
             query_start_loc=self.forward_metadata.query_start_loc,
             has_initial_state=forward_batch.extend_prefix_lens > 0,
         )
+
+    def _forward_verify(self, layer, mixed_qkv, a, b):
+        """TARGET_VERIFY of ``T`` tokens per request: SGLang's verify conv (which fills
+        ``intermediate_conv_window`` for the commit's rollback), then ``gdn_replay_verify`` on the
+        forward's ``VerifyStep``.  Returns ``[1, bs*T, HV, V]`` as SGLang's verify does."""
+        from sglang.srt.layers.attention.linear.gdn_backend import causal_conv1d_update
+
+        step = self._step
+        if not isinstance(step, VerifyStep):
+            raise RuntimeError("ReplaySSM: GDN verify without a verify cursor snapshot")
+        if not isinstance(mixed_qkv, torch.Tensor):
+            raise NotImplementedError("ReplaySSM GDN verify: split (tuple) mixed_qkv is not supported")
+        T = step.num_tokens
+        bs = mixed_qkv.shape[0] // T
+        if bs * T != mixed_qkv.shape[0] or bs != step.slot_idx.shape[0]:
+            raise RuntimeError(
+                f"ReplaySSM GDN verify: expected {step.slot_idx.shape[0]} x {T} tokens, got {mixed_qkv.shape[0]}"
+            )
+        layer_cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
+        conv_states = layer_cache.conv[0]
+        windows = layer_cache.intermediate_conv_window[0]
+        rings = self.pool.layer_rings(self.req_to_token_pool.mamba_map[layer.layer_id])
+        x = mixed_qkv.view(bs, T, -1)
+        if mixed_qkv.device.type == "cpu":
+            from sglang_replayssm.cpu.gdn import gdn_verify_conv_cpu
+
+            xc = gdn_verify_conv_cpu(layer, x, conv_states, step.slot_idx, windows[:bs])
+        else:
+            md = self.forward_metadata
+            xc = causal_conv1d_update(
+                x.transpose(1, 2),
+                conv_states,
+                layer.conv_weights,
+                layer.bias,
+                layer.activation,
+                conv_state_indices=step.slot_idx,
+                intermediate_conv_window=windows,
+                intermediate_state_indices=self.verify_intermediate_state_indices[:bs],
+                retrieve_next_token=md.retrieve_next_token,
+                retrieve_next_sibling=md.retrieve_next_sibling,
+                retrieve_parent_token=md.retrieve_parent_token,
+            ).transpose(1, 2)
+        q, k, v = torch.split(xc, [layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
+        q = q.view(bs, T, layer.num_q_heads, layer.head_q_dim)
+        k = k.view(bs, T, layer.num_k_heads, layer.head_k_dim)
+        v = v.view(bs, T, layer.num_v_heads, layer.head_v_dim)
+        out = xc.new_empty(bs, T, layer.num_v_heads, layer.head_v_dim)
+        self._verify(
+            layer_cache.temporal,
+            rings["u"],
+            rings["k"],
+            rings["v"],
+            rings["g"],
+            rings["beta"],
+            q,
+            k,
+            v,
+            a.view(bs, T, -1),
+            b.view(bs, T, -1),
+            layer.A_log,
+            layer.dt_bias,
+            out,
+            step.slot_idx,
+            step.ring_start,
+            step.ring_len,
+            step.flush,
+            scale=layer.head_k_dim**-0.5,
+            use_qk_l2norm=True,
+        )
+        return out.view(1, bs * T, layer.num_v_heads, layer.head_v_dim)
 
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         from sglang.srt.layers.attention.linear.gdn_backend import causal_conv1d_update

@@ -34,6 +34,7 @@ from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBac
 
 from sglang_replayssm.metadata import GraphBuffers, GraphMetadataMixin, ReplayStep, build_eager
 from sglang_replayssm.pool import ReplayMambaPool
+from sglang_replayssm.spec import VerifyGraphBuffers, VerifyMetadataMixin, VerifyStep, verify_kernel
 
 __all__ = ["ReplayMamba2AttnBackend", "replay_selective_state_update", "PERF_NOTE"]
 
@@ -60,8 +61,8 @@ def decode_kernel(device: torch.device) -> Callable[..., None]:
 @dataclasses.dataclass(kw_only=True)
 class _LayerContext:
     rings: dict[str, torch.Tensor]
-    step: ReplayStep
-    decode: Callable[..., None]
+    step: ReplayStep | VerifyStep
+    decode: Callable[..., None]  # mamba2_replay_decode, or mamba2_replay_verify for a VerifyStep
     calls: int = 0
 
 
@@ -73,15 +74,21 @@ def replay_selective_state_update(original: Callable[..., Any], *args: Any, **kw
 
     ``MambaMixer2.forward`` calls ``selective_state_update(state, x, dt, A, B, C, D, z=None,
     dt_bias=, dt_softplus=True, state_batch_indices=, out=)`` for its decode rows; inside a ReplaySSM
-    layer context this runs the ring decode with the same tensors instead.  Verify calls
-    (``disable_state_update`` / ``intermediate_states_buffer``) are refused: speculative decoding is
-    not supported yet and is rejected at startup.
+    layer context this runs the ring decode with the same tensors instead.  For a TARGET_VERIFY
+    forward the mixer passes ``x [bs, T, H, P]`` etc. with ``disable_state_update=True`` and
+    ``intermediate_states_buffer``; inside a verify context (``VerifyStep``) this runs
+    ``mamba2_replay_verify`` on the same tensors (the per-draft buffer is not used, and may be None).
+    A verify call in a decode context, or a decode call in a verify context, raises.
     """
     ctx = _ACTIVE
     if ctx is None:
         return original(*args, **kwargs)
-    if kwargs.get("disable_state_update") or kwargs.get("intermediate_states_buffer") is not None:
-        raise NotImplementedError("ReplaySSM: speculative verify through selective_state_update")
+    verify_call = bool(kwargs.get("disable_state_update")) or kwargs.get("intermediate_states_buffer") is not None
+    if verify_call != isinstance(ctx.step, VerifyStep):
+        raise RuntimeError(
+            f"ReplaySSM: selective_state_update called as {'verify' if verify_call else 'decode'} inside a "
+            f"{'verify' if isinstance(ctx.step, VerifyStep) else 'decode'} layer context"
+        )
     names = ("state", "x", "dt", "A", "B", "C", "D")
     bound = dict(zip(names, args))
     for k in names:
@@ -92,7 +99,7 @@ def replay_selective_state_update(original: Callable[..., Any], *args: Any, **kw
     step = ctx.step
     if slot_idx.shape[0] != step.slot_idx.shape[0]:
         raise RuntimeError(
-            f"ReplaySSM: decode rows {slot_idx.shape[0]} != cursor snapshot rows {step.slot_idx.shape[0]}"
+            f"ReplaySSM: rows {slot_idx.shape[0]} != cursor snapshot rows {step.slot_idx.shape[0]}"
         )
     ctx.calls += 1
     ctx.decode(
@@ -118,7 +125,7 @@ def replay_selective_state_update(original: Callable[..., Any], *args: Any, **kw
     return out
 
 
-class ReplayMamba2AttnBackend(GraphMetadataMixin, Mamba2AttnBackend):
+class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2AttnBackend):
     """``Mamba2AttnBackend`` that decodes through the ReplaySSM rings (see the module docstring)."""
 
     def __init__(self, model_runner):
@@ -129,13 +136,16 @@ class ReplayMamba2AttnBackend(GraphMetadataMixin, Mamba2AttnBackend):
                 "ReplaySSM: the Mamba-2 backend needs the ReplaySSM mamba pool, got "
                 f"{type(pool).__name__} (unified memory / PD decode pools are not supported)"
             )
-        if model_runner.server_args.speculative_algorithm:
-            raise ValueError("ReplaySSM (--ssm-backend replay) does not support speculative decoding yet")
         self.pool = pool
         self.window = pool.replay.window
         self.rows = pool.ring_spec.rows
+        self.num_tokens = pool.spec_tokens
         self._decode = decode_kernel(torch.device(self.device))
-        self._step: ReplayStep | None = None
+        self._verify = verify_kernel("mamba2", torch.device(self.device))
+        self._step: ReplayStep | VerifyStep | None = None
+        self._verify_graph: VerifyGraphBuffers | None = None
+        self._last_verify: VerifyStep | None = None
+        self._init_spec(model_runner)
         self._graph: GraphBuffers | None = None
         self._graph_bs: int | None = None
         if not self.is_draft_worker:
@@ -152,9 +162,11 @@ class ReplayMamba2AttnBackend(GraphMetadataMixin, Mamba2AttnBackend):
     def init_forward_metadata(self, forward_batch):
         super().init_forward_metadata(forward_batch)
         md = self.forward_metadata
-        if md.is_target_verify:
-            raise NotImplementedError("ReplaySSM: speculative verify is not supported yet")
         self._graph_bs = None
+        self._graph_verify_bs = None
+        if md.is_target_verify:
+            self._step = self._snapshot_verify(md.mamba_cache_indices[: md.num_decodes])
+            return
         self._step = build_eager(
             cursors=self.pool.cursors,
             slot_idx=md.mamba_cache_indices,
@@ -194,7 +206,7 @@ class ReplayMamba2AttnBackend(GraphMetadataMixin, Mamba2AttnBackend):
                 metadata=md,
                 rings=rings,
                 step=self._step if md.num_decodes else None,
-                decode_fn=self._decode,
+                decode_fn=self._verify if md.is_target_verify else self._decode,
                 mup_vector=mup_vector,
             )
         if not md.num_decodes:
@@ -203,7 +215,8 @@ class ReplayMamba2AttnBackend(GraphMetadataMixin, Mamba2AttnBackend):
             )
         if self._step is None:
             raise RuntimeError("ReplaySSM: decode rows without a cursor snapshot")
-        ctx = _LayerContext(rings=rings, step=self._step, decode=self._decode)
+        kernel = self._verify if isinstance(self._step, VerifyStep) else self._decode
+        ctx = _LayerContext(rings=rings, step=self._step, decode=kernel)
         _ACTIVE = ctx
         try:
             result = super().forward(
@@ -214,6 +227,6 @@ class ReplayMamba2AttnBackend(GraphMetadataMixin, Mamba2AttnBackend):
         if ctx.calls != 1:
             raise RuntimeError(
                 f"ReplaySSM: the Mamba-2 mixer called selective_state_update {ctx.calls} times for its "
-                "decode rows (expected 1); the selective_state_update hook is not in effect"
+                "decode / verify rows (expected 1); the selective_state_update hook is not in effect"
             )
         return result

@@ -88,12 +88,9 @@ class ReplayMambaPool(MambaPool):
                 "ReplaySSM (--ssm-backend replay) cannot run together with SGLang's built-in "
                 "--enable-linear-replayssm / --enable-linear-replayssm-spec; pick one."
             )
-        if kwargs.get("speculative_num_draft_tokens"):
-            raise ValueError(
-                "ReplaySSM (--ssm-backend replay) does not support speculative decoding yet; "
-                "run without --speculative-algorithm or with --ssm-backend default."
-            )
         super().__init__(**kwargs)
+        # Speculative verify of T tokens writes T window rows past len: R = max(L, T) + T.
+        self.spec_tokens = int(kwargs.get("speculative_num_draft_tokens") or 0)
         cache_params = kwargs["cache_params"]
         num_layers = len(kwargs["mamba_layer_ids"])
         size = kwargs["size"]
@@ -108,6 +105,7 @@ class ReplayMambaPool(MambaPool):
             num_layers=num_layers,
             window=replay.window,
             act_dtype=replay.act_dtype,
+            spec_tokens=self.spec_tokens,
         )
         num_slots = size + 1
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):

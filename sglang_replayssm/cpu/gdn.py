@@ -30,13 +30,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from sglang_replayssm.cpu.mamba2_mixer import _conv_extend
+from sglang_replayssm.cpu.mamba2_mixer import _conv_extend, conv_verify_windows
 from sglang_replayssm.metadata import ReplayStep
 
 __all__ = [
     "gate_sigmoid_mul_add",
     "gdn_decode_cpu",
     "gdn_extend_cpu",
+    "gdn_verify_conv_cpu",
     "qkvzba_split_interleaved",
     "rms_norm_gated",
 ]
@@ -193,6 +194,18 @@ def gdn_extend_cpu(
             out[0, lo + t] = (S * q[t][:, None, :]).sum(-1).to(out.dtype)
         ssm_state[s] = S.to(ssm_state.dtype)
     return out
+
+
+def gdn_verify_conv_cpu(
+    layer, x: torch.Tensor, conv_state: torch.Tensor, slots: torch.Tensor, windows: torch.Tensor
+) -> torch.Tensor:
+    """Verify conv of one GDN layer on CPU tensors: ``x [bs, T, conv_dim]`` -> activated ``[bs, T, conv_dim]``.
+
+    ``conv_state`` is read only; ``windows [bs, T, conv_dim, K-1]`` (SGLang's
+    ``intermediate_conv_window``) receives the window after each token for the commit's rollback.
+    """
+    xc = conv_verify_windows(x, conv_state, slots, layer.conv_weights, layer.bias, windows)
+    return _activation(layer, xc).to(x.dtype)
 
 
 def gdn_decode_cpu(

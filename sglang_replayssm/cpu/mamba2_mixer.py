@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from sglang_replayssm.metadata import ReplayStep
+from sglang_replayssm.spec import VerifyStep
 
-__all__ = ["mamba2_mixer_forward_cpu"]
+__all__ = ["conv_verify_windows", "mamba2_mixer_forward_cpu"]
 
 
 def _softplus(u: torch.Tensor) -> torch.Tensor:
@@ -43,6 +44,34 @@ def _conv_extend(
     xpad = torch.cat([prev.to(weight.dtype), xt], dim=1)  # [C, K-1+T]
     y = F.conv1d(xpad[None], weight[:, None, :], bias, groups=c)[0]  # [C, T]
     return y.t(), xpad[:, -km1:] if km1 > 0 else xpad[:, :0]
+
+
+def conv_verify_windows(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    windows: torch.Tensor,
+) -> torch.Tensor:
+    """Causal conv of ``T`` verify tokens per request, as SGLang's verify conv does it.
+
+    ``x [batch, T, C]``; ``conv_state [slots, C, K-1]`` is read, not written (the commit rolls it
+    forward to the last accepted token); ``windows [batch, T, C, K-1]`` (SGLang's per-layer
+    ``intermediate_conv_window``, any strides) receives the conv window after each token.  Returns
+    the conv output (before the activation) ``[batch, T, C]``.  Padding rows (slot ``-1``) read the
+    null slot and their windows are written too (never read).  Each token is the decode step's
+    reduction (``(window * weight).sum(-1)``), so a verified token equals its decoded self.
+    """
+    k = weight.shape[1]
+    safe = slots.long().clamp(min=0)
+    xpad = torch.cat([conv_state[safe], x.to(conv_state.dtype).transpose(1, 2)], dim=2)  # [b, C, K-1+T]
+    win = xpad.unfold(2, k, 1)  # [b, C, T, K]
+    y = (win * weight[None, :, None, :].to(win.dtype)).sum(-1)
+    if bias is not None:
+        y = y + bias[None, :, None].to(y.dtype)
+    windows.copy_(xpad.unfold(2, k - 1, 1)[:, :, 1:].permute(0, 2, 1, 3).to(windows.dtype))
+    return y.transpose(1, 2)
 
 
 def mamba2_mixer_forward_cpu(
@@ -73,13 +102,15 @@ def mamba2_mixer_forward_cpu(
         Row counts, ``query_start_loc``, ``mamba_cache_indices``, ``mixed_metadata``.
     rings : dict
         This layer's ring views (``x``, ``dt``, ``B``).
-    step : ReplayStep or None
-        The forward's cursor snapshot for the decode rows (None without decode rows).
+    step : ReplayStep or VerifyStep or None
+        The forward's cursor snapshot for the decode rows (None without decode rows); a
+        ``VerifyStep`` for a TARGET_VERIFY forward (``metadata.is_target_verify``).
     decode_fn : callable
-        ``mamba2_replay_decode`` with the binding signature (the plain-torch reference on CPU).
+        ``mamba2_replay_decode`` with the binding signature (the plain-torch reference on CPU), or
+        ``mamba2_replay_verify_ref`` for a verify forward.
     """
-    if metadata.is_target_verify:
-        raise NotImplementedError("ReplaySSM CPU mixer: speculative verify is not supported")
+    if metadata.is_target_verify and not isinstance(step, VerifyStep):
+        raise RuntimeError("ReplaySSM CPU mixer: a TARGET_VERIFY forward needs a VerifyStep")
     conv_state = layer_cache.conv[0]
     ssm_state = layer_cache.temporal
     tp = mixer.tp_size
@@ -136,7 +167,36 @@ def mamba2_mixer_forward_cpu(
             ssm_state[s] = S.to(ssm_state.dtype)
             y_all[lo:hi] = ys.reshape(hi - lo, H * P).to(y_all.dtype)
 
-    if num_decodes:
+    if num_decodes and isinstance(step, VerifyStep):
+        T = step.num_tokens
+        xin = xbc[num_prefill_tokens:].view(num_decodes, T, -1)
+        xc = conv_verify_windows(xin, conv_state, step.slot_idx, weight, bias,
+                                 layer_cache.intermediate_conv_window[0][:num_decodes])
+        xc = F.silu(xc).to(hidden_states.dtype)
+        xs, Bd, Cd = torch.split(xc, [inner, gss, gss], dim=-1)
+        out_v = torch.empty(num_decodes, T, H, P, dtype=hidden_states.dtype)
+        decode_fn(
+            ssm_state,
+            rings["x"],
+            rings["dt"],
+            rings["B"],
+            xs.reshape(num_decodes, T, H, P),
+            dt[num_prefill_tokens:].view(num_decodes, T, H)[..., None].expand(-1, -1, -1, P),
+            A[:, None, None].expand(-1, P, N),
+            Bd.reshape(num_decodes, T, G, N),
+            Cd.reshape(num_decodes, T, G, N),
+            out_v,
+            step.slot_idx,
+            step.ring_start,
+            step.ring_len,
+            step.flush,
+            D=mixer.D[:, None].expand(-1, P),
+            z=None,
+            dt_bias=mixer.dt_bias[:, None].expand(-1, P),
+            dt_softplus=True,
+        )
+        y_all[num_prefill_tokens:] = out_v.reshape(num_decodes * T, H * P)
+    elif num_decodes:
         if step is None:
             raise RuntimeError("ReplaySSM CPU mixer: decode rows without a cursor snapshot")
         d0, d1 = num_prefill_tokens, num_prefill_tokens + num_decodes

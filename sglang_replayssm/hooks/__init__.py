@@ -61,4 +61,4 @@ class HookSpec:
 
 
 # Module names (relative to this package) whose HOOKS are installed, in order.
-HOOK_MODULES: tuple[str, ...] = ("args", "pool", "backends", "cpu", "radix")
+HOOK_MODULES: tuple[str, ...] = ("args", "pool", "backends", "cpu", "radix", "spec")

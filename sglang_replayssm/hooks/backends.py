@@ -22,7 +22,8 @@
     Why: a model family ReplaySSM does not support would otherwise start stock silently (no pool or
     backend hook fires for it), and some server options conflict with the rings.
     How: refuses to start (``ReplaySSMStartupError``) unless the target model is a supported Mamba-2
-    or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, speculative decoding, unified
+    or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, the speculative setups that are not
+    built (tree drafts, ``--replayssm-verify snapshot``, ``--device cpu``; ``spec_plan``), unified
     memory, PD disaggregation, and for GDN ``--enable-mixed-chunk`` and Qwen3.5 on ``--device cpu``;
     draft model configs are not checked.  Runs during ``ServerArgs`` resolution, in the launching process,
     before anything is loaded (and again in each scheduler).
@@ -31,11 +32,13 @@
 
 from __future__ import annotations
 
+from sglang_replayssm.config import ReplaySSMConfig
 from sglang_replayssm.errors import ReplaySSMStartupError
 from sglang_replayssm.gdn import ReplayGDNAttnBackend
 from sglang_replayssm.hooks import HookSpec
 from sglang_replayssm.hooks.pool import replay_family
 from sglang_replayssm.mamba2 import ReplayMamba2AttnBackend, replay_selective_state_update
+from sglang_replayssm.spec_plan import startup_refusals
 
 __all__ = ["HOOKS", "validate_startup"]
 
@@ -53,8 +56,7 @@ def _refusals(model_config, server_args) -> list[str]:
             "SGLang's built-in --enable-linear-replayssm / --enable-linear-replayssm-spec cannot be combined "
             "with --ssm-backend replay; use one of them"
         )
-    if getattr(server_args, "speculative_algorithm", None):
-        problems.append("speculative decoding is not supported with --ssm-backend replay yet")
+    problems += startup_refusals(server_args, ReplaySSMConfig.from_env().verify)
     if getattr(server_args, "enable_unified_memory", False):
         problems.append("--enable-unified-memory is not supported with --ssm-backend replay")
     if getattr(server_args, "disaggregation_mode", "null") not in (None, "null"):
@@ -77,7 +79,8 @@ def validate_startup(result, *args, **kwargs):
     """AFTER ``ModelConfig.from_server_args(server_args, ..., is_draft_model=...)``: refuse bad setups.
 
     Refused with ``ReplaySSMStartupError``: an unsupported model family, SGLang's built-in ReplaySSM
-    flags, speculative decoding, unified memory, PD disaggregation, and (GDN)
+    flags, speculative setups that are not built (``spec_plan.startup_refusals``), unified memory,
+    PD disaggregation, and (GDN)
     ``--enable-mixed-chunk`` or Qwen3.5 on ``--device cpu``.  Draft model configs are not checked.
     """
     if getattr(result, "is_draft_model", False):

@@ -65,14 +65,18 @@ def test_ssu_hook_maps_the_mixer_call_onto_the_ring_decode():
     assert kwargs["D"] is D and kwargs["dt_bias"] is dt_bias and kwargs["z"] is None and kwargs["dt_softplus"]
 
 
-def test_ssu_hook_refuses_speculative_verify():
-    step = SimpleNamespace(slot_idx=torch.zeros(1, dtype=torch.int32))
-    mamba2._ACTIVE = mamba2._LayerContext(rings={}, step=step, decode=None)
-    try:
-        with pytest.raises(NotImplementedError):
-            mamba2.replay_selective_state_update(lambda *a, **k: None, disable_state_update=True)
-    finally:
-        mamba2._ACTIVE = None
+def test_ssu_hook_refuses_a_verify_call_in_a_decode_context_and_vice_versa():
+    from sglang_replayssm.spec import VerifyStep
+
+    z = torch.zeros(1, dtype=torch.int32)
+    for step, kwargs in ((SimpleNamespace(slot_idx=z), {"disable_state_update": True}),
+                         (VerifyStep(slot_idx=z, ring_start=z, ring_len=z, flush=z.bool(), num_tokens=2), {})):
+        mamba2._ACTIVE = mamba2._LayerContext(rings={}, step=step, decode=None)
+        try:
+            with pytest.raises(RuntimeError, match="inside a"):
+                mamba2.replay_selective_state_update(lambda *a, **k: pytest.fail("stock SSU called"), **kwargs)
+        finally:
+            mamba2._ACTIVE = None
 
 
 def _gdn_backend(window: int):

@@ -1,0 +1,266 @@
+"""Speculative verify on the ReplaySSM rings: the per-forward snapshot, the commit, the conv rollback.
+
+A TARGET_VERIFY forward of ``T`` tokens per request (last accepted token + ``T-1`` drafts, linear
+chains only) uses the same slots, records and cursor pair ``(start, len)`` as decode
+(``kernels/README.md``, "Speculative verify: cursors and commit"):
+
+1. the metadata build snapshots the cursors of the verify rows once, before any layer runs, and
+   decides the flush rows (``replayssm_kernels.verify_cursor_step``; the cursors do not move);
+2. every SSM layer runs its family's verify kernel on that snapshot: outputs of all ``T`` window
+   tokens, the window's records appended at logical rows ``len .. len+T-1``, flush rows fold their
+   committed history into the checkpoint first;
+3. after sampling, SGLang's post-verify commit (``update_mamba_state_after_mtp_verify``, hooked in
+   ``hooks/spec.py``) advances the cursors by the accepted counts (``verify_commit``: one launch, no
+   host sync) and rolls the conv state back to the last accepted token from SGLang's own
+   ``intermediate_conv_window`` (SGLang's rollback, kept as it is).
+
+Rejected drafts are never folded: they lie past ``len`` and are overwritten by the next step.
+Under CUDA graphs the snapshot runs inside the captured graph into per-batch-size static buffers
+(``VerifyGraphBuffers``), as the decode snapshot does; the commit runs outside the graph and reads
+the buffers of the batch size last replayed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+from replayssm_kernels import verify_commit, verify_commit_ref, verify_cursor_step
+
+__all__ = [
+    "VerifyGraphBuffers",
+    "VerifyMetadataMixin",
+    "VerifyStep",
+    "build_verify_eager",
+    "commit_verify",
+    "rollback_conv",
+    "verify_kernel",
+]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VerifyStep:
+    """The ring snapshot of the verify rows of one forward (read by every layer and by the commit).
+
+    Attributes
+    ----------
+    slot_idx : torch.Tensor
+        ``[batch]`` int32/int64 physical slot per request, ``-1`` for padding.
+    ring_start, ring_len : torch.Tensor
+        ``[batch]`` int32 cursor snapshot (padding rows 0).
+    flush : torch.Tensor
+        ``[batch]`` bool, rows that fold their committed history into the checkpoint this step.
+    num_tokens : int
+        ``T``, tokens verified per request.
+    """
+
+    slot_idx: torch.Tensor
+    ring_start: torch.Tensor
+    ring_len: torch.Tensor
+    flush: torch.Tensor
+    num_tokens: int
+
+
+def verify_kernel(family: str, device: torch.device) -> Callable[..., None]:
+    """The verify kernel of ``family`` (``"mamba2"`` / ``"gdn"``) for ``device``.
+
+    CUDA: the Triton kernel; CPU: the plain-torch reference with the same signature.
+    """
+    import replayssm_kernels as rk
+
+    table = {
+        ("mamba2", "cuda"): rk.mamba2_replay_verify,
+        ("mamba2", "cpu"): rk.mamba2_replay_verify_ref,
+        ("gdn", "cuda"): rk.gdn_replay_verify,
+        ("gdn", "cpu"): rk.gdn_replay_verify_ref,
+    }
+    try:
+        return table[(family, device.type)]
+    except KeyError:
+        raise ValueError(
+            f"ReplaySSM verify: expected family in (mamba2, gdn) and device cuda or cpu, got {family!r} on {device}"
+        ) from None
+
+
+def build_verify_eager(
+    *, cursors: torch.Tensor, slot_idx: torch.Tensor, window: int, rows: int, num_tokens: int
+) -> VerifyStep:
+    """Snapshot the cursors of an eager verify forward (cursors unchanged).
+
+    Parameters
+    ----------
+    cursors : torch.Tensor
+        The pool's ``[slots, 2]`` int32 cursors (read only).
+    slot_idx : torch.Tensor
+        ``[batch]`` slot per request (``-1`` padding).
+    window, rows, num_tokens : int
+        ``L``, ``R`` and ``T``; ``R >= max(L, T) + T`` (``ValueError`` otherwise).
+    """
+    n = slot_idx.shape[0]
+    dev = slot_idx.device
+    out_start = torch.empty(n, dtype=torch.int32, device=dev)
+    out_len = torch.empty(n, dtype=torch.int32, device=dev)
+    out_flush = torch.empty(n, dtype=torch.bool, device=dev)
+    verify_cursor_step(cursors, slot_idx, None, window, rows, num_tokens, out_start, out_len, out_flush)
+    return VerifyStep(slot_idx=slot_idx, ring_start=out_start, ring_len=out_len, flush=out_flush,
+                      num_tokens=num_tokens)
+
+
+class VerifyGraphBuffers:
+    """Static per-batch-size snapshot buffers for CUDA-graph TARGET_VERIFY forwards.
+
+    ``view(bs, slots)`` returns the ``VerifyStep`` whose tensors are the buffers of batch size
+    ``bs`` (what the captured kernels read by address); ``fill(bs, cursors, slots)`` runs the
+    snapshot into them (recorded inside the graph, so every replay refreshes them on the device).
+    """
+
+    def __init__(self, max_bs: int, num_tokens: int, device: torch.device | str) -> None:
+        self.max_bs = max_bs
+        self.num_tokens = num_tokens
+        self.ring_start = [torch.zeros(i + 1, dtype=torch.int32, device=device) for i in range(max_bs)]
+        self.ring_len = [torch.zeros(i + 1, dtype=torch.int32, device=device) for i in range(max_bs)]
+        self.flush = [torch.zeros(i + 1, dtype=torch.bool, device=device) for i in range(max_bs)]
+
+    def _check(self, bs: int, slots: torch.Tensor) -> int:
+        if not 1 <= bs <= self.max_bs:
+            raise ValueError(f"bs: expected 1..{self.max_bs}, got {bs}")
+        if slots.shape[0] != bs:
+            raise ValueError(f"slots: expected [{bs}], got {tuple(slots.shape)}")
+        return bs - 1
+
+    def view(self, bs: int, slots: torch.Tensor) -> VerifyStep:
+        i = self._check(bs, slots)
+        return VerifyStep(slot_idx=slots, ring_start=self.ring_start[i], ring_len=self.ring_len[i],
+                          flush=self.flush[i], num_tokens=self.num_tokens)
+
+    def fill(self, bs: int, *, cursors: torch.Tensor, slots: torch.Tensor, window: int, rows: int) -> None:
+        i = self._check(bs, slots)
+        verify_cursor_step(cursors, slots, None, window, rows, self.num_tokens, self.ring_start[i],
+                           self.ring_len[i], self.flush[i])
+
+
+def commit_verify(
+    cursors: torch.Tensor, step: VerifyStep, accepted: torch.Tensor, *, window: int, rows: int
+) -> None:
+    """Advance the cursors of ``step``'s rows by ``accepted`` (bonus token included, ``1..T``).
+
+    ``accepted`` may be longer than the batch (SGLang passes per-request counts of the real rows
+    first); rows beyond ``accepted`` are padding and must carry slot ``-1``.  CUDA: one Triton
+    launch; CPU: the reference.
+    """
+    n = step.slot_idx.shape[0]
+    m = accepted.shape[0]
+    if m > n:
+        raise ValueError(f"accepted: expected at most {n} rows (the verify batch), got {m}")
+    slots = step.slot_idx[:m]
+    fn = verify_commit if cursors.device.type == "cuda" else verify_commit_ref
+    fn(cursors, slots, step.ring_start[:m], step.ring_len[:m], step.flush[:m], accepted,
+       window=window, ring_size=rows, num_tokens=step.num_tokens)
+
+
+def rollback_conv(
+    conv: torch.Tensor, windows: torch.Tensor, slots: torch.Tensor, last_step: torch.Tensor
+) -> None:
+    """Set each request's conv state to its window after the last accepted token (all layers).
+
+    Parameters
+    ----------
+    conv : torch.Tensor
+        ``[layers, slots, dim, K-1]`` SGLang's conv state pool (in place).
+    windows : torch.Tensor
+        ``[layers, batch, T, dim, K-1]`` SGLang's ``intermediate_conv_window`` (any strides: an
+        overlapping view), indexed by the request's row in the verify batch.
+    slots : torch.Tensor
+        ``[requests]`` slot per request (``-1``: skipped).
+    last_step : torch.Tensor
+        ``[requests]`` window step of the last accepted token (``accepted - 1``; ``< 0``: skipped).
+
+    CUDA tensors go to SGLang's ``fused_conv_window_scatter_with_mask`` (its own rollback); CPU
+    tensors to the same gather/scatter in torch.
+    """
+    if slots.shape != last_step.shape:
+        raise ValueError(f"slots / last_step: expected equal shapes, got {tuple(slots.shape)} / {tuple(last_step.shape)}")
+    if conv.is_cuda:
+        from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_conv_window_scatter_with_mask
+
+        fused_conv_window_scatter_with_mask(conv, windows, slots, last_step)
+        return
+    rows = torch.arange(slots.shape[0], device=slots.device)
+    ok = (slots >= 0) & (last_step >= 0)
+    rows, s, t = rows[ok], slots[ok].long(), last_step[ok].long()
+    conv[:, s] = windows[:, rows, t].to(conv.dtype)
+
+
+class VerifyMetadataMixin:
+    """TARGET_VERIFY metadata and commit of both ReplaySSM backends (first in the bases).
+
+    The host sets ``pool``, ``window``, ``rows``, ``device``, ``num_tokens`` (``T``; 0 without
+    speculative decoding) and ``_verify_graph = None``, ``_last_verify = None``, and inherits
+    ``GraphMetadataMixin`` and SGLang's backend after this class.  Decode forwards pass through to
+    ``GraphMetadataMixin`` untouched.
+    """
+
+    def _init_spec(self, model_runner) -> None:
+        """Target backends with speculative decoding: decide and log each bucket's verify path
+        (``spec_plan.plan_for_server``; refuses what is not built).  Draft workers: nothing."""
+        self.verify_plan = None
+        if self.num_tokens and not self.is_draft_worker:
+            from sglang_replayssm.spec_plan import plan_for_server
+
+            self.verify_plan = plan_for_server(self.pool, model_runner.server_args, torch.device(self.device))
+
+    def _snapshot_verify(self, slots: torch.Tensor) -> VerifyStep:
+        """Eager verify forward: snapshot the cursors of ``slots`` (the forward's requests)."""
+        if not self.num_tokens:
+            raise RuntimeError("ReplaySSM: TARGET_VERIFY forward on a server without speculative decoding")
+        step = build_verify_eager(cursors=self.pool.cursors, slot_idx=slots, window=self.window,
+                                  rows=self.rows, num_tokens=self.num_tokens)
+        self._last_verify = step
+        return step
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
+        if self.num_tokens:
+            self._verify_graph = VerifyGraphBuffers(max_bs, self.num_tokens, self.device)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        if not forward_batch.forward_mode.is_target_verify():
+            self._graph_verify_bs = None
+            return super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+        if self._verify_graph is None:
+            raise RuntimeError("ReplaySSM: graph TARGET_VERIFY forward without verify buffers")
+        # SGLang's own metadata (static slot buffer refreshed in place); skip the decode-only mixin.
+        from sglang_replayssm.metadata import GraphMetadataMixin
+
+        super(GraphMetadataMixin, self).init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+        bs = forward_batch.batch_size
+        self._graph_bs = None
+        self._graph_verify_bs = bs
+        self._step = self._verify_graph.view(bs, self.forward_metadata.mamba_cache_indices[:bs])
+        self._last_verify = self._step
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        bs = getattr(self, "_graph_verify_bs", None)
+        if bs is None:
+            return super().init_forward_metadata_in_graph(forward_batch)
+        self._verify_graph.fill(bs, cursors=self.pool.cursors,
+                                slots=self.forward_metadata.mamba_cache_indices[:bs],
+                                window=self.window, rows=self.rows)
+
+    def commit_after_verify(self, last_correct_step_indices: torch.Tensor) -> None:
+        """SGLang's post-verify commit for a replay verify: cursors by accepted count, conv rollback.
+
+        ``last_correct_step_indices [requests]`` is SGLang's window step of each request's last
+        accepted token (``accepted - 1`` for a linear chain).
+        """
+        step = self._last_verify
+        if step is None:
+            raise RuntimeError("ReplaySSM: post-verify commit without a preceding verify forward")
+        self._last_verify = None
+        m = last_correct_step_indices.shape[0]
+        accepted = (last_correct_step_indices + 1).to(torch.int32)
+        commit_verify(self.pool.cursors, step, accepted, window=self.window, rows=self.rows)
+        spec_state = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()
+        for conv, windows in zip(spec_state.conv, spec_state.intermediate_conv_window):
+            rollback_conv(conv, windows, step.slot_idx[:m], last_correct_step_indices)

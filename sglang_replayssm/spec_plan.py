@@ -1,0 +1,134 @@
+"""Which verify path each CUDA-graph batch bucket takes, decided once per server start.
+
+``plan_verify`` runs ``heuristic.decide_buckets`` (one log line per bucket with its numbers; tree
+drafts and ``--replayssm-verify`` overrides included) and checks the result against what this build
+serves.  Built: the replay verify (linear draft chains).  **Not built**: SGLang's snapshot verify
+behind a ReplaySSM pool (it would need the ring folded into the checkpoint before every snapshot
+step and the cursors reset after its commit).  So a plan that sends any bucket to the snapshot path
+is refused at startup (``ReplaySSMStartupError``), naming the buckets and what to change, rather
+than served by a path that was not built.
+
+``startup_refusals`` holds the speculative-decoding checks of ``hooks/backends.validate_startup``
+(they need only ``ServerArgs`` and the plug-in config).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+
+from sglang_replayssm import heuristic
+from sglang_replayssm.errors import ReplaySSMStartupError
+
+__all__ = ["plan_for_server", "plan_verify", "pool_verify_shape", "startup_refusals"]
+
+logger = logging.getLogger(__name__)
+
+NOT_BUILT = (
+    "SGLang's snapshot verify behind a ReplaySSM pool is not built in this release; use "
+    "--replayssm-verify replay (linear draft chains) or --ssm-backend default"
+)
+
+
+def startup_refusals(server_args, verify_mode: str) -> list[str]:
+    """Speculative-decoding refusals for ``--ssm-backend replay`` (empty without speculation)."""
+    if not getattr(server_args, "speculative_algorithm", None):
+        return []
+    problems = []
+    topk = getattr(server_args, "speculative_eagle_topk", None) or 1
+    if topk > 1:
+        problems.append(
+            f"tree drafts (--speculative-eagle-topk {topk} > 1) need SGLang's snapshot verify: {NOT_BUILT}"
+        )
+    if verify_mode == "snapshot":
+        problems.append(f"--replayssm-verify snapshot: {NOT_BUILT}")
+    if getattr(server_args, "device", None) == "cpu":
+        problems.append(
+            "speculative decoding on --device cpu: no SGLang 0.5.17 speculative algorithm runs on a CPU "
+            "(speculative pool buffers are allocated on CUDA; see benchmarks/notes/spec_algorithms.md)"
+        )
+    return problems
+
+
+def plan_verify(
+    *,
+    buckets: Iterable[int],
+    num_tokens: int,
+    topk: int,
+    mode: str,
+    shape: heuristic.VerifyShape,
+    profile: heuristic.DeviceProfile,
+    cache: heuristic.DecisionCache | None = None,
+    log: logging.Logger = logger,
+) -> dict[int, heuristic.Decision]:
+    """Decide every bucket's verify path (logged), and refuse a plan with snapshot buckets.
+
+    Parameters
+    ----------
+    buckets : iterable of int
+        CUDA-graph batch sizes (or ``[max_running_requests]`` without graphs).
+    num_tokens : int
+        ``T`` (``--speculative-num-draft-tokens``).
+    topk : int
+        ``--speculative-eagle-topk`` (``> 1``: tree drafts, snapshot path).
+    mode : str
+        ``--replayssm-verify``.
+    shape : heuristic.VerifyShape
+        The model's SSM layer shape (``heuristic.verify_shape``).
+    profile : heuristic.DeviceProfile
+        The device (``heuristic.cuda_device_profile``: measured copy bandwidth; or the CPU profile).
+    cache : heuristic.DecisionCache, optional
+        Re-used and filled in ``auto`` mode.
+
+    Raises
+    ------
+    ReplaySSMStartupError
+        When any bucket goes to the snapshot path (not built), with the buckets and the reason.
+    """
+    decisions = heuristic.decide_buckets(buckets, num_tokens, shape, profile, mode=mode, topk=topk, cache=cache,
+                                         log=log)
+    snap = {bs: d for bs, d in decisions.items() if d.path != "replay"}
+    if snap:
+        first = next(iter(snap.values()))
+        raise ReplaySSMStartupError(
+            f"--ssm-backend replay: the verify plan sends batch buckets {sorted(snap)} (T={num_tokens}) to SGLang's "
+            f"snapshot verify ({first.reason}); {NOT_BUILT}"
+        )
+    return decisions
+
+
+def pool_verify_shape(pool) -> heuristic.VerifyShape:
+    """``heuristic.VerifyShape`` of a ``ReplayMambaPool`` (its own state and ring shapes)."""
+    temporal = pool.mamba_cache.temporal
+    spec = pool.ring_spec
+    num_k_heads = spec.tensors["k"][0][0] if spec.family == "gdn" else 1
+    return heuristic.verify_shape(
+        family=spec.family, temporal_shape=tuple(temporal.shape[2:]), conv_dim=pool.mamba_cache.conv[0].shape[2],
+        num_k_heads=num_k_heads, num_layers=spec.num_layers, window=spec.window, state_dtype=temporal.dtype,
+        act_dtype=pool.replay.act_dtype,
+    )
+
+
+def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuristic.Decision]:
+    """``plan_verify`` for a target backend: buckets, ``T``, ``topk`` and mode from the server's settings.
+
+    Also refuses mamba radix tracking (``extra_buffer``) with speculative decoding: its post-verify
+    track copy reads per-draft states that the replay verify does not keep.
+    """
+    from sglang_replayssm.config import ReplaySSMConfig
+
+    if server_args.enable_mamba_extra_buffer():
+        raise ReplaySSMStartupError(
+            "--ssm-backend replay with speculative decoding: mamba radix tracking (extra_buffer) is not supported; "
+            "use --mamba-radix-cache-strategy no_buffer --disable-overlap-schedule, or --disable-radix-cache"
+        )
+    graph = None if server_args.disable_cuda_graph else getattr(server_args, "cuda_graph_config", None)
+    buckets = list(graph.decode.bs) if graph is not None and graph.decode.bs else [server_args.max_running_requests or 1]
+    return plan_verify(
+        buckets=buckets, num_tokens=pool.spec_tokens, topk=server_args.speculative_eagle_topk or 1,
+        mode=ReplaySSMConfig.from_env().verify, shape=pool_verify_shape(pool),
+        profile=heuristic.cuda_device_profile(device) if device.type == "cuda" else heuristic.cpu_device_profile(),
+        cache=heuristic.DecisionCache(heuristic.default_cache_path()),
+    )

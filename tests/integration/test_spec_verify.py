@@ -1,0 +1,228 @@
+"""Speculative verify through the ReplaySSM backends on CPU, without a server.
+
+The real backend classes run their CPU paths (verify kernels' torch references, the plug-in's torch
+conv) on a real ``ReplayMambaPool`` with SGLang's speculative state (``intermediate_conv_window``);
+the commit goes through the hook on ``update_mamba_state_after_mtp_verify``.  The property checked is
+the one spec decoding needs: for every accepted token, the verify output equals the output of the
+same token decoded one step at a time (no speculation), whatever the acceptance pattern, for several
+requests of a batch (plus a padding row), over more than 3 ring cycles, with decode steps mixed in.
+
+Acceptance is controlled exactly: window token ``t < a`` is the true next token's input, tokens
+``t >= a`` are random (rejected drafts, whose records must never be read).  Patterns: full
+(``a = T``), partial (random ``1..T``) and near-zero (``a = 1``).
+
+SGLang 0.5.17's ``MambaPool`` allocates its speculative buffers on ``device="cuda"`` unconditionally;
+the test allocates them on the CPU (``_cpu_spec_pool``).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import replayssm_kernels
+from sglang_replayssm import gdn, mamba2
+from sglang_replayssm.hooks.spec import around_update_after_verify
+from sglang_replayssm.metadata import build_eager
+from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
+from tests.integration.test_pool import SIZE, _params
+
+LAYERS = {0: 0, 2: 1, 4: 2}
+LAYER_ID = 2
+SLOTS = (3, 5)
+WINDOW = 4
+STEPS = 16  # verify steps; with decode steps mixed in, > 3 ring cycles at L = 4 for every pattern
+
+
+def _cpu_spec_pool(family: str, window: int, spec_tokens: int | None, monkeypatch) -> ReplayMambaPool:
+    import sglang.srt.mem_cache.memory_pool as mp
+
+    zeros = torch.zeros
+
+    def cpu_zeros(*args, **kwargs):
+        if kwargs.get("device") == "cuda":
+            kwargs["device"] = "cpu"
+        return zeros(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(mp.torch, "zeros", cpu_zeros)
+        return ReplayMambaPool(
+            replay=ReplayPoolSpec(family=family, window=window, act_dtype=torch.float32),
+            size=SIZE, spec_state_size=SIZE, cache_params=_params(family), mamba_layer_ids=list(LAYERS),
+            device="cpu", speculative_num_draft_tokens=spec_tokens, speculative_eagle_topk=1 if spec_tokens else None,
+        )
+
+
+def _req_pool(pool: ReplayMambaPool) -> SimpleNamespace:
+    return SimpleNamespace(
+        mamba_pool=pool,
+        mamba_map=LAYERS,
+        mamba2_layer_cache=lambda layer_id: pool.mamba2_layer_cache(LAYERS[layer_id]),
+        get_speculative_mamba2_params_all_layers=pool.get_speculative_mamba2_params_all_layers,
+    )
+
+
+def _init_state(pool: ReplayMambaPool) -> None:
+    g = torch.Generator().manual_seed(7)
+    pool.mamba_cache.temporal.copy_(0.2 * torch.randn(pool.mamba_cache.temporal.shape, generator=g))
+    pool.mamba_cache.conv[0].copy_(torch.randn(pool.mamba_cache.conv[0].shape, generator=g))
+
+
+# ----------------------------------------------------------------------------- families
+
+
+class _Mamba2:
+    """A small ``MambaMixer2`` stand-in (H=8, P=16, N=16, G=2, K=4) driven through the backend."""
+
+    family = "mamba2"
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(1)
+        H, P, N, G, K, hidden = 8, 16, 16, 2, 4, 24
+        conv_dim = H * P + 2 * G * N
+        w_in = 0.3 * torch.randn(hidden, H * P + conv_dim + H, generator=g)
+        w_out = 0.1 * torch.randn(H * P, hidden, generator=g)
+        self.mixer = SimpleNamespace(
+            tp_size=1, num_heads=H, head_dim=P, ssm_state_size=N, n_groups=G, intermediate_size=H * P,
+            groups_ssm_state_size=G * N, conv_dim=conv_dim,
+            in_proj=lambda h: (h @ w_in, None), out_proj=lambda y: (y @ w_out, None),
+            conv1d=SimpleNamespace(weight=0.4 * torch.randn(conv_dim, 1, K, generator=g),
+                                   bias=0.1 * torch.randn(conv_dim, generator=g)),
+            A=-torch.linspace(0.5, 2.0, H), D=torch.linspace(0.1, 1.0, H), dt_bias=torch.full((H,), -1.0),
+            norm=SimpleNamespace(forward_native=lambda y, gate: y * F.silu(gate)),
+        )
+        self.width = hidden
+
+    def backend(self, pool: ReplayMambaPool):
+        be = mamba2.ReplayMamba2AttnBackend.__new__(mamba2.ReplayMamba2AttnBackend)
+        be.pool, be.window, be.rows, be.num_tokens = pool, pool.replay.window, pool.ring_spec.rows, pool.spec_tokens
+        be._decode = replayssm_kernels.mamba2_replay_decode_ref
+        be._verify = replayssm_kernels.mamba2_replay_verify_ref
+        be._step = be._last_verify = be._graph_bs = None
+        be.req_to_token_pool = _req_pool(pool)
+        return be
+
+    def run(self, be, slots: torch.Tensor, x: torch.Tensor, verify_tokens: int) -> torch.Tensor:
+        bs = slots.shape[0]
+        md = SimpleNamespace(num_prefills=0, num_prefill_tokens=0, num_decodes=bs, mamba_cache_indices=slots,
+                             is_target_verify=verify_tokens > 0)
+        be.forward_metadata = md
+        if verify_tokens:
+            be._step = be._snapshot_verify(slots)
+        else:
+            be._step = build_eager(cursors=be.pool.cursors, slot_idx=slots, num_prefills=0, num_decodes=bs,
+                                   track_mask=None, window=be.window, rows=be.rows)
+        return be.forward(self.mixer, x, None, LAYER_ID, SimpleNamespace(mamba_track_mask=None))
+
+
+class _GDN:
+    """A small Gated DeltaNet layer stand-in (HV=4, V=8, Hk=2, K=8, conv K=4) driven through the backend."""
+
+    family = "gdn"
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(2)
+        HV, V, Hk, K = 4, 8, 2, 8
+        self.hv = HV
+        self.layer = SimpleNamespace(
+            layer_id=LAYER_ID, conv_weights=0.5 * torch.randn(2 * Hk * K + HV * V, 4, generator=g), bias=None,
+            activation="silu", q_dim=Hk * K, k_dim=Hk * K, v_dim=HV * V, num_q_heads=Hk, head_q_dim=K,
+            num_k_heads=Hk, head_k_dim=K, num_v_heads=HV, head_v_dim=V,
+            A_log=torch.log(torch.linspace(0.5, 2.0, HV)), dt_bias=torch.full((HV,), -2.0),
+        )
+        self.width = 2 * Hk * K + HV * V + 2 * HV
+
+    def backend(self, pool: ReplayMambaPool):
+        be = gdn.ReplayGDNAttnBackend.__new__(gdn.ReplayGDNAttnBackend)
+        be.pool, be.window, be.rows, be.num_tokens = pool, pool.replay.window, pool.ring_spec.rows, pool.spec_tokens
+        be._decode = replayssm_kernels.gdn_replay_decode_ref
+        be._verify = replayssm_kernels.gdn_replay_verify_ref
+        be._step = be._last_verify = be._graph_bs = None
+        be.req_to_token_pool = _req_pool(pool)
+        be._track_mamba_state_decode = lambda *a, **k: None
+        return be
+
+    def run(self, be, slots: torch.Tensor, x: torch.Tensor, verify_tokens: int) -> torch.Tensor:
+        bs = slots.shape[0]
+        be.forward_metadata = SimpleNamespace(mamba_cache_indices=slots, has_mamba_track_mask=False)
+        qkv, a, b = x[:, : -2 * self.hv], x[:, -2 * self.hv : -self.hv], x[:, -self.hv :]
+        if verify_tokens:
+            be._step = be._snapshot_verify(slots)
+            mode = SimpleNamespace(is_target_verify=lambda: True)
+            out = be.forward_extend(self.layer, SimpleNamespace(forward_mode=mode), qkv, a, b)
+        else:
+            be._step = build_eager(cursors=be.pool.cursors, slot_idx=slots, num_prefills=0, num_decodes=bs,
+                                   track_mask=None, window=be.window, rows=be.rows)
+            out = be.forward_decode(self.layer, SimpleNamespace(mamba_track_mask=None), qkv, a, b)
+        return out.reshape(x.shape[0], -1)
+
+
+# ----------------------------------------------------------------------------- the property
+
+
+def _commit(be, accepted: list[int]) -> None:
+    hybrid = SimpleNamespace(linear_attn_backend=be)
+    last = torch.tensor(accepted, dtype=torch.int64) - 1
+    around_update_after_verify(lambda *a, **k: pytest.fail("stock commit called for a ReplaySSM backend"),
+                               hybrid, last, None, None, None, None)
+
+
+def _accepts(pattern: str, T: int, g: torch.Generator) -> list[int]:
+    if pattern == "full":
+        return [T] * len(SLOTS)
+    if pattern == "zero":
+        return [1] * len(SLOTS)
+    return torch.randint(1, T + 1, (len(SLOTS),), generator=g).tolist()
+
+
+@pytest.mark.parametrize("fam_cls", [_Mamba2, _GDN], ids=["mamba2", "gdn"])
+@pytest.mark.parametrize("T", [2, 3])
+@pytest.mark.parametrize("pattern", ["full", "partial", "zero"])
+def test_verify_equals_decode(fam_cls, T: int, pattern: str, monkeypatch) -> None:
+    fam = fam_cls()
+    g = torch.Generator().manual_seed(11)
+    n_tokens = STEPS * T + 8
+    stream = torch.randn(len(SLOTS), n_tokens, fam.width, generator=g)
+    slots = torch.tensor(SLOTS, dtype=torch.int32)
+
+    # Reference: every token decoded one step at a time (L = WINDOW, no speculation).
+    ref_pool = _cpu_spec_pool(fam.family, WINDOW, None, monkeypatch)
+    _init_state(ref_pool)
+    ref_be = fam.backend(ref_pool)
+    ref = torch.stack([fam.run(ref_be, slots, stream[:, i], 0) for i in range(n_tokens)], dim=1)
+
+    # Spec: verify windows of T tokens with controlled acceptance, a decode step every 5th step.
+    pool = _cpu_spec_pool(fam.family, WINDOW, T, monkeypatch)
+    assert pool.ring_spec.rows == replayssm_kernels.min_ring_size(WINDOW, T)
+    _init_state(pool)
+    be = fam.backend(pool)
+    pos = [0] * len(SLOTS)
+    flushes, checked = 0, 0
+    padded = torch.tensor([*SLOTS, -1], dtype=torch.int32)
+    for step in range(STEPS + STEPS // 4):
+        if max(pos) + T >= n_tokens:
+            break
+        if step % 5 == 4:
+            out = fam.run(be, slots, stream[torch.arange(len(SLOTS)), pos], 0)
+            for r in range(len(SLOTS)):
+                torch.testing.assert_close(out[r], ref[r, pos[r]], rtol=2e-5, atol=2e-5)
+                pos[r] += 1
+            continue
+        acc = _accepts(pattern, T, g)
+        window = torch.randn(len(SLOTS) + 1, T, fam.width, generator=g)  # drafts to reject; padding row
+        for r in range(len(SLOTS)):
+            window[r, : acc[r]] = stream[r, pos[r] : pos[r] + acc[r]]
+        out = fam.run(be, padded, window.reshape(-1, fam.width), T).view(len(SLOTS) + 1, T, -1)
+        flushes += int(be._step.flush.sum())
+        for r in range(len(SLOTS)):
+            torch.testing.assert_close(out[r, : acc[r]], ref[r, pos[r] : pos[r] + acc[r]], rtol=2e-5, atol=2e-5)
+            checked += acc[r]
+        _commit(be, acc + [1])
+        for r in range(len(SLOTS)):
+            pos[r] += acc[r]
+    assert checked >= STEPS * len(SLOTS) * (0.9 if pattern == "zero" else 1)
+    assert flushes >= 3 * len(SLOTS)  # > 3 ring cycles per request (at least 3 folds each)
+    assert be._last_verify is None  # every verify was committed once
