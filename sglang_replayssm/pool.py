@@ -91,6 +91,7 @@ class ReplayMambaPool(MambaPool):
         super().__init__(**kwargs)
         # Speculative verify of T tokens writes T window rows past len: R = max(L, T) + T.
         self.spec_tokens = int(kwargs.get("speculative_num_draft_tokens") or 0)
+        self._drop_per_draft_ssm()
         cache_params = kwargs["cache_params"]
         num_layers = len(kwargs["mamba_layer_ids"])
         size = kwargs["size"]
@@ -133,6 +134,23 @@ class ReplayMambaPool(MambaPool):
             self.ring_spec.bytes_per_slot,
             self.mem_usage,
         )
+
+    def _drop_per_draft_ssm(self) -> None:
+        """Speculative pools: release SGLang's per-draft SSM buffer ``intermediate_ssm``.
+
+        The replay verify keeps no per-draft state (the window's records are ring rows), and the
+        snapshot verify that would read the buffer is not built (``spec_plan`` refuses it at
+        startup).  SGLang's ``MambaPool.__init__`` allocates it unconditionally, so it is freed here
+        (a transient allocation at startup; the memory budget still reserves it).
+        """
+        buf = getattr(self.mamba_cache, "intermediate_ssm", None)
+        if not self.spec_tokens or buf is None:
+            return
+        freed = buf.numel() * buf.element_size()
+        self.mamba_cache = dataclasses.replace(self.mamba_cache, intermediate_ssm=None)
+        del buf
+        self.mem_usage -= freed / _GB
+        logger.info("ReplaySSM: released SGLang's per-draft SSM buffer intermediate_ssm (%.3fGB)", freed / _GB)
 
     # ------------------------------------------------------------------ views for the kernels
 

@@ -197,6 +197,8 @@ def test_verify_equals_decode(fam_cls, T: int, pattern: str, monkeypatch) -> Non
     # Spec: verify windows of T tokens with controlled acceptance, a decode step every 5th step.
     pool = _cpu_spec_pool(fam.family, WINDOW, T, monkeypatch)
     assert pool.ring_spec.rows == replayssm_kernels.min_ring_size(WINDOW, T)
+    assert pool.mamba_cache.intermediate_ssm is None  # no per-draft SSM state on the replay path
+    assert ref_pool.mamba_cache.temporal.shape == pool.mamba_cache.temporal.shape
     _init_state(pool)
     be = fam.backend(pool)
     pos = [0] * len(SLOTS)
