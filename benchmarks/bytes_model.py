@@ -53,6 +53,15 @@ __all__ = [
     "gdn_packed_decode_bytes",
     "gdn_builtin_replay_bytes",
     "floor_us",
+    "VerifyBytes",
+    "verify_cycle",
+    "mamba2_replay_verify_bytes",
+    "mamba2_snapshot_verify_bytes",
+    "mamba2_snapshot_commit_bytes",
+    "gdn_replay_verify_bytes",
+    "gdn_snapshot_verify_bytes",
+    "gdn_builtin_spec_verify_bytes",
+    "gdn_builtin_fold_step_bytes",
 ]
 
 
@@ -320,3 +329,160 @@ def summarize(models: Sequence[KernelBytes]) -> list[dict]:
         }
         for m in models
     ]
+
+
+# --------------------------------------------------------------------------------------------------
+# Speculative verify (T tokens per row): per-step models of the timed verify kernels
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerifyBytes:
+    """Per-step byte model of one verify kernel (or step) of ``T`` tokens.
+
+    Phased kernels (ring-based: ours, SGLang's built-in circular ring) at history length ``h``
+    (committed records in the ring): ``S`` read, ``S`` written on flush steps, ``h`` history
+    records read (``ring_read_nonflush`` or ``ring_read_flush`` bytes each), ``T`` window records
+    written (``ring_write`` each), ``T·I`` activations in and outputs out. Unphased kernels
+    (``phased=False``, SGLang's snapshot verify and commit) move ``state_reads·S +
+    state_writes·S + T·I + extra`` whatever the history.
+    """
+
+    name: str
+    T: int
+    S: int
+    I: int  # noqa: E741 (per token, math.md's symbol)
+    phased: bool = True
+    ring_read_nonflush: int = 0
+    ring_read_flush: int = 0
+    ring_write: int = 0
+    state_reads: int = 1
+    state_writes: int = 0
+    io_tokens: int | None = None  # tokens of activations moved (default T)
+    extra: int = 0
+    note: str = ""
+
+    def step(self, h: int = 0, flush: bool = False) -> StepBytes:
+        """Bytes of one request at history length ``h`` (ignored when unphased)."""
+        io = (self.T if self.io_tokens is None else self.io_tokens) * self.I
+        if not self.phased:
+            return StepBytes(self.state_reads * self.S, self.state_writes * self.S, 0, self.extra,
+                             io)
+        if h < 0:
+            raise ValueError(f"{self.name}: expected h >= 0, got {h}")
+        per = self.ring_read_flush if flush else self.ring_read_nonflush
+        return StepBytes(self.S, self.S if flush else 0, h * per, self.T * self.ring_write, io)
+
+    def batch_bytes(self, rows: Iterable[tuple[int, bool]]) -> int:
+        """Bytes of one launch whose rows are at ``(h, flush)``."""
+        return sum(self.step(h, f).total for h, f in rows)
+
+
+def verify_cycle(L: int, T: int, a: int) -> list[tuple[int, bool]]:
+    """Steady-state verify cycle with a constant accepted count ``a`` (kernels/README.md's rule).
+
+    After a flush step the history is ``a``; each non-flush step adds ``a``; a step flushes when
+    ``len + T > L``. Returns the ``(len, flush)`` of each step of one cycle, the flush step last
+    (e.g. ``L=16, T=4, a=2``: lens 2, 4, ..., 12, then 14 flushing). ``len <= max(L, T)`` always.
+    """
+    if not 1 <= a <= T:
+        raise ValueError(f"expected 1 <= a <= T = {T}, got a = {a}")
+    out, h = [], a
+    while h + T <= L:
+        out.append((h, False))
+        h += a
+    out.append((h, True))
+    return out
+
+
+def mamba2_replay_verify_bytes(
+    shape: Mamba2Shape, T: int, state_bytes: int = 4, act_bytes: int = 2
+) -> VerifyBytes:
+    """Our ``mamba2_replay_verify``: reads ``S`` and the history records (x, Δ, B), appends the
+    ``T`` window records, writes ``S`` on flush rows (the fold reads the same record fields)."""
+    z = mamba2_sizes(shape, state_bytes, act_bytes)
+    return VerifyBytes("replayssm mamba2 verify", T, z.S, z.I, ring_read_nonflush=z.r,
+                       ring_read_flush=z.r, ring_write=z.r, note="record x,dt,B")
+
+
+def mamba2_snapshot_verify_bytes(
+    shape: Mamba2Shape, T: int, state_bytes: int = 4, act_bytes: int = 2
+) -> VerifyBytes:
+    """SGLang's snapshot verify (``selective_state_update``, ``disable_state_update``,
+    ``intermediate_states_buffer``): reads ``S``, writes ``T`` states to the buffer:
+    ``(1+T)S + T·I``."""
+    z = mamba2_sizes(shape, state_bytes, act_bytes)
+    return VerifyBytes("sglang snapshot verify", T, z.S, z.I, phased=False, state_writes=T,
+                       note="(1+T)S + T·I")
+
+
+def mamba2_snapshot_commit_bytes(
+    shape: Mamba2Shape, T: int, state_bytes: int = 4, act_bytes: int = 2
+) -> VerifyBytes:
+    """SGLang's commit after a snapshot verify (``fused_mamba_state_scatter_with_mask``): reads
+    the accepted intermediate state, writes ``S``: ``2S`` (no activations)."""
+    z = mamba2_sizes(shape, state_bytes, act_bytes)
+    return VerifyBytes("sglang snapshot commit", T, z.S, z.I, phased=False, state_writes=1,
+                       io_tokens=0, note="2S")
+
+
+def gdn_replay_verify_bytes(
+    shape: GDNShape, T: int, state_bytes: int = 4, act_bytes: int = 2, u_bytes: int | None = None
+) -> VerifyBytes:
+    """Our ``gdn_replay_verify``: non-flush rows read (u, k, g) of each history record, flush rows
+    replay raw (k, v, g, β); every row appends ``T`` full records (u, k, v, g, β)."""
+    f = gdn_record_fields(shape, act_bytes, u_bytes)
+    z = gdn_sizes(shape, state_bytes, act_bytes)
+    return VerifyBytes(
+        "replayssm gdn verify", T, z.S, z.I,
+        ring_read_nonflush=f["u"] + f["k"] + f["g"],
+        ring_read_flush=f["k"] + f["v"] + f["g"] + f["beta"],
+        ring_write=sum(f.values()),
+        note="non-flush reads u,k,g; flush reads k,v,g,beta; appends u,k,v,g,beta",
+    )
+
+
+def gdn_snapshot_verify_bytes(
+    shape: GDNShape, T: int, state_bytes: int = 4, act_bytes: int = 2
+) -> VerifyBytes:
+    """SGLang's snapshot verify (``fused_sigmoid_gating_delta_rule_update`` with intermediate
+    states): ``(1+T)S + T·I``."""
+    z = gdn_sizes(shape, state_bytes, act_bytes)
+    return VerifyBytes("sglang snapshot verify", T, z.S, z.I, phased=False, state_writes=T,
+                       note="(1+T)S + T·I")
+
+
+def _gdn_raw_record(shape: GDNShape, act_bytes: int) -> int:
+    """Raw record of SGLang's built-in rings: v, pre-norm k (activation dtype), g, β (fp32)."""
+    return (shape.HV * shape.V + shape.Hk * shape.K) * act_bytes + 8 * shape.HV
+
+
+def gdn_builtin_spec_verify_bytes(
+    shape: GDNShape, T: int, state_bytes: int = 4, act_bytes: int = 2,
+    ring_bytes: int | None = None,
+) -> VerifyBytes:
+    """SGLang 0.5.17's built-in circular-ring verify (``gdn_replayssm_spec_decode``).
+
+    Non-flush rows read (d, k, g) of each history record (d, k in the pool's ring dtype,
+    ``ring_bytes``, the SSM dtype by default); flush rows replay raw (v, k, g, β); every row writes
+    ``T`` records of both kinds (d, k, g and v, k, β).
+    """
+    rb = state_bytes if ring_bytes is None else ring_bytes
+    dkg = (shape.HV * shape.V + shape.Hk * shape.K) * rb + 4 * shape.HV
+    raw = _gdn_raw_record(shape, act_bytes)
+    z = gdn_sizes(shape, state_bytes, act_bytes)
+    return VerifyBytes("sglang built-in spec verify", T, z.S, z.I, ring_read_nonflush=dkg,
+                       ring_read_flush=raw, ring_write=dkg + raw - 4 * shape.HV,
+                       note="non-flush reads d,k,g; flush reads raw v,k,g,beta; appends both")
+
+
+def gdn_builtin_fold_step_bytes(
+    shape: GDNShape, T: int, a: int, state_bytes: int = 4, act_bytes: int = 2
+) -> VerifyBytes:
+    """SGLang 0.5.17's active built-in path, fold-every-commit: the verify kernel reads ``S`` and
+    writes the raw window (``T`` records), the commit folds the ``a`` accepted records into ``S``
+    (reads and writes it): ``3S + (T + a)·r_raw + T·I`` (math.md §11)."""
+    raw = _gdn_raw_record(shape, act_bytes)
+    z = gdn_sizes(shape, state_bytes, act_bytes)
+    return VerifyBytes("sglang built-in fold step", T, z.S, z.I, phased=False, state_reads=2,
+                       state_writes=1, extra=(T + a) * raw, note="3S + (T+a)·r_raw + T·I")

@@ -1,0 +1,719 @@
+"""Speculative-verify benchmark: our ReplaySSM verify kernels against SGLang 0.5.17's (one process).
+
+Run from the repository root (see benchmarks/README.md)::
+
+    python -m benchmarks.bench_verify --family all --T 2,4,8 --batch 1,8,32,64,128,256,512 \\
+        --window 16 --refcheck --time-budget 200 --out OUT_DIR
+
+Per family, draft length ``T`` and batch it times, cold L2, CUDA-graph replay, CUDA events,
+medians (``bench_decode``'s ``Timer``): our verify kernel at every step of the steady verify cycle
+for the accepted count ``a`` (``--accepted``; history ``a, 2a, ...``, the last step flushing) and
+one mixed launch; SGLang's snapshot verify and (Mamba-2) its commit scatter; (GDN) SGLang's
+built-in circular-ring verify at the same steps and its fold-every-commit step; and one
+conventional decode step of the family, so that every row also says how many decode steps its
+verify costs. Outputs: a table (stdout and ``results.md``), ``results.json``, ``verify_bench.png``.
+See ``verify_cases.py`` for exactly how each kernel is called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from benchmarks import bench_decode as bd
+from benchmarks import bytes_model as bm
+from benchmarks.shapes import DTYPE_BYTES, GDN_SHAPES, MAMBA2_SHAPES, GDNShape, Mamba2Shape
+from benchmarks.verify_cases import GDNVerify, Mamba2Verify, VCase
+
+LABELS = {
+    "ours": "replayssm verify (ours)",
+    "snapshot": "sglang snapshot verify",
+    "commit": "sglang snapshot commit (scatter)",
+    "builtin": "sglang built-in spec verify",
+    "fold": "sglang built-in fold step",
+    "decode": "sglang decode step (T=1)",
+}
+ORDER = {k: i for i, k in enumerate(LABELS)}
+
+#: refcheck gates (relative error vs our torch reference): catch a broken kernel, not rounding.
+REFCHECK_TOL = {"cuda": {"out": 2e-2, "state": 2e-3, "state16": 1e-2, "ring": 1e-2},
+                "cpu": {"out": 3e-2, "state": 2e-2, "state16": 3e-2, "ring": 2e-2}}
+
+
+# ==================================================================================================
+# Arguments
+# ==================================================================================================
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_verify",
+        description="Time ReplaySSM verify kernels against SGLang 0.5.17's (cold L2).")
+    p.add_argument("--family", choices=("mamba2", "gdn", "all"), default="all")
+    p.add_argument("--T", type=bd._int_list, default=[2, 4, 8],
+                   help="draft lengths: tokens verified per row (default 2,4,8)")
+    p.add_argument("--batch", type=bd._int_list, default=list(bd.DEFAULT_BATCHES))
+    p.add_argument("--window", type=int, default=16, help="ring window L (default 16)")
+    p.add_argument("--accepted", type=bd._int_list, default=None,
+                   help="accepted count a per T (incl. the bonus token), one per --T "
+                        "(default ceil(T/2))")
+    p.add_argument("--state-dtype", choices=tuple(DTYPE_BYTES), default="fp32")
+    p.add_argument("--act-dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--gdn-u-dtype", choices=("act", "fp32"), default="act")
+    p.add_argument("--mamba2-shape", choices=tuple(MAMBA2_SHAPES), default=None)
+    p.add_argument("--gdn-shape", choices=tuple(GDN_SHAPES), default=None)
+    p.add_argument("--slots", type=int, default=None,
+                   help="pool slots per family (default max(2 × max batch, 64)); slot 0 unused")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    p.add_argument("--impl", choices=("kernel", "ref"), default="kernel")
+    p.add_argument("--repeats", type=int, default=None, help="default 100 on cuda, 2 on cpu")
+    p.add_argument("--warmup", type=int, default=None, help="default 10 on cuda, 1 on cpu")
+    p.add_argument("--passes", type=int, default=2)
+    p.add_argument("--l2-flush", choices=("read", "write", "none"), default="read")
+    p.add_argument("--no-graph", action="store_true")
+    p.add_argument("--refcheck", action="store_true",
+                   help="check our kernels against our torch references (and compare with "
+                        "SGLang's snapshot verify) before timing")
+    p.add_argument("--skip-peers", action="store_true", help="time our kernels only")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds: no new (family, T, batch) point starts after this; the points "
+                        "left are listed as skipped")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--commit", default=None)
+    p.add_argument("--out", type=Path, required=True)
+    return p
+
+
+@dataclass
+class Config:
+    families: list[str]
+    Ts: list[int]
+    accepted: dict[int, int]
+    batches: list[int]
+    L: int
+    R: int
+    builtin_ring: int
+    state_dtype: str
+    act_dtype: str
+    gdn_u_dtype: str
+    mamba2_shape: Mamba2Shape
+    gdn_shape: GDNShape
+    slots: int
+    device: str
+    impl: str
+    repeats: int
+    warmup: int
+    passes: int
+    l2_flush: str
+    graph: bool
+    refcheck: bool
+    skip_peers: bool
+    time_budget: float | None
+    seed: int
+    commit: str
+    out: Path
+    dry_run: bool = False  # bench_decode.environment() reads it
+    argv: list[str] = field(default_factory=list)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Config:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    device = a.device or ("cuda" if bd._has_cuda() else "cpu")
+    if device == "cuda" and not bd._has_cuda():
+        parser.error("--device cuda: no CUDA device visible (use --device cpu)")
+    cpu = device == "cpu"
+    if a.window < 1:
+        parser.error(f"--window: expected >= 1, got {a.window}")
+    if any(t > 16 for t in a.T):
+        parser.error(f"--T: our verify kernels take T <= 16, got {a.T}")
+    acc = a.accepted or [(t + 1) // 2 for t in a.T]
+    if len(acc) != len(a.T) or any(not 1 <= x <= t for x, t in zip(acc, a.T)):
+        parser.error(f"--accepted: expected one value 1 <= a <= T per --T {a.T}, got {acc}")
+    tmax = max(a.T)
+    max_b = max(a.batch)
+    slots = a.slots if a.slots is not None else max(2 * max_b, 8 if cpu else 64)
+    if slots < max_b + 1:
+        parser.error(f"--slots: expected >= max batch + 1 = {max_b + 1}, got {slots}")
+    if a.passes < 1 or (a.repeats is not None and a.repeats < 1):
+        parser.error("--passes and --repeats must be >= 1")
+    return Config(
+        families=["mamba2", "gdn"] if a.family == "all" else [a.family],
+        Ts=list(a.T), accepted=dict(zip(a.T, acc)), batches=list(a.batch), L=a.window,
+        R=max(a.window, tmax) + tmax,  # min_ring_size(L, T) for the largest T serves every T
+        builtin_ring=1 << (a.window + tmax - 1).bit_length(),
+        state_dtype=a.state_dtype, act_dtype=a.act_dtype, gdn_u_dtype=a.gdn_u_dtype,
+        mamba2_shape=MAMBA2_SHAPES[a.mamba2_shape or ("mamba2-tiny" if cpu else "nano-4b")],
+        gdn_shape=GDN_SHAPES[a.gdn_shape or ("gdn-tiny" if cpu else "qwen3.5-4b")],
+        slots=slots, device=device, impl=a.impl,
+        repeats=a.repeats if a.repeats is not None else (2 if cpu else 100),
+        warmup=a.warmup if a.warmup is not None else (1 if cpu else 10),
+        passes=a.passes, l2_flush=a.l2_flush, graph=(not a.no_graph) and not cpu,
+        refcheck=a.refcheck, skip_peers=a.skip_peers, time_budget=a.time_budget, seed=a.seed,
+        commit=a.commit or bd._git_commit(), out=a.out,
+        argv=list(sys.argv[1:] if argv is None else argv),
+    )
+
+
+# ==================================================================================================
+# Kernels (ours and SGLang's) and byte models
+# ==================================================================================================
+
+
+def load_ours(cfg: Config) -> tuple[dict, dict, dict]:
+    """(kernels, references, errors) per family."""
+    kernels, refs, errors = {}, {}, {}
+    try:
+        m = importlib.import_module("replayssm_kernels")
+    except Exception as e:  # noqa: BLE001 (report; peers still run)
+        return {}, {}, {f: f"import failed: {type(e).__name__}: {e}" for f in ("mamba2", "gdn")}
+    for fam in ("mamba2", "gdn"):
+        k = getattr(m, f"{fam}_replay_verify", None)
+        r = getattr(m, f"{fam}_replay_verify_ref", None)
+        kernels[fam], refs[fam] = (r if cfg.impl == "ref" else k), r
+        if kernels[fam] is None:
+            errors[fam] = f"replayssm_kernels has no {fam}_replay_verify"
+    return kernels, refs, errors
+
+
+PEERS = {
+    "ssu": ("sglang.kernels.ops.mamba.triton_ops.mamba_ssm", "selective_state_update"),
+    "scatter": ("sglang.kernels.ops.mamba.mamba_state_scatter_triton",
+                "fused_mamba_state_scatter_with_mask"),
+    "sigmoid": ("sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent",
+                "fused_sigmoid_gating_delta_rule_update"),
+    "builtin": ("sglang.kernels.ops.attention.fla.gdn_replayssm_spec_decode",
+                "gdn_replayssm_spec_decode"),
+    "fold": ("sglang.kernels.ops.attention.fla.gdn_replayssm_spec_fold",
+             "commit_gdn_replayssm_fold_all_layers"),
+    "packed": ("sglang.kernels.ops.attention.fla.fused_recurrent",
+               "fused_recurrent_gated_delta_rule_packed_decode"),
+}
+
+
+def load_peers(cfg: Config) -> tuple[dict, dict]:
+    if cfg.skip_peers:
+        return {}, {k: "--skip-peers" for k in PEERS}
+    peers, errors = {}, {}
+    for key, (mod, name) in PEERS.items():
+        try:
+            peers[key] = getattr(importlib.import_module(mod), name)
+        except Exception as e:  # noqa: BLE001 (no SGLang here: time ours only, say why)
+            peers[key], errors[key] = None, f"{type(e).__name__}: {e}"
+    return peers, errors
+
+
+def byte_models(cfg: Config, family: str, T: int) -> dict[str, bm.VerifyBytes]:
+    s_b, a_b = DTYPE_BYTES[cfg.state_dtype], DTYPE_BYTES[cfg.act_dtype]
+    if family == "mamba2":
+        sh = cfg.mamba2_shape
+        return {
+            "ours": bm.mamba2_replay_verify_bytes(sh, T, s_b, a_b),
+            "snapshot": bm.mamba2_snapshot_verify_bytes(sh, T, s_b, a_b),
+            "commit": bm.mamba2_snapshot_commit_bytes(sh, T, s_b, a_b),
+            "decode": bm.mamba2_snapshot_verify_bytes(sh, 1, s_b, a_b),  # 2S + I
+        }
+    sh = cfg.gdn_shape
+    u_b = 4 if cfg.gdn_u_dtype == "fp32" else a_b
+    return {
+        "ours": bm.gdn_replay_verify_bytes(sh, T, s_b, a_b, u_b),
+        "snapshot": bm.gdn_snapshot_verify_bytes(sh, T, s_b, a_b),
+        "builtin": bm.gdn_builtin_spec_verify_bytes(sh, T, s_b, a_b),
+        "fold": bm.gdn_builtin_fold_step_bytes(sh, T, cfg.accepted[T], s_b, a_b),
+        "decode": bm.gdn_snapshot_verify_bytes(sh, 1, s_b, a_b),  # 2S + I
+    }
+
+
+# ==================================================================================================
+# Refcheck (ours vs our reference) and the comparison with SGLang's snapshot verify
+# ==================================================================================================
+
+
+def refcheck(fam, kernel, ref, T: int) -> dict:
+    """One verify step of ``kernel`` against ``ref`` on identical copies of a fresh pool.
+
+    Compares outputs of live rows, flushed checkpoints and the ``T`` window records of every live
+    row (all ring fields); every other byte must be unchanged (padding rows' NaN outputs, other
+    checkpoints, other ring rows).
+    """
+    import torch
+
+    args, plan = fam.refcheck_args(T)
+    written = ("state", "out") + fam.ring_names  # inputs are read-only: shared, views kept
+    a_k = {k: v.clone() if k in written else v for k, v in args.items()}
+    a_r = {k: v.clone() if k in written else v for k, v in args.items()}
+    fam.call_ours(kernel, a_k, fam.pool_of(a_k))
+    fam.call_ours(ref, a_r, fam.pool_of(a_r))
+    if fam.cfg.device == "cuda":
+        torch.cuda.synchronize()
+    R = args[fam.ring_names[0]].shape[2]
+    start = args["ring_start"].tolist()
+    live = [i for i, (s, _, _) in enumerate(plan) if s >= 0]
+    pad = [i for i, (s, _, _) in enumerate(plan) if s < 0]
+    res: dict = {"T": T, "plan": plan, "errors": {}, "problems": []}
+    if not torch.isfinite(a_k["out"][live].float()).all():
+        res["problems"].append("out: non-finite values in live rows")
+    if pad and not torch.isnan(a_k["out"][pad].float()).all():
+        res["problems"].append("out: padding row written")
+    res["errors"]["out"] = bd._rel_err(a_k["out"][live], a_r["out"][live])
+    flushed = [plan[i][0] for i in live if plan[i][2]]
+    kept = [s for s in range(args["state"].shape[0]) if s not in set(flushed)]
+    if flushed:
+        res["errors"]["state"] = bd._rel_err(a_k["state"][flushed], a_r["state"][flushed])
+    if not torch.equal(a_k["state"][kept], args["state"][kept]):
+        res["problems"].append("state: a slot that did not flush was written")
+    window = [(plan[i][0], (start[i] + plan[i][1] + t) % R) for i in live for t in range(T)]
+    for name in fam.ring_names:
+        k_t, r_t, o_t = a_k[name], a_r[name], args[name]
+        ks = torch.stack([k_t[s, :, r] for s, r in window])
+        rs = torch.stack([r_t[s, :, r] for s, r in window])
+        res["errors"][name] = bd._rel_err(ks, rs)
+        same = k_t.clone()
+        for s, r in window:
+            same[s, :, r] = o_t[s, :, r]
+        if not torch.equal(same, o_t):
+            res["problems"].append(f"{name}: a ring row outside the window changed")
+    tols = REFCHECK_TOL["cuda" if fam.cfg.device == "cuda" else "cpu"]
+    st16 = args["state"].dtype != torch.float32
+    lims = {"out": tols["out"], "state": tols["state16" if st16 else "state"]}
+    for name, err in res["errors"].items():
+        lim = lims.get(name, tols["ring"])
+        if not err <= lim:  # NaN fails too
+            res["problems"].append(f"{name}: rel err {err:.3e} > {lim:.0e}")
+    res["ok"] = not res["problems"]
+    return res
+
+
+def compare_snapshot(fam, kernel, T: int) -> dict | None:
+    """Ours with empty rings and no flush against SGLang's snapshot verify from the same
+    checkpoints: the window outputs of both (informational; not bitwise: ours is the closed form,
+    and GDN rounds β as the packed decode does, SGLang's verify keeps it fp32)."""
+    import torch
+
+    key = "ssu" if fam.name == "mamba2" else "sigmoid"
+    if fam.peers.get(key) is None:
+        return None
+    args, plan = fam.refcheck_args(T)
+    args["ring_len"].zero_()
+    args["flush"].zero_()
+    live = [i for i, (s, _, _) in enumerate(plan) if s >= 0]
+    idx = torch.tensor(live, device=args["slot_idx"].device)
+    sh = fam.sh
+    state_sg = args["state"].clone()
+    if fam.name == "mamba2":
+        sub = {k: args[k][idx] for k in ("x", "dt_full", "B", "C", "slot_idx")}
+        sub["interm_idx"] = args["interm_idx"][: len(live)]
+        out_sg = torch.full_like(args["out"][idx], float("nan"))
+        buf = torch.empty(len(live), T, sh.H, sh.P, sh.N, dtype=fam.sdt, device=idx.device)
+        fam.call_snapshot(state_sg, sub, out_sg, buf)
+    else:
+        # the padding row is last: the live rows' tokens are the first len(live)·T of the packed
+        n = len(live) * T
+        sub = {k: args[k][:n] for k in ("q_tok", "k_tok", "v_tok", "a_tok", "b_tok")}
+        sub.update(q=args["q"][: len(live)], slot_idx=args["slot_idx"][: len(live)],
+                   cu_seqlens=args["cu_seqlens"][: len(live) + 1],
+                   interm_idx=args["interm_idx"][: len(live)])
+        buf = torch.empty(len(live), T, sh.HV, sh.V, sh.K, dtype=fam.sdt, device=idx.device)
+        out_sg = fam.call_snapshot(state_sg, sub, buf)
+    fam.call_ours(kernel, args, fam.pool_of(args))
+    if fam.cfg.device == "cuda":
+        torch.cuda.synchronize()
+    ours = args["out"][idx]
+    return {"T": T, "out_rel": bd._rel_err(ours, out_sg),
+            "out_bitwise": bool(torch.equal(ours, out_sg)),
+            "sglang_state_untouched": bool(torch.equal(state_sg, args["state"]))}
+
+
+# ==================================================================================================
+# Timing and results
+# ==================================================================================================
+
+
+@dataclass
+class Row:
+    family: str
+    kernel: str
+    label: str
+    T: int
+    a: int
+    batch: int
+    mode: str  # "cycle" (mean over the verify cycle), "mixed" or "step"
+    median_us: float
+    bytes: float
+    tbps: float = float("nan")
+    pct_copy: float = float("nan")
+    nonflush_us: float = float("nan")
+    flush_us: float = float("nan")
+    x_snapshot: float = float("nan")  # snapshot verify / this
+    x_snapshot_step: float = float("nan")  # (snapshot verify + its commit) / this
+    x_builtin: float = float("nan")  # built-in spec verify (same mode) / this
+    x_fold: float = float("nan")  # built-in fold step / this
+    per_decode: float = float("nan")  # this / one conventional decode step
+    spread_pct: float = float("nan")
+    phase_us: list[float] = field(default_factory=list)
+    phases: list = field(default_factory=list)
+    note: str = ""
+
+
+def summarize(case: VCase, T: int, a: int, batch: int, model: bm.VerifyBytes,
+              samples: dict) -> list[Row]:
+    def med(series):
+        passes = samples.get(series, [])
+        allv = [v for p in passes for v in p]
+        meds = [bd._median(p) for p in passes if p]
+        spread = (max(meds) - min(meds)) / bd._median(allv) * 100 if len(meds) > 1 else math.nan
+        return bd._median(allv), spread
+
+    label = f"{LABELS[case.key]} T{T}"
+    if not case.phased:
+        m, s = med(("step",))
+        return [Row(case.family, case.key, label, T, a, batch, "step", m,
+                    batch * model.step().total, spread_pct=s, note=case.note)]
+    ph, sp = zip(*(med(("phase", i)) for i in range(len(case.phases))))
+    nonflush = [t for t, (_, f) in zip(ph, case.phases) if not f]
+    flush = [t for t, (_, f) in zip(ph, case.phases) if f]
+    cyc_bytes = sum(model.step(h, f).total for h, f in case.phases) / len(case.phases)
+    spread = max((x for x in sp if not math.isnan(x)), default=math.nan)
+    rows = [Row(case.family, case.key, f"{label} a{a}", T, a, batch, "cycle", sum(ph) / len(ph),
+                batch * cyc_bytes, nonflush_us=bd._median(nonflush) if nonflush else math.nan,
+                flush_us=bd._median(flush) if flush else math.nan, spread_pct=spread,
+                phase_us=list(ph), phases=list(case.phases), note=case.note)]
+    if ("mixed",) in samples:
+        m, s = med(("mixed",))
+        rows.append(Row(case.family, case.key, f"{label} a{a} mixed", T, a, batch, "mixed", m,
+                        model.batch_bytes(case.mixed_rows), spread_pct=s, note=case.note))
+    return rows
+
+
+def finish_rows(rows: list[Row], copy_bw: float) -> None:
+    for r in rows:
+        if r.median_us > 0 and not math.isnan(r.median_us):
+            r.tbps = r.bytes / (r.median_us * 1e-6) / 1e12
+            if copy_bw and not math.isnan(copy_bw):
+                r.pct_copy = 100 * r.tbps * 1e12 / copy_bw
+    by = {(r.family, r.T, r.batch, r.kernel, r.mode): r for r in rows}
+    for r in rows:
+        k = (r.family, r.T, r.batch)
+        snap, com = by.get((*k, "snapshot", "step")), by.get((*k, "commit", "step"))
+        dec = by.get((*k, "decode", "step"))
+        if r.kernel in ("ours", "builtin", "fold") and snap is not None:
+            r.x_snapshot = snap.median_us / r.median_us
+            if com is not None:
+                r.x_snapshot_step = (snap.median_us + com.median_us) / r.median_us
+        if r.kernel == "ours":
+            bi = by.get((*k, "builtin", r.mode))
+            if bi is not None:
+                r.x_builtin = bi.median_us / r.median_us
+            fold = by.get((*k, "fold", "step"))
+            if fold is not None:
+                r.x_fold = fold.median_us / r.median_us
+        if dec is not None and r.kernel != "decode":
+            r.per_decode = r.median_us / dec.median_us
+
+
+COLS = ("family", "kernel", "batch", "median us", "MB moved", "TB/s", "% copy BW", "non-flush us",
+        "flush us", "x vs snapshot", "x vs snapshot+commit", "x vs built-in", "x vs fold step",
+        "/ decode step", "± %")
+
+
+def table_lines(rows: list[Row]) -> list[list[str]]:
+    f = bd._fmt
+    return [[r.family, r.label, str(r.batch), f(r.median_us, ".1f"), f(r.bytes / 1e6, ".2f"),
+             f(r.tbps, ".2f"), f(r.pct_copy, ".0f"), f(r.nonflush_us, ".1f"), f(r.flush_us, ".1f"),
+             f(r.x_snapshot, ".2f"), f(r.x_snapshot_step, ".2f"), f(r.x_builtin, ".2f"),
+             f(r.x_fold, ".2f"), f(r.per_decode, ".2f"), f(r.spread_pct, ".1f")] for r in rows]
+
+
+def format_text(rows: list[Row]) -> str:
+    lines = [list(COLS)] + table_lines(rows)
+    w = [max(len(x[i]) for x in lines) for i in range(len(COLS))]
+    fmt = "  ".join(f"{{:<{n}}}" if i < 2 else f"{{:>{n}}}" for i, n in enumerate(w))
+    return "\n".join([fmt.format(*lines[0]), fmt.format(*["-" * n for n in w])]
+                     + [fmt.format(*x) for x in lines[1:]])
+
+
+def format_markdown(rows: list[Row], meta: dict) -> str:
+    f = bd._fmt
+    md = [f"# Verify kernel benchmark ({meta.get('device_name', '?')})", "",
+          f"- commit `{meta.get('commit')}`, {meta.get('date')}",
+          f"- command: `python -m benchmarks.bench_verify {' '.join(meta.get('argv', []))}`",
+          f"- shapes: {meta.get('shapes')}; window L = {meta.get('L')}, our ring rows R = "
+          f"{meta.get('R')}, built-in ring rows {meta.get('builtin_ring')}; state "
+          f"{meta.get('state_dtype')}, activations {meta.get('act_dtype')}; {meta.get('slots')} "
+          "slots per family (one layer), rows on random slots",
+          f"- copy bandwidth {f(meta.get('copy_bw', math.nan) / 1e12, '.2f')} TB/s; L2 flush "
+          f"{meta.get('l2_flush')} of {meta.get('l2_flush_bytes', 0) / 2**20:.0f} MiB before every "
+          f"repetition; {'CUDA-graph replay' if meta.get('graph') else 'eager launches'}; median "
+          f"of {meta.get('repeats')} x {meta.get('passes')} passes per series",
+          "- `aA`: steady verify cycle for A accepted tokens per step (history A, 2A, ..., the "
+          "last step flushing), `median us` = mean of the cycle steps' medians; `mixed`: rows "
+          "spread over the cycle in one launch; `x vs ...` = that SGLang kernel / this row; "
+          "`/ decode step` = this row / one conventional decode step (T=1) at the same batch",
+          "", "| " + " | ".join(COLS) + " |",
+          "|" + "|".join("---" if i < 2 else "---:" for i in range(len(COLS))) + "|"]
+    md += ["| " + " | ".join(x) + " |" for x in table_lines(rows)]
+    return "\n".join(md) + "\n"
+
+
+# ==================================================================================================
+# Driver
+# ==================================================================================================
+
+
+def _first_call(case: VCase, cfg: Config) -> str | None:
+    """Run every phase once (compiles) with a NaN-poisoned output; None if all is well."""
+    import torch
+
+    for i in range(len(case.phases)) if case.phased else [None]:
+        if i is not None:
+            case.set_phase(i)
+        if case.out is not None:
+            try:
+                case.out().fill_(float("nan"))
+            except KeyError:  # an output the first call allocates
+                pass
+        case.fn()
+        if cfg.device == "cuda":
+            torch.cuda.synchronize()
+        if case.out is not None and not torch.isfinite(case.out().float()).all():
+            return f"non-finite output at phase {i}"
+    if case.set_mixed is not None:
+        case.set_mixed()
+        case.fn()
+    return None
+
+
+def run_point(cfg: Config, fam, timer: bd.Timer, T: int, batch: int, dead: dict,
+              status: dict) -> list[Row]:
+    import torch
+
+    a = cfg.accepted[T]
+    cycle = bm.verify_cycle(cfg.L, T, a)
+    models = byte_models(cfg, fam.name, T)
+    cases = fam.cases(batch, T, cycle, a)
+    ready = []
+    for case in cases:
+        if (case.key, T) in dead:
+            continue
+        try:
+            err = _first_call(case, cfg)
+        except Exception as e:  # noqa: BLE001 (one broken kernel must not stop the others)
+            err = f"{type(e).__name__}: {e}"
+            if cfg.device == "cuda":
+                traceback.print_exc()
+        if err is not None:
+            dead[(case.key, T)] = err
+            status.setdefault(f"{fam.name}/{case.key}/T{T}", f"not timed: {err}")
+            bd._log(f"  [{fam.name}] {LABELS[case.key]} T{T} b{batch}: NOT TIMED ({err})")
+            continue
+        run = case.fn
+        if cfg.graph:
+            try:
+                case._graph = bd.capture_graph(case.fn)
+                run = case._graph.replay
+            except Exception as e:  # noqa: BLE001 (uncapturable: time eagerly, say so)
+                case.note = f"eager (graph capture failed: {e})"
+                torch.cuda.synchronize()
+        ready.append((case, run))
+    series = []
+    for case, run in ready:
+        if case.phased:
+            series += [(case, run, ("phase", i)) for i in range(len(case.phases))]
+            if case.set_mixed is not None:
+                series.append((case, run, ("mixed",)))
+        else:
+            series.append((case, run, ("step",)))
+    samples: dict = {id(c): {} for c, _ in ready}
+    for _ in range(cfg.passes):
+        for case, run, sid in series:
+            if sid[0] == "phase":
+                case.set_phase(sid[1])
+            elif sid[0] == "mixed":
+                case.set_mixed()
+            samples[id(case)].setdefault(sid, []).append(
+                timer.measure(run, cfg.repeats, cfg.warmup))
+    rows = []
+    for case, _ in ready:
+        rows += summarize(case, T, a, batch, models[case.key], samples[id(case)])
+        case._graph = None
+    return rows
+
+
+def time_cursors(cfg: Config, timer: bd.Timer) -> dict:
+    """``verify_cursor_step`` + ``verify_commit`` (once per forward for all layers), median us."""
+    import torch
+
+    try:
+        m = importlib.import_module("replayssm_kernels")
+        step, commit = m.verify_cursor_step, m.verify_commit
+    except Exception as e:  # noqa: BLE001 (informational only)
+        return {"error": f"{type(e).__name__}: {e}"}
+    rng = bd._Rand(cfg.device, cfg.seed + 13)
+    T = max(cfg.Ts)
+    res: dict = {}
+    for batch in cfg.batches:
+        cursors = torch.stack([rng.ints((cfg.slots,), cfg.R, torch.int32),
+                               rng.ints((cfg.slots,), cfg.L, torch.int32)], 1).contiguous()
+        slot_idx = bd._row_slots(rng, cfg.slots, batch)
+        acc = torch.ones(batch, dtype=torch.int32, device=cfg.device)
+        o = (torch.empty(batch, dtype=torch.int32, device=cfg.device),
+             torch.empty(batch, dtype=torch.int32, device=cfg.device),
+             torch.empty(batch, dtype=torch.bool, device=cfg.device))
+
+        def fn(c=cursors, s=slot_idx, o=o, acc=acc):
+            c[:, 1].clamp_(max=cfg.L)  # keep len within the protocol's bound across repeats
+            step(c, s, None, cfg.L, cfg.R, T, *o)
+            commit(c, s, *o, acc, window=cfg.L, ring_size=cfg.R, num_tokens=T)
+
+        try:
+            fn()
+            run = bd.capture_graph(fn).replay if cfg.graph else fn
+            res[str(batch)] = bd._median(timer.measure(run, max(cfg.repeats // 2, 1), cfg.warmup))
+        except Exception as e:  # noqa: BLE001 (informational only)
+            res[str(batch)] = f"{type(e).__name__}: {e}"
+    return res
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    if cfg.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+    import torch
+
+    t0 = time.perf_counter()
+    meta = bd.environment(cfg)
+    meta.update(L=cfg.L, R=cfg.R, builtin_ring=cfg.builtin_ring, Ts=cfg.Ts,
+                accepted=cfg.accepted, state_dtype=cfg.state_dtype, act_dtype=cfg.act_dtype,
+                gdn_u_dtype=cfg.gdn_u_dtype, slots=cfg.slots, batches=cfg.batches,
+                families=cfg.families, impl=cfg.impl, repeats=cfg.repeats, warmup=cfg.warmup,
+                passes=cfg.passes, graph=cfg.graph, seed=cfg.seed, time_budget=cfg.time_budget,
+                shapes=", ".join(
+                    f"{f} {(cfg.mamba2_shape if f == 'mamba2' else cfg.gdn_shape).name}"
+                    for f in cfg.families),
+                cycles={str(T): bm.verify_cycle(cfg.L, T, cfg.accepted[T]) for T in cfg.Ts})
+    bd._log(f"bench_verify: {meta.get('device_name')} | {cfg.families} | T {cfg.Ts} (a "
+            f"{cfg.accepted}) | batches {cfg.batches} | L={cfg.L} R={cfg.R} | {cfg.state_dtype}")
+    torch.manual_seed(cfg.seed)
+    copy = bd.measure_copy_bandwidth(cfg)
+    if cfg.device == "cuda":
+        bd._log(f"copy bandwidth: {copy['bytes_per_s'] / 1e12:.3f} TB/s (read + write)")
+    status: dict[str, str] = {}
+    kernels, refs, kerr = load_ours(cfg)
+    peers, perr = load_peers(cfg)
+    if cfg.device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        from benchmarks import _cpu_shims
+
+        meta["cpu_shims"] = _cpu_shims.apply(sglang=not cfg.skip_peers)
+    for k, e in {**{f"ours/{k}": v for k, v in kerr.items()},
+                 **{f"peer/{k}": v for k, v in perr.items()}}.items():
+        status[k] = f"unavailable: {e}"
+        bd._log(f"  {k}: unavailable ({e})")
+    timer = bd.Timer(cfg)
+    meta["l2_flush"], meta["l2_flush_bytes"] = timer.mode, timer.flush_bytes
+    checks: dict = {}
+    rows: list[Row] = []
+    skipped: list[str] = []
+    fams, dead = {}, {}
+    for fam_name in cfg.families:
+        fam = fams[fam_name] = (Mamba2Verify if fam_name == "mamba2" else GDNVerify)(
+            cfg, kernels, peers)
+        dead[fam_name] = {}
+        if cfg.refcheck and kernels.get(fam_name) is not None:
+            for T in cfg.Ts:
+                try:
+                    rc = refcheck(fam, kernels[fam_name], refs[fam_name], T)
+                except Exception as e:  # noqa: BLE001 (a crash is a failed check)
+                    traceback.print_exc()
+                    rc = {"ok": False, "problems": [f"{type(e).__name__}: {e}"]}
+                try:
+                    rc["vs_sglang_snapshot"] = compare_snapshot(fam, kernels[fam_name], T)
+                except Exception as e:  # noqa: BLE001 (informational only)
+                    rc["vs_sglang_snapshot"] = {"error": f"{type(e).__name__}: {e}"}
+                checks[f"{fam_name}/T{T}"] = rc
+                errs = ", ".join(f"{k} {v:.2e}" for k, v in rc.get("errors", {}).items())
+                bd._log(f"refcheck {fam_name} T{T}: {'PASS' if rc['ok'] else 'FAIL'} ({errs})"
+                        + ("" if rc["ok"] else f" {rc['problems']}")
+                        + f"; vs SGLang snapshot verify: {rc['vs_sglang_snapshot']}")
+                if not rc["ok"]:
+                    dead[fam_name][("ours", T)] = "refcheck failed"
+                    status[f"{fam_name}/ours/T{T}"] = "not timed: refcheck failed"
+    # T outermost, in the order given: with --time-budget the first T values are the ones kept
+    for T in cfg.Ts:
+        for fam_name, fam in fams.items():
+            for batch in cfg.batches:
+                if cfg.time_budget is not None and time.perf_counter() - t0 > cfg.time_budget:
+                    skipped.append(f"{fam_name} T{T} b{batch}")
+                    continue
+                t1 = time.perf_counter()
+                try:
+                    rows += run_point(cfg, fam, timer, T, batch, dead[fam_name], status)
+                except Exception as e:  # noqa: BLE001 (a device fault: keep what was measured)
+                    traceback.print_exc()
+                    status[f"{fam_name}/T{T}/b{batch}"] = f"aborted: {type(e).__name__}: {e}"
+                if cfg.device == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+                bd._log(f"  [{fam_name}] T{T} batch {batch}: {time.perf_counter() - t1:.1f} s")
+            write_outputs(cfg, meta, copy, checks, status, rows, skipped, t0, final=False)
+    if kernels:
+        meta["verify_cursor_step_and_commit_us"] = time_cursors(cfg, timer)
+    write_outputs(cfg, meta, copy, checks, status, rows, skipped, t0, final=True)
+    return 0 if all(rc.get("ok", False) for rc in checks.values()) else 1
+
+
+def write_outputs(cfg: Config, meta: dict, copy: dict, checks: dict, status: dict,
+                  rows: list[Row], skipped: list[str], t0: float, final: bool) -> None:
+    rows = [dataclasses.replace(r) for r in rows]
+    copy_bw = copy["bytes_per_s"]
+    meta["copy_bw"], meta["complete"] = copy_bw, final
+    meta["wall_s"] = time.perf_counter() - t0
+    finish_rows(rows, copy_bw)
+    rows.sort(key=lambda r: (cfg.families.index(r.family), cfg.Ts.index(r.T), r.batch,
+                             ORDER[r.kernel], r.mode == "mixed"))
+    title = (f"ReplaySSM verify, {meta.get('device_name')}, L={cfg.L}, T={cfg.Ts}, state "
+             f"{cfg.state_dtype}, commit {str(cfg.commit)[:12]}")
+    meta["plot"] = bd.write_plot(rows, cfg.out / "verify_bench.png", title)
+    if skipped:
+        status["time_budget"] = f"skipped {len(skipped)} points: {', '.join(skipped)}"
+    result = {"meta": meta, "copy_bandwidth": copy, "refcheck": checks, "status": status,
+              "rows": [asdict(r) for r in rows]}
+    (cfg.out / "results.json").write_text(
+        json.dumps(bd._json_safe(result), indent=1, default=str, allow_nan=False))
+    md = format_markdown(rows, meta)
+    if checks:
+        md += "\nRefcheck (ours vs our torch reference; ours vs SGLang's snapshot verify):\n\n"
+        md += "\n".join(f"- {k}: {'PASS' if v.get('ok') else 'FAIL'} "
+                        f"{ {n: f'{e:.2e}' for n, e in v.get('errors', {}).items()} }; "
+                        f"vs snapshot {v.get('vs_sglang_snapshot')}" for k, v in checks.items())
+        md += "\n"
+    if status:
+        md += "\nStatus:\n\n" + "\n".join(f"- {k}: {v}" for k, v in status.items()) + "\n"
+    (cfg.out / "results.md").write_text(md)
+    if not final:
+        return
+    bd._log("")
+    for k, v in status.items():
+        bd._log(f"status {k}: {v}")
+    bd._log(f"plot: {meta['plot']}; wrote {cfg.out}/results.json, results.md, verify_bench.png; "
+            f"{meta['wall_s']:.0f} s; copy bandwidth {bd._fmt(copy_bw / 1e12, '.3f')} TB/s")
+    bd._log(format_text(rows))
+    cs = meta.get("verify_cursor_step_and_commit_us")
+    if isinstance(cs, dict):
+        bd._log("verify_cursor_step + verify_commit (once per forward, all layers), median us: "
+                + ", ".join(f"b{k} {bd._fmt(v, '.1f') if isinstance(v, float) else v}"
+                            for k, v in cs.items()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

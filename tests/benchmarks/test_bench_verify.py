@@ -1,0 +1,122 @@
+"""CPU tests of the verify benchmark CLI: arguments, the verify byte models and cycle, the results
+arithmetic, and one smoke run through the Triton interpreter (ours and SGLang's kernels where they
+run on a CPU) with ``--refcheck``.
+
+The smoke run starts the CLI in a subprocess: Triton reads ``TRITON_INTERPRET`` when a kernel is
+defined, so it must be set before any kernel module is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_verify as bv
+from benchmarks import bytes_model as bm
+from benchmarks.shapes import NANO_4B, QWEN35_4B
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_parse_defaults(tmp_path):
+    cfg = bv.parse_args(["--device", "cpu", "--out", str(tmp_path)])
+    assert cfg.Ts == [2, 4, 8] and cfg.accepted == {2: 1, 4: 2, 8: 4}
+    assert cfg.batches == [1, 8, 32, 64, 128, 256, 512]
+    assert (cfg.L, cfg.R, cfg.builtin_ring) == (16, 24, 32)  # R = min_ring_size(16, 8)
+    assert not cfg.graph and cfg.repeats == 2
+
+
+@pytest.mark.parametrize("argv", [["--accepted", "3"], ["--T", "2,4", "--accepted", "1,5"],
+                                  ["--T", "17"], ["--window", "0"], ["--slots", "4"]])
+def test_parse_errors(tmp_path, argv):
+    with pytest.raises(SystemExit):
+        bv.parse_args(["--device", "cpu", "--out", str(tmp_path), *argv])
+
+
+def test_verify_cycle():
+    assert bm.verify_cycle(16, 4, 2) == [(h, h == 14) for h in range(2, 15, 2)]
+    assert bm.verify_cycle(16, 8, 4) == [(4, False), (8, False), (12, True)]
+    assert bm.verify_cycle(16, 2, 1)[-1] == (15, True) and len(bm.verify_cycle(16, 2, 1)) == 15
+    assert bm.verify_cycle(4, 8, 8) == [(8, True)]  # T > L: every step flushes, len <= max(L, T)
+    for L, T in ((16, 2), (16, 4), (16, 8), (6, 4)):
+        for a in range(1, T + 1):
+            cyc = bm.verify_cycle(L, T, a)
+            assert all(h + T <= L for h, f in cyc if not f) and cyc[-1][1]
+            assert all(h + T <= max(L, T) + T for h, _ in cyc)  # fits min_ring_size(L, T)
+    with pytest.raises(ValueError):
+        bm.verify_cycle(16, 4, 5)
+
+
+def test_verify_byte_models():
+    z = bm.mamba2_sizes(NANO_4B)
+    ours = bm.mamba2_replay_verify_bytes(NANO_4B, 4)
+    assert ours.step(3).total == z.S + 3 * z.r + 4 * z.r + 4 * z.I
+    assert ours.step(3, flush=True).total == 2 * z.S + 3 * z.r + 4 * z.r + 4 * z.I
+    snap = bm.mamba2_snapshot_verify_bytes(NANO_4B, 4)
+    assert snap.step(7).total == bm.snapshot_spec_vllm(z.S, z.I, 4)  # (1+T)S + T·I
+    com = bm.mamba2_snapshot_commit_bytes(NANO_4B, 4)
+    # snapshot verify + its commit = math.md's vLLM-style snapshot + 2S - ... : (3+T)S + T·I
+    assert snap.step().total + com.step().total == bm.snapshot_spec_vllm(z.S, z.I, 4) + 2 * z.S
+    assert bm.mamba2_snapshot_verify_bytes(NANO_4B, 1).step().total == bm.baseline_ar(z.S, z.I)
+    g = bm.gdn_sizes(QWEN35_4B)
+    # math.md §11: the fold-every-commit step is 3S + (T + a)·r_raw + T·I, r_raw = 12,544 B
+    assert bm.gdn_builtin_fold_step_bytes(QWEN35_4B, 4, 2).step().total == (
+        3 * g.S + 6 * 12_544 + 4 * g.I)
+    f = bm.gdn_record_fields(QWEN35_4B)
+    ours_g = bm.gdn_replay_verify_bytes(QWEN35_4B, 2)
+    assert ours_g.step(5).ring_read == 5 * (f["u"] + f["k"] + f["g"])
+    assert ours_g.step(5, True).ring_read == 5 * (f["k"] + f["v"] + f["g"] + f["beta"])
+    assert ours_g.step(0).ring_write == 2 * sum(f.values())
+    rows = [(1, False), (2, True)]
+    assert ours_g.batch_bytes(rows) == ours_g.step(1).total + ours_g.step(2, True).total
+
+
+def _row(kernel, mode, us, T=4, batch=8):
+    return bv.Row("mamba2", kernel, kernel, T, 2, batch, mode, us, 1e6)
+
+
+def test_finish_rows():
+    rows = [_row("ours", "cycle", 10.0), _row("ours", "mixed", 20.0),
+            _row("snapshot", "step", 40.0), _row("commit", "step", 10.0),
+            _row("decode", "step", 5.0), _row("ours", "cycle", 1.0, batch=16)]
+    bv.finish_rows(rows, copy_bw=4e12)
+    ours, mixed = rows[0], rows[1]
+    assert ours.x_snapshot == 4.0 and ours.x_snapshot_step == 5.0 and ours.per_decode == 2.0
+    assert mixed.x_snapshot == 2.0 and mixed.per_decode == 4.0
+    assert ours.tbps == pytest.approx(0.1) and ours.pct_copy == pytest.approx(2.5)
+    assert rows[2].per_decode == 8.0 and rows[4].per_decode != rows[4].per_decode  # NaN for itself
+    assert rows[5].x_snapshot != rows[5].x_snapshot  # no snapshot at batch 16
+    text = bv.format_text(rows)
+    assert "x vs snapshot+commit" in text and "5.00" in text
+
+
+def test_cpu_smoke(tmp_path):
+    """Both families through the CLI on CPU: refcheck passes, ours and SGLang's snapshot verify,
+    built-in spec verify and decode steps are timed, outputs are written."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_verify", "--device", "cpu", "--batch", "1",
+         "--T", "2", "--window", "2", "--repeats", "1", "--warmup", "0", "--passes", "1",
+         "--refcheck", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert all(v["ok"] for v in res["refcheck"].values()) and len(res["refcheck"]) == 2
+    for fam in ("mamba2", "gdn"):
+        snap = res["refcheck"][f"{fam}/T2"]["vs_sglang_snapshot"]
+        assert snap["sglang_state_untouched"] and snap["out_rel"] < 1e-2, snap
+    timed = {(row["family"], row["kernel"], row["mode"]) for row in res["rows"]}
+    want = {("mamba2", "ours", "cycle"), ("mamba2", "ours", "mixed"),
+            ("mamba2", "snapshot", "step"), ("mamba2", "decode", "step"),
+            ("gdn", "ours", "cycle"), ("gdn", "snapshot", "step"), ("gdn", "builtin", "cycle"),
+            ("gdn", "decode", "step")}
+    assert want <= timed, timed
+    assert (out / "results.md").exists() and (out / "verify_bench.png").stat().st_size > 0
+    assert "replayssm verify (ours) T2 a1" in r.stdout
