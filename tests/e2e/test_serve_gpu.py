@@ -68,9 +68,9 @@ def _generate(url: str, ids: list[int], n: int):
     return [t[1] for t in meta["output_token_logprobs"]], [t[0] for t in meta["output_token_logprobs"]]
 
 
-def _workload(url: str):
+def _workload(url: str, concurrent: bool = True):
     prompts = [[(7 * i + 3 * j) % 500 + 4 for j in range(n)] for i, n in enumerate(PROMPT_LENS)]
-    with cf.ThreadPoolExecutor(len(prompts)) as ex:
+    with cf.ThreadPoolExecutor(len(prompts) if concurrent else 1) as ex:
         outs = list(ex.map(lambda ip: _generate(url, ip[1], MAX_NEW + 5 * ip[0]), enumerate(prompts)))
     # a second round reuses cached prefixes (radix hits, copy-on-write into fresh slots)
     outs.append(_generate(url, prompts[4] + outs[4][0][:40], MAX_NEW))
@@ -95,9 +95,14 @@ def results(tmp_path_factory):
                 procs[model_name, run] = (proc, port, log)
         for proc, port, log in procs.values():
             srv.wait_ready(proc, port, log, timeout=900)
+        # one request at a time first (batch 1: no batch-composition noise), then all at once
         with cf.ThreadPoolExecutor(len(procs)) as ex:
-            futures = {key: ex.submit(_workload, f"http://127.0.0.1:{port}") for key, (_, port, _) in procs.items()}
+            futures = {(*key, "seq"): ex.submit(_workload, f"http://127.0.0.1:{port}", False)
+                       for key, (_, port, _) in procs.items()}
             out = {key: f.result() for key, f in futures.items()}
+            futures = {(*key, "conc"): ex.submit(_workload, f"http://127.0.0.1:{port}")
+                       for key, (_, port, _) in procs.items()}
+            out.update({key: f.result() for key, f in futures.items()})
     logs = {key: log.read_text() for key, (_, _, log) in procs.items()}
     return out, logs
 
@@ -118,15 +123,21 @@ def test_replay_matches_stock_with_cuda_graphs(model_name: str, results):
     for run in RUNS:
         if run.startswith("replay"):
             assert "ReplaySSM rings are allocated" in logs[model_name, run], f"{model_name} {run}: no rings"
-    stock = out[model_name, "stock"]
-    table = {run: _compare(out[model_name, run], stock) for run in RUNS if run != "stock"}
-    for run, rows in table.items():
-        same = sum(first is None for first, _ in rows)
-        firsts = [first for first, _ in rows if first is not None]
-        print(f"{model_name} {run} vs stock: {same}/{len(rows)} token-identical, first divergences {firsts}, "
-              f"max |logprob diff| on common prefixes {max(d for _, d in rows):.3g}")
-    # CUDA graphs change nothing in our path: graph and eager replay runs are token-identical.
-    assert [t for t, _ in out[model_name, "replay_graph"]] == [t for t, _ in out[model_name, "replay_eager"]]
+    for mode in ("seq", "conc"):
+        stock = out[model_name, "stock", mode]
+        for run in RUNS:
+            if run != "stock":
+                rows = _compare(out[model_name, run, mode], stock)
+                same = sum(first is None for first, _ in rows)
+                firsts = [first for first, _ in rows if first is not None]
+                print(f"TABLE {model_name} {mode} {run} vs stock: {same}/{len(rows)} token-identical, first "
+                      f"divergences {firsts}, max |logprob diff| on common prefixes {max(d for _, d in rows):.3g}")
+        rows = _compare(out[model_name, "replay_graph", mode], out[model_name, "replay_eager", mode])
+        print(f"TABLE {model_name} {mode} replay_graph vs replay_eager: first divergences "
+              f"{[f for f, _ in rows]}, max |logprob diff| {max(d for _, d in rows):.3g}")
+    table = {run: _compare(out[model_name, run, "seq"], out[model_name, "stock", "seq"]) for run in RUNS}
+    # One request at a time, CUDA graphs change nothing in our path.
+    assert [t for t, _ in out[model_name, "replay_graph", "seq"]] == [t for t, _ in out[model_name, "replay_eager", "seq"]]
     # bf16 activations: replay computes outputs in another order than SGLang's kernel, so greedy
     # paths may part late (as stock graph vs stock eager may); a wrong ring or checkpoint parts early.
     for run in ("replay_graph", "replay_window1"):
