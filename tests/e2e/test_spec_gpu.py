@@ -1,0 +1,121 @@
+"""End to end on a CUDA GPU (run by the lead on the H200): speculative decoding with ``--ssm-backend replay``.
+
+Algorithm: STANDALONE with the tiny Llama (``tests/models/llama_tiny``, same 512-token vocabulary) as the
+draft model, ``--speculative-eagle-topk 1`` (linear chains), 3 steps / 4 draft tokens; it needs no MTP
+head in the target (``benchmarks/notes/spec_algorithms.md``).  The random draft gives near-zero
+acceptance; the accept lengths the server reports are printed.  Target: the tiny Nemotron-H (Mamba-2)
+and the tiny Qwen3-Next (GDN) in bf16 with FlashInfer attention (as ``test_serve_gpu.py``).
+
+Servers, all started at once: replay + spec (``--replayssm-verify replay``, CUDA graphs on: TARGET_VERIFY
+graphs of every bucket), replay + spec eager, replay without spec, stock + spec, stock without spec.
+Checked: replay + spec with graphs gives the same tokens as without graphs; against replay without
+spec and against stock + spec the greedy paths may part only late (bf16: verify and decode kernels sum
+in different orders, as stock spec vs stock decode do; the stock pair is printed as the noise floor);
+requests run long enough for > 3 ring cycles at L = 16.  Radix tracking is off (``no_buffer``): the
+replay verify refuses ``extra_buffer``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+
+import make_model  # noqa: E402
+import server as srv  # noqa: E402
+
+MODEL_DIR = Path(make_model.__file__).resolve().parent
+pytestmark = [pytest.mark.gpu, pytest.mark.e2e]
+
+GPU_FLAGS = ("--dtype", "bfloat16", "--max-mamba-cache-size", "64", "--max-total-tokens", "32768",
+             "--mem-fraction-static", "0.06", "--cuda-graph-max-bs", "8", "--attention-backend", "flashinfer",
+             "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule")
+MODELS = ("nemotron_h_tiny", "qwen3_next_tiny")
+CONFIG_OVERRIDES = {"nemotron_h_tiny": {"head_dim": 64}}
+ENV = {"SGLANG_MAMBA_CONV_DTYPE": "bfloat16"}
+MAX_NEW = 64  # > 3 ring cycles at L = 16 even at full acceptance
+PROMPT_LENS = (5, 37, 130, 16)
+MIN_COMMON = 8
+
+
+def _spec(draft: Path) -> list[str]:
+    return ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(draft),
+            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
+def _runs(draft: Path) -> dict[str, list[str]]:
+    replay = ["--ssm-backend", "replay", "--replayssm-window", "16", "--replayssm-verify", "replay"]
+    return {
+        "replay_spec": replay + _spec(draft),
+        "replay_spec_eager": replay + _spec(draft) + ["--disable-cuda-graph"],
+        "replay_nospec": replay,
+        "stock_spec": ["--ssm-backend", "default"] + _spec(draft),
+        "stock_nospec": ["--ssm-backend", "default"],
+    }
+
+
+def _generate(url: str, ids: list[int], n: int):
+    r = requests.post(f"{url}/generate", json={
+        "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True},
+    }, timeout=600)
+    r.raise_for_status()
+    out = r.json()
+    return out["output_ids"], out["meta_info"].get("spec_accept_length")
+
+
+def _workload(url: str):
+    prompts = [[(7 * i + 3 * j) % 500 + 4 for j in range(n)] for i, n in enumerate(PROMPT_LENS)]
+    with cf.ThreadPoolExecutor(len(prompts)) as ex:
+        return list(ex.map(lambda p: _generate(url, p, MAX_NEW), prompts))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("spec_gpu")
+    draft = make_model.materialize("llama_tiny", root / "models" / "llama_tiny")
+    procs = {}
+    with contextlib.ExitStack() as stack:
+        for name in MODELS:
+            config = json.loads((MODEL_DIR / name / "config.json").read_text())
+            config.update(CONFIG_OVERRIDES.get(name, {}))
+            model = make_model.materialize(name, root / "models" / name, config=config)
+            for run, args in _runs(draft).items():
+                port, log = srv.free_port(), root / f"{name}-{run}.log"
+                proc = srv.launch(model, args, log, port=port, base_flags=GPU_FLAGS, env=ENV)
+                stack.callback(srv.stop, proc)
+                procs[name, run] = (proc, port, log)
+        for proc, port, log in procs.values():
+            srv.wait_ready(proc, port, log, timeout=240)
+        with cf.ThreadPoolExecutor(len(procs)) as ex:
+            futures = {key: ex.submit(_workload, f"http://127.0.0.1:{port}") for key, (_, port, _) in procs.items()}
+            out = {key: f.result() for key, f in futures.items()}
+    logs = {key: log.read_text() for key, (_, _, log) in procs.items()}
+    return out, logs
+
+
+def _first_diff(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_replay_spec_matches_no_spec_and_stock_spec(model_name: str, results):
+    out, logs = results
+    assert "ReplaySSM verify bs=" in logs[model_name, "replay_spec"]  # the per-bucket plan was logged
+    toks = {run: [t for t, _ in out[model_name, run]] for run in _runs(Path("d"))}
+    for run in toks:
+        accepts = [a for _, a in out[model_name, run]]
+        firsts = [_first_diff(x, y) for x, y in zip(toks[run], toks["replay_nospec"])]
+        print(f"TABLE {model_name} {run}: accept lengths {accepts}; first divergence vs replay_nospec {firsts}")
+    assert toks["replay_spec"] == toks["replay_spec_eager"]
+    for base in ("replay_nospec", "stock_spec"):
+        for x, y in zip(toks["replay_spec"], toks[base]):
+            first = _first_diff(x, y)
+            assert first is None or first >= MIN_COMMON, f"{model_name}: replay_spec parts from {base} at {first}"
