@@ -36,6 +36,7 @@ import triton.language as tl
 from replayssm_kernels._checks import check_launch_device, interpreting
 from replayssm_kernels.mamba2_decode._fold import record_factors
 from replayssm_kernels.mamba2_decode._validate import validate_mamba2_decode
+from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_decode_fwd", "launch_config"]
 
@@ -87,10 +88,11 @@ def _load_tile(
 @triton.jit
 def _nonflush_tile(
     b_s, b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, t, P, row_l, m_l, row_w, p_rx_head,
-    p_o_head, stride_rx_row, stride_rx_p, stride_out_p, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-    BLOCK_P: tl.constexpr,
+    p_o_head, stride_rx_row, stride_rx_p, stride_out_p, p_rs_head, stride_rs_p,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, BLOCK_P: tl.constexpr, READ_FP8: tl.constexpr,
 ):
-    """Output of P-tile ``t`` on the inner-product route, and the append of its x."""
+    """Output of P-tile ``t`` on the inner-product route, and the append of its x. ``b_s`` is the
+    tile as read (checkpoint or read copy); an fp8 copy's per-row scale is applied to ``S0·C``."""
     o_p = t * BLOCK_P + tl.arange(0, BLOCK_P)
     m_p = o_p < P
     p_xj = p_rx_head + row_l[:, None] * stride_rx_row + o_p[None, :] * stride_rx_p
@@ -98,7 +100,10 @@ def _nonflush_tile(
     b_x = b_x_raw.to(tl.float32)
     b_acc = c_cur * b_x
     b_acc += tl.sum(b_coef[:, None] * b_xj, axis=0)
-    b_y = a_bar * tl.sum(b_s * b_C[None, :], axis=1) + b_acc
+    b_sc = tl.sum(b_s * b_C[None, :], axis=1)
+    if READ_FP8:
+        b_sc = b_sc * tl.load(p_rs_head + o_p * stride_rs_p, mask=m_p, other=0.0)
+    b_y = a_bar * b_sc + b_acc
     if HAS_D:
         b_y += b_x * b_D
     if HAS_Z:
@@ -107,6 +112,24 @@ def _nonflush_tile(
     tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=m_p)
     # Append the current record's x at logical row `length`.
     tl.store(p_rx_head + row_w * stride_rx_row + o_p * stride_rx_p, b_x_raw, mask=m_p)
+
+
+@triton.jit
+def _store_read_tile(b_s, p_r_head, p_rs_head, o_p, o_n, m_p, m_n, stride_read_p, stride_read_n,
+                     stride_rs_p, READ_FP8: tl.constexpr):
+    """Refresh one ``[BLOCK_P, N]`` tile of the read copy from the checkpoint tile as stored
+    (``b_s`` in the state dtype). fp8: per-row power-of-two scale ``2^(E-7)``, ``2^E <= max|row|``
+    (read_copy.py; masked rows and columns hold zeros, so they do not enter the max)."""
+    b_v = b_s.to(tl.float32)
+    p_r = p_r_head + o_p[:, None] * stride_read_p + o_n[None, :] * stride_read_n
+    if READ_FP8:
+        amax = tl.max(tl.abs(b_v), axis=1)
+        e = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 8)
+        scale = ((e - 7) << 23).to(tl.float32, bitcast=True)
+        inv = ((261 - e) << 23).to(tl.float32, bitcast=True)  # exactly 1 / scale
+        tl.store(p_rs_head + o_p * stride_rs_p, scale, mask=m_p)
+        b_v = b_v * inv[:, None]
+    tl.store(p_r, b_v.to(p_r.dtype.element_ty), mask=m_p[:, None] & m_n[None, :])
 
 
 @triton.jit
@@ -129,6 +152,8 @@ def _mamba2_replay_decode_fwd_kernel(
     ring_start_ptr,
     ring_len_ptr,
     flush_ptr,
+    read_ptr,
+    read_scale_ptr,
     # Dimensions
     P,
     N,
@@ -171,6 +196,13 @@ def _mamba2_replay_decode_fwd_kernel(
     stride_out_batch,
     stride_out_head,
     stride_out_p,
+    stride_read_slot,
+    stride_read_head,
+    stride_read_p,
+    stride_read_n,
+    stride_rs_slot,
+    stride_rs_head,
+    stride_rs_p,
     # Meta-parameters
     DT_SOFTPLUS: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr,
@@ -187,6 +219,9 @@ def _mamba2_replay_decode_fwd_kernel(
     PF_B: tl.constexpr,
     S_CACHE: tl.constexpr,
     PIPE: tl.constexpr,
+    HAS_READ: tl.constexpr,
+    READ_FP8: tl.constexpr,
+    S_LATE: tl.constexpr,
 ):
     i_h = tl.program_id(0)
     i_b = tl.program_id(1)
@@ -210,7 +245,9 @@ def _mamba2_replay_decode_fwd_kernel(
     p_D_head = D_ptr
     if HAS_D:
         p_D_head = D_ptr + i_h * stride_D_head
-    if PIPE == 0:
+    # S_LATE (PIPE != 0, or a read copy: non-flush rows read the copy, flush rows the
+    # checkpoint): the first tiles are requested inside the branches instead.
+    if not S_LATE:
         s_n1, x_n1, D_n1, z_n1 = _load_tile(
             p_s_head, p_x_head, p_z_head, p_D_head, 0, P, N, stride_state_p, stride_state_n,
             stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N, S_CACHE)
@@ -239,6 +276,12 @@ def _mamba2_replay_decode_fwd_kernel(
     p_rdt = ring_dt_ptr + slot * stride_rdt_slot + i_h * stride_rdt_head
     p_rB = ring_B_ptr + slot * stride_rB_slot + i_g * stride_rB_group + o_n * stride_rB_n
     p_o_head = out_ptr + i_b * stride_out_batch + i_h * stride_out_head
+    p_r_head = read_ptr
+    p_rs_head = read_scale_ptr
+    if HAS_READ:
+        p_r_head = read_ptr + slot * stride_read_slot + i_h * stride_read_head
+    if READ_FP8:
+        p_rs_head = read_scale_ptr + slot * stride_rs_slot + i_h * stride_rs_head
     if PF_L1:
         # Both routes read this head's committed x rows once per P-tile: request their lines
         # into L1 once, up front (a hint: no register, no wait), so those loads hit L1.
@@ -262,7 +305,7 @@ def _mamba2_replay_decode_fwd_kernel(
             _prefetch_l1(ring_B_ptr + slot * stride_rB_slot + i_g * stride_rB_group
                          + row_l[:, None] * stride_rB_row + o_nb[None, :] * stride_rB_n)
             _prefetch_l1(p_rdt + row_l * stride_rdt_row)
-        if PIPE != 0:
+        if S_LATE:
             s_n1, x_n1, D_n1, z_n1 = _load_tile(
                 p_s_head, p_x_head, p_z_head, p_D_head, 0, P, N, stride_state_p, stride_state_n,
                 stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N,
@@ -312,6 +355,9 @@ def _mamba2_replay_decode_fwd_kernel(
             b_s = tl.fma(b_s, dA, dB * b_x[:, None])
             p_s = (p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n)
             tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_p[:, None] & m_n[None, :])
+            if HAS_READ:
+                _store_read_tile(b_s.to(p_s.dtype.element_ty), p_r_head, p_rs_head, o_p, o_n,
+                                 m_p, m_n, stride_read_p, stride_read_n, stride_rs_p, READ_FP8)
             b_y = tl.sum(b_s * b_C[None, :], axis=1)
             if HAS_D:
                 b_y += b_x * b_D
@@ -339,37 +385,61 @@ def _mamba2_replay_decode_fwd_kernel(
         a_bar = tl.exp(A * s_all)
         c_cur = dt * tl.sum(b_B * b_C)
         row_w = (start + length) % R
+        # Tile source: the read copy if there is one (the checkpoint is not read at all).
+        p_src_head = p_s_head
+        stride_src_p = stride_state_p
+        stride_src_n = stride_state_n
+        if HAS_READ:
+            p_src_head = p_r_head
+            stride_src_p = stride_read_p
+            stride_src_n = stride_read_n
+            if PIPE == 0:
+                c_n1, x_n1, D_n1, z_n1 = _load_tile(
+                    p_src_head, p_x_head, p_z_head, p_D_head, 0, P, N, stride_src_p,
+                    stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                    BLOCK_P, BLOCK_N, S_CACHE)
+                if S_PREFETCH == 2:
+                    c_n2, x_n2, D_n2, z_n2 = _load_tile(
+                        p_src_head, p_x_head, p_z_head, p_D_head, 1, P, N, stride_src_p,
+                        stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                        BLOCK_P, BLOCK_N, S_CACHE)
+        elif PIPE == 0:
+            # The tiles requested before the branch (`c_`: copy or checkpoint; a read copy's
+            # tiles have another dtype than the flush branch's `s_` tiles).
+            c_n1 = s_n1
+            if S_PREFETCH == 2:
+                c_n2 = s_n2
         if PIPE != 0:
             for t in tl.range(0, NUM_PT, num_stages=PIPE):
                 b_s, b_x_raw, b_D, b_z = _load_tile(
-                    p_s_head, p_x_head, p_z_head, p_D_head, t, P, N, stride_state_p,
-                    stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                    p_src_head, p_x_head, p_z_head, p_D_head, t, P, N, stride_src_p,
+                    stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                     BLOCK_P, BLOCK_N, S_CACHE)
                 _nonflush_tile(
                     b_s.to(tl.float32), b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, t, P,
                     row_l, m_l, row_w, p_rx_head, p_o_head, stride_rx_row, stride_rx_p,
-                    stride_out_p, HAS_D, HAS_Z, BLOCK_P)
+                    stride_out_p, p_rs_head, stride_rs_p, HAS_D, HAS_Z, BLOCK_P, READ_FP8)
         else:
             for t in range(NUM_PT):
-                b_s = s_n1.to(tl.float32)
+                b_s = c_n1.to(tl.float32)
                 b_x_raw = x_n1
                 b_D = D_n1
                 b_z = z_n1
                 if S_PREFETCH == 2:
-                    s_n1, x_n1, D_n1, z_n1 = s_n2, x_n2, D_n2, z_n2
-                    s_n2, x_n2, D_n2, z_n2 = _load_tile(
-                        p_s_head, p_x_head, p_z_head, p_D_head, t + 2, P, N, stride_state_p,
-                        stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                    c_n1, x_n1, D_n1, z_n1 = c_n2, x_n2, D_n2, z_n2
+                    c_n2, x_n2, D_n2, z_n2 = _load_tile(
+                        p_src_head, p_x_head, p_z_head, p_D_head, t + 2, P, N, stride_src_p,
+                        stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                         BLOCK_P, BLOCK_N, S_CACHE)
                 else:
-                    s_n1, x_n1, D_n1, z_n1 = _load_tile(
-                        p_s_head, p_x_head, p_z_head, p_D_head, t + 1, P, N, stride_state_p,
-                        stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                    c_n1, x_n1, D_n1, z_n1 = _load_tile(
+                        p_src_head, p_x_head, p_z_head, p_D_head, t + 1, P, N, stride_src_p,
+                        stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                         BLOCK_P, BLOCK_N, S_CACHE)
                 _nonflush_tile(
                     b_s, b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, t, P, row_l, m_l, row_w,
-                    p_rx_head, p_o_head, stride_rx_row, stride_rx_p, stride_out_p, HAS_D, HAS_Z,
-                    BLOCK_P)
+                    p_rx_head, p_o_head, stride_rx_row, stride_rx_p, stride_out_p, p_rs_head,
+                    stride_rs_p, HAS_D, HAS_Z, BLOCK_P, READ_FP8)
         tl.store(p_rdt + row_w * stride_rdt_row, dt)
         tl.store(p_rB + row_w * stride_rB_row, b_B_raw, mask=m_n & (i_h % heads_per_group == 0))
 
@@ -426,6 +496,8 @@ def mamba2_replay_decode_fwd(
     pf_l1: bool | None = None,
     s_cache: str = "",
     pipe: int | None = None,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
 ) -> None:
     """Launch the kernel on validated arguments (no checks; see ``mamba2_replay_decode``).
 
@@ -450,10 +522,12 @@ def mamba2_replay_decode_fwd(
     if block_l < R:
         raise AssertionError(f"block_l ({block_l}) must be >= R ({R})")
     z_strides = (z.stride(0), z.stride(1), z.stride(2)) if z is not None else (0, 0, 0)
+    read_strides = read_state.stride() if read_state is not None else (0, 0, 0, 0)
+    rs_strides = read_scale.stride() if read_scale is not None else (0, 0, 0)
     grid = (H, batch)
     _mamba2_replay_decode_fwd_kernel[grid](
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, D, z, dt_bias, out,
-        slot_idx, ring_start, ring_len, flush,
+        slot_idx, ring_start, ring_len, flush, read_state, read_scale,
         P, N, R, H // G,
         *state.stride(),
         *ring_x.stride(),
@@ -468,6 +542,8 @@ def mamba2_replay_decode_fwd(
         *z_strides,
         stride_dt_bias_head,
         *out.stride(),
+        *read_strides,
+        *rs_strides,
         DT_SOFTPLUS=dt_softplus,
         HAS_DT_BIAS=dt_bias is not None,
         HAS_D=D is not None,
@@ -483,6 +559,9 @@ def mamba2_replay_decode_fwd(
         PF_B=triton.next_power_of_2(triton.cdiv(N * B.element_size(), 128)),
         S_CACHE=s_cache,
         PIPE=pipe,
+        HAS_READ=read_state is not None,
+        READ_FP8=read_scale is not None,
+        S_LATE=pipe != 0 or read_state is not None,
         num_warps=num_warps,
         **extra,
     )
@@ -508,6 +587,8 @@ def mamba2_replay_decode(
     z: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
 ) -> None:
     """One Mamba-2 ReplaySSM decode step (``T = 1``) for a batch of rows; see kernels/README.md.
 
@@ -520,6 +601,12 @@ def mamba2_replay_decode(
     - ``flush[b]`` true: the records and the current token are folded sequentially into
       ``state[s]`` in ``selective_state_update``'s op order and written once (a 16-bit state is
       rounded once); ``out[b] = S_new·C + D x`` (times ``silu(z)``).
+
+    Split precision (optional ``read_state``): non-flush rows read ``S0`` from the low-precision
+    read copy ``read_state[s]`` instead of the checkpoint (which they do not read at all); flush
+    rows fold into ``state[s]`` exactly as without a copy and then refresh ``read_state[s]`` (and
+    ``read_scale[s]``) from the checkpoint as stored (``read_copy.py``). Without a copy the launch
+    is the same as before (the copy's code is compiled out).
 
     Parameters
     ----------
@@ -556,6 +643,12 @@ def mamba2_replay_decode(
         ``[H]`` or ``[H, P]`` with stride 0 on P.
     dt_softplus : bool
         ``Δ = softplus(dt + dt_bias)`` (threshold 20) instead of ``dt + dt_bias``.
+    read_state : torch.Tensor, optional
+        ``[slots, H, P, N]`` read copy, bf16 / fp16 / fp8 e4m3 (not ``state``'s dtype), any
+        strides. Read by non-flush rows; rewritten in place on flush rows.
+    read_scale : torch.Tensor, optional
+        ``[slots, H, P]`` fp32 per-row scales, required with (and only with) an fp8 copy; rewritten
+        in place on flush rows.
 
     Raises
     ------
@@ -567,6 +660,7 @@ def mamba2_replay_decode(
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
         flush, D, z, dt_bias,
     )
+    validate_read_copy(state, read_state, read_scale)
     check_launch_device("state", state)
     launch = lambda: mamba2_replay_decode_fwd(  # noqa: E731
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
@@ -575,6 +669,7 @@ def mamba2_replay_decode(
         stride_A_head=dims.stride_A_head,
         stride_D=(dims.stride_D_head, dims.stride_D_p),
         stride_dt_bias_head=dims.stride_dt_bias_head,
+        read_state=read_state, read_scale=read_scale,
     )
     if state.device.type == "cuda":
         with torch.cuda.device(state.device):

@@ -10,6 +10,11 @@ from __future__ import annotations
 import torch
 
 from replayssm_kernels.mamba2_decode._validate import validate_mamba2_decode
+from replayssm_kernels.mamba2_decode.read_copy import (
+    dequantize_rows,
+    quantize_rows,
+    validate_read_copy,
+)
 
 __all__ = ["mamba2_replay_decode_ref"]
 
@@ -39,6 +44,8 @@ def mamba2_replay_decode_ref(
     z: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
 ) -> None:
     """Reference of ``replayssm_kernels.mamba2_replay_decode`` (see its docstring; same contract).
 
@@ -51,6 +58,7 @@ def mamba2_replay_decode_ref(
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
         flush, D, z, dt_bias,
     )
+    validate_read_copy(state, read_state, read_scale)
     H, P, R = dims.H, dims.P, dims.R
     hpg = dims.H // dims.G
     f32 = torch.float32
@@ -78,7 +86,10 @@ def mamba2_replay_decode_ref(
             delta = _softplus_f32(delta)
         B_b = B[b].to(f32).repeat_interleave(hpg, dim=0)  # [H, N]
         C_b = C[b].to(f32).repeat_interleave(hpg, dim=0)
-        S = state[s].to(f32)  # [H, P, N], read once
+        if fl or read_state is None:
+            S = state[s].to(f32)  # [H, P, N], read once
+        else:  # split precision: non-flush rows read the copy, never the checkpoint
+            S = dequantize_rows(read_state[s], None if read_scale is None else read_scale[s])
 
         def record(j: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             r = (start + j) % R
@@ -97,6 +108,11 @@ def mamba2_replay_decode_ref(
             dB = B_b * delta[:, None]
             S = S * dA[:, None, None] + dB[:, None, :] * x_b[:, :, None]
             state[s] = S.to(state.dtype)
+            if read_state is not None:  # refresh the copy from the checkpoint as stored
+                q, scale = quantize_rows(state[s], read_state.dtype)
+                read_state[s] = q
+                if scale is not None:
+                    read_scale[s] = scale
             y = (S * C_b[:, None, :]).sum(-1)
         else:
             sc = (S * C_b[:, None, :]).sum(-1)  # [H, P]

@@ -109,3 +109,40 @@ def sglang_fla_interpret(interpreter_bf16_rtne):
         mod.exp = tl.exp
     if added_device:
         del torch.cpu.device
+
+
+def _rtne_fp16_fp8_convert(orig):
+    """Wrap the interpreter's float converter so fp32 -> fp16 and fp32 -> fp8 e4m3 round to
+    nearest even (e4m3 saturating to ±448, as ``cvt.rn.satfinite.e4m3x2.f32`` does); the
+    interpreter truncates both. Used by the split-precision tests (read copies)."""
+    import numpy as np
+    import triton.language as tl
+
+    def convert(input, input_dtype, output_dtype, rounding_mode):
+        if input_dtype == tl.float32 and output_dtype == tl.float16:
+            f = np.ascontiguousarray(input).view(np.float32)
+            return f.astype(np.float16).view(np.uint16).reshape(np.shape(input))
+        if input_dtype == tl.float32 and output_dtype == tl.float8e4nv:
+            f = torch.from_numpy(np.ascontiguousarray(input).view(np.float32).copy())
+            f = torch.where(torch.isnan(f), f, f.clamp(-448.0, 448.0))
+            return f.to(torch.float8_e4m3fn).view(torch.uint8).numpy().reshape(np.shape(input))
+        return orig(input, input_dtype, output_dtype, rounding_mode)
+
+    convert._rtne_fp16_fp8_shim = True
+    return convert
+
+
+@pytest.fixture(scope="module")
+def interpreter_fp16_fp8_rtne(interpreter_bf16_rtne):
+    """Make the Triton interpreter round fp32 -> fp16 / fp8 e4m3 to nearest even (module scope;
+    the previous converter is restored after the module)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        yield
+        return
+    from triton.runtime import interpreter
+
+    orig = interpreter._convert_float
+    if not getattr(orig, "_rtne_fp16_fp8_shim", False):
+        interpreter._convert_float = _rtne_fp16_fp8_convert(orig)
+    yield
+    interpreter._convert_float = orig

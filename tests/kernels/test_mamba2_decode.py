@@ -308,7 +308,7 @@ def run_cycles(
 
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaN payloads included), i.e. ``atol = rtol = 0`` and NaN == NaN."""
-    as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    as_int = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return torch.equal(a.view(as_int), b.view(as_int))
 
 
@@ -549,7 +549,8 @@ mine = build(
     dict(state_ptr="*fp32", ring_x_ptr="*bf16", ring_dt_ptr="*fp32", ring_B_ptr="*bf16",
          x_ptr="*bf16", dt_ptr="*bf16", A_ptr="*fp32", B_ptr="*bf16", C_ptr="*bf16",
          D_ptr="*fp32", z_ptr="constexpr", dt_bias_ptr="*fp32", out_ptr="*bf16",
-         slot_idx_ptr="*i32", ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1"),
+         slot_idx_ptr="*i32", ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1",
+         read_ptr="constexpr", read_scale_ptr="constexpr"),
     dict(P=P, N=N, R=R, heads_per_group=H // G,
          stride_state_slot=H * P * N, stride_state_head=P * N, stride_state_p=N,
          stride_state_n=1, stride_rx_slot=H * R * P, stride_rx_head=R * P, stride_rx_row=P,
@@ -559,11 +560,14 @@ mine = build(
          stride_dt_head=1, stride_A_head=1, stride_B_batch=XBC, stride_B_group=N,
          stride_B_n=1, stride_C_batch=XBC, stride_C_group=N, stride_C_n=1, stride_D_head=1,
          stride_D_p=0, stride_z_batch=0, stride_z_head=0, stride_z_p=0,
-         stride_dt_bias_head=1, stride_out_batch=H * P, stride_out_head=P, stride_out_p=1),
+         stride_dt_bias_head=1, stride_out_batch=H * P, stride_out_head=P, stride_out_p=1,
+         stride_read_slot=0, stride_read_head=0, stride_read_p=0, stride_read_n=0,
+         stride_rs_slot=0, stride_rs_head=0, stride_rs_p=0),
     dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_P=cfg.block_p,
          BLOCK_N=128, BLOCK_L=cfg.block_l, NUM_PT=-(-P // cfg.block_p),
          FOLD_UNROLL=cfg.fold_unroll, S_PREFETCH=cfg.s_prefetch, PF_L1=cfg.pf_l1, PF_X=4,
-         PF_B=4, S_CACHE="", PIPE=cfg.pipe),
+         PF_B=4, S_CACHE="", PIPE=cfg.pipe, HAS_READ=False, READ_FP8=False,
+         S_LATE=cfg.pipe != 0),
     cfg.num_warps,
 )
 json.dump(dict(sglang=sg, ours=mine), sys.stdout)

@@ -1,0 +1,147 @@
+"""Split precision: the low-precision read copy kept beside the recurrence checkpoint.
+
+The recurrence checkpoint (``state``, fp32 or 16-bit) is the only tensor the fold reads and
+writes. The read copy (``read_state``, same shape, bf16 / fp16 / fp8 e4m3) is what non-flush decode
+rows read for ``S0·C`` (Mamba-2) or ``S0·k̂``, ``S0·q̃`` (GDN). It is refreshed from the checkpoint
+*as stored* at every flush and never feeds the recurrence, so its rounding error is one rounding of
+the current checkpoint and does not accumulate with length.
+
+fp8 copies carry one fp32 scale per row of the last (state) dim: ``read_scale[s, h, p]`` for
+``state[s, h, p, :]``. The scale is a power of two, ``2^(E-7)`` with ``2^E <= max|row| < 2^(E+1)``,
+so the scaled row lies in ``[-256, 256)`` (inside e4m3's ±448, no saturation) and the scaling is
+exact: quantising is one round-to-nearest-even per element, the same bits in torch, in the Triton
+kernels on the GPU and under the interpreter (with conftest's rounding shim). Dequantised value:
+``q · scale``.
+
+The kernels write the copy themselves on flush rows; ``refresh_read_copy`` is the host-side (torch)
+refresh for checkpoints written outside the ring protocol (allocation, prefill, copy-on-write), and
+gives the same bits as the kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm_kernels._checks import check_same_device, check_tensor
+
+__all__ = [
+    "READ_DTYPES",
+    "FP8_MAX_SCALED",
+    "quantize_rows",
+    "dequantize_rows",
+    "refresh_read_copy",
+    "validate_read_copy",
+]
+
+READ_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+FP8_MAX_SCALED = 256.0  # |q| < 256 after scaling (e4m3 max finite is 448)
+
+# Biased fp32 exponent floor for the scale: max|row| below 2^-119 is treated as 2^-119 (scale
+# 2^-126, the smallest normal), so an all-zero row quantises to zeros with a finite scale.
+_MIN_BIASED_EXP = 8
+
+
+def quantize_rows(
+    S: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Round ``S`` to a read-copy dtype (fp8: with per-row power-of-two scales).
+
+    Parameters
+    ----------
+    S : torch.Tensor
+        ``[..., n]`` checkpoint values as stored (any float dtype; read only).
+    dtype : torch.dtype
+        One of ``READ_DTYPES``.
+
+    Returns
+    -------
+    q : torch.Tensor
+        ``[..., n]`` in ``dtype`` (round to nearest even).
+    scale : torch.Tensor or None
+        ``[...]`` fp32 per-row scales for fp8, ``None`` otherwise. ``S ≈ q · scale[..., None]``.
+    """
+    S = S.to(torch.float32)
+    if dtype != torch.float8_e4m3fn:
+        return S.to(dtype), None
+    amax = S.abs().amax(dim=-1)
+    e = ((amax.view(torch.int32) >> 23) & 0xFF).clamp_min(_MIN_BIASED_EXP)
+    scale = ((e - 7) << 23).view(torch.float32)
+    inv = ((261 - e) << 23).view(torch.float32)  # exactly 1 / scale
+    return (S * inv[..., None]).to(torch.float8_e4m3fn), scale
+
+
+def dequantize_rows(q: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """fp32 values of a read copy: ``q`` (times ``scale[..., None]`` for fp8)."""
+    S = q.to(torch.float32)
+    return S if scale is None else S * scale[..., None]
+
+
+def validate_read_copy(
+    state: torch.Tensor, read_state: torch.Tensor | None, read_scale: torch.Tensor | None
+) -> None:
+    """Check a read copy against its checkpoint (``read_state is None``: no copy, no scale).
+
+    Raises
+    ------
+    ValueError
+        ``read_state`` not of ``state``'s shape or not bf16 / fp16 / fp8 e4m3, of ``state``'s own
+        dtype (pass ``read_state=None`` to read the checkpoint), an fp8 copy without its
+        ``read_scale`` ``[*state.shape[:-1]]`` fp32, a scale given for a 16-bit copy, or another
+        device.
+    """
+    if read_state is None:
+        if read_scale is not None:
+            raise ValueError("read_scale: expected None without a read_state, got a tensor")
+        return
+    check_tensor("read_state", read_state, tuple(state.shape), READ_DTYPES)
+    if read_state.dtype == state.dtype:
+        raise ValueError(
+            f"read_state: expected a dtype other than the checkpoint's ({state.dtype}); pass "
+            "read_state=None to read the checkpoint itself"
+        )
+    if read_state.dtype == torch.float8_e4m3fn:
+        if read_scale is None:
+            raise ValueError(
+                f"read_scale: expected a fp32 tensor of shape {tuple(state.shape[:-1])} for the "
+                "fp8 read copy, got None"
+            )
+        check_tensor("read_scale", read_scale, tuple(state.shape[:-1]), (torch.float32,))
+    elif read_scale is not None:
+        raise ValueError(
+            f"read_scale: expected None for a {read_state.dtype} read copy (scales are fp8 only), "
+            f"got shape {tuple(read_scale.shape)}"
+        )
+    check_same_device(state=state, read_state=read_state, read_scale=read_scale)
+
+
+def refresh_read_copy(
+    state: torch.Tensor,
+    read_state: torch.Tensor,
+    read_scale: torch.Tensor | None,
+    slots: torch.Tensor,
+) -> None:
+    """Rewrite the read copy of ``slots`` from the checkpoint (host side, same bits as a flush).
+
+    Parameters
+    ----------
+    state : torch.Tensor
+        ``[slots, ...]`` checkpoint (read only).
+    read_state : torch.Tensor
+        Same shape, a ``READ_DTYPES`` dtype; rows ``slots`` are written in place.
+    read_scale : torch.Tensor or None
+        ``[slots, ...]`` (``state.shape[:-1]``) fp32 for an fp8 copy, written in place; else None.
+    slots : torch.Tensor
+        ``[k]`` int64/int32 slot indices (no ``-1``).
+
+    Raises
+    ------
+    ValueError
+        As ``validate_read_copy``, or ``slots`` not a 1-D integer tensor.
+    """
+    validate_read_copy(state, read_state, read_scale)
+    check_tensor("slots", slots, (None,), (torch.int32, torch.int64))
+    idx = slots.to(device=state.device, dtype=torch.int64)
+    q, scale = quantize_rows(state[idx], read_state.dtype)
+    read_state[idx] = q
+    if scale is not None:
+        read_scale[idx] = scale
