@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks import bytes_model as bm
+from benchmarks import bytes_read_copy as brc
 from benchmarks.shapes import (
     DTYPE_BYTES,
     GDN_SHAPES,
@@ -113,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="physical ring rows R >= L of our kernels (default L)")
     p.add_argument("--state-dtype", choices=tuple(DTYPE_BYTES), default="fp32")
     p.add_argument("--act-dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--read-dtype", choices=("same", *brc.READ_COPY_BYTES), default="same",
+                   help="Mamba-2 only: split precision, non-flush rows read a read copy of this "
+                        "dtype (fp8: e4m3 + per-row scales) beside the --state-dtype checkpoint "
+                        "(default same: no copy)")
     p.add_argument("--gdn-u-dtype", choices=("act", "fp32"), default="act",
                    help="dtype of our GDN ring_u (activation dtype by default)")
     p.add_argument("--mamba2-shape", choices=tuple(MAMBA2_SHAPES), default=None,
@@ -179,6 +184,7 @@ class Config:
     kernels_module: str
     out: Path
     argv: list[str] = field(default_factory=list)
+    read_dtype: str = "same"
 
 
 def _has_cuda() -> bool:
@@ -227,7 +233,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         v = getattr(a, name)
         if v is not None and v < (0 if name == "warmup" else 1):
             parser.error(f"--{name}: got {v}")
+    if a.read_dtype != "same" and a.family != "mamba2":
+        parser.error(f"--read-dtype {a.read_dtype}: the read copy is built for Mamba-2 only; "
+                     "pass --family mamba2")
     return Config(
+        read_dtype=a.read_dtype,
         families=["mamba2", "gdn"] if a.family == "all" else [a.family],
         batches=list(a.batch),
         L=a.window,
@@ -266,8 +276,10 @@ def byte_models(cfg: Config, family: str) -> dict[str, bm.KernelBytes]:
     s_b, a_b = DTYPE_BYTES[cfg.state_dtype], DTYPE_BYTES[cfg.act_dtype]
     if family == "mamba2":
         sh = cfg.mamba2_shape
+        ours = (bm.mamba2_replay_bytes(sh, cfg.L, s_b, a_b) if cfg.read_dtype == "same" else
+                brc.mamba2_read_copy_bytes(sh, cfg.L, cfg.read_dtype, s_b, a_b))
         return {
-            "ours": bm.mamba2_replay_bytes(sh, cfg.L, s_b, a_b),
+            "ours": ours,
             "ssu": bm.selective_state_update_bytes(sh, s_b, a_b),
         }
     sh = cfg.gdn_shape
@@ -528,10 +540,30 @@ class Mamba2Family:
         self.ring_dt = _softplus(rng.normal((1, S, H, R), torch.float32, 0.5)
                                  + self.dt_bias.float()[None, None, :, None])[0]
         self.ring_B = rng.normal((1, S, G, R, N), adt)[0]
+        # split precision (--read-dtype): the read copy, refreshed from the checkpoint
+        self.read, self.read_scale = self._read_copy(self.state)
+
+    def _read_copy(self, state):
+        """A read copy of ``state`` (all slots refreshed) in ``--read-dtype``, or (None, None)."""
+        import torch
+
+        from replayssm_kernels.mamba2_decode.read_copy import refresh_read_copy
+
+        if self.cfg.read_dtype == "same":
+            return None, None
+        rdt = {"bf16": torch.bfloat16, "fp16": torch.float16,
+               "fp8": torch.float8_e4m3fn}[self.cfg.read_dtype]
+        S = state.shape[0]
+        read = torch.empty(state.shape, dtype=rdt, device=state.device)
+        scale = None
+        if rdt == torch.float8_e4m3fn:
+            scale = torch.empty(state.shape[:-1], dtype=torch.float32, device=state.device)
+        refresh_read_copy(state, read, scale, torch.arange(S, device=state.device))
+        return read, scale
 
     def bytes_per_slot(self) -> int:
-        return sum(t[0].numel() * t.element_size()
-                   for t in (self.state, self.ring_x, self.ring_dt, self.ring_B))
+        tensors = (self.state, self.ring_x, self.ring_dt, self.ring_B, self.read, self.read_scale)
+        return sum(t[0].numel() * t.element_size() for t in tensors if t is not None)
 
     def inputs(self, batch: int, contiguous: bool = False) -> dict:
         import torch
@@ -565,7 +597,7 @@ class Mamba2Family:
             def ours(fn=fn_ours, i=inp, c=cur, A=A, D=D, dt_bias=dt_bias):
                 fn(self.state, self.ring_x, self.ring_dt, self.ring_B, i["x"], i["dt"], A,
                    i["B"], i["C"], i["out"], i["slot_idx"], c.ring_start, c.ring_len, c.flush,
-                   D=D, z=None, dt_bias=dt_bias, dt_softplus=True)
+                   D=D, z=None, dt_bias=dt_bias, dt_softplus=True, **self._read_kwargs())
 
             out.append(Case("mamba2", "ours", ours, inp["out"], cur.set_phase, cur.set_mixed,
                             cur.mixed, note=getattr(self, "_note", "")))
@@ -611,6 +643,11 @@ class Mamba2Family:
         args["ring_start"] = rng.ints((rows,), R, torch.int32)
         args["ring_len"] = torch.tensor(ring_len, dtype=torch.int32, device=dev)
         args["flush"] = torch.tensor(flush, dtype=torch.bool, device=dev)
+        read, scale = self._read_copy(args["state"])
+        if read is not None:
+            args["read_state"] = read
+        if scale is not None:
+            args["read_scale"] = scale
         return args, slot_idx, ring_len
 
     def refcheck_call(self, fn, a: dict) -> None:
@@ -619,7 +656,16 @@ class Mamba2Family:
             D, dt_bias = D.float(), dt_bias.float()
         fn(a["state"], a["ring_x"], a["ring_dt"], a["ring_B"], a["x"], a["dt"], self.A, a["B"],
            a["C"], a["out"], a["slot_idx"], a["ring_start"], a["ring_len"], a["flush"],
-           D=D, z=None, dt_bias=dt_bias, dt_softplus=True)
+           D=D, z=None, dt_bias=dt_bias, dt_softplus=True,
+           **self._read_kwargs(a.get("read_state"), a.get("read_scale")))
+
+    def _read_kwargs(self, read=None, scale=None) -> dict:
+        """``read_state`` / ``read_scale`` keywords for our kernel (none without --read-dtype)."""
+        if self.cfg.read_dtype == "same":
+            return {}
+        if read is None:
+            read, scale = self.read, self.read_scale
+        return {"read_state": read, "read_scale": scale}
 
     ring_names = ("ring_x", "ring_dt", "ring_B")
 
