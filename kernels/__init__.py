@@ -11,7 +11,7 @@ from replayssm_kernels.commit import (
 )
 from replayssm_kernels.conventional.gdn import gdn_conventional_f64
 from replayssm_kernels.conventional.mamba2 import mamba2_conventional_f64
-from replayssm_kernels.cursors import decode_cursor_step, reset_cursors
+from replayssm_kernels.cursors import decode_cursor_step, decode_cursor_step_ref, reset_cursors
 from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
 from replayssm_kernels.gdn_verify import gdn_replay_verify, gdn_replay_verify_ref
 from replayssm_kernels.mamba2_decode import mamba2_replay_decode, mamba2_replay_decode_ref
@@ -19,6 +19,7 @@ from replayssm_kernels.mamba2_verify import mamba2_replay_verify, mamba2_replay_
 
 __all__ = [
     "decode_cursor_step",
+    "decode_cursor_step_ref",
     "reset_cursors",
     "verify_cursor_step",
     "verify_commit",

@@ -5,41 +5,96 @@ layers.  Logical ring row ``r`` of slot ``s`` lives at physical row ``(start + r
 ``[0, len)`` are committed records not yet folded into the checkpoint.
 
 A forward snapshots the cursors of its rows **once**, before any layer runs, and advances them at
-the same time; the layers only read the snapshot.  Everything here is plain torch on device
-tensors: no host sync, no boolean-mask indexing, so it runs inside or beside a CUDA graph and on
-the CPU alike.  Padding rows (slot ``-1``) read slot 0 (the null slot, never allocated) and write
-nothing back.
+the same time; the layers only read the snapshot.  ``decode_cursor_step`` does it in one Triton
+launch (a chain of small torch ops cost ~30 us per forward inside a CUDA graph);
+``decode_cursor_step_ref`` is the plain-torch reference (the CPU serving path).  Neither syncs with
+the host, so both run inside or beside a CUDA graph.  Padding rows (slot ``-1``) write nothing
+back.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
-__all__ = ["decode_cursor_step", "reset_cursors"]
+from replayssm_kernels._checks import interpreting
+
+__all__ = ["decode_cursor_step", "decode_cursor_step_ref", "reset_cursors"]
+
+_BLOCK = 256
 
 
-def decode_cursor_step(
-    cursors: torch.Tensor,
-    slot_idx: torch.Tensor,
-    force_flush: torch.Tensor | None,
-    window: int,
-    ring_size: int,
-    out_start: torch.Tensor,
-    out_len: torch.Tensor,
-    out_flush: torch.Tensor,
-) -> None:
-    """Snapshot and advance the cursors of one decode forward.
+def _validate(cursors: torch.Tensor, slot_idx: torch.Tensor, force_flush: torch.Tensor | None, window: int,
+              ring_size: int, out_start: torch.Tensor, out_len: torch.Tensor, out_flush: torch.Tensor) -> None:
+    if window < 1:
+        raise ValueError(f"window: expected >= 1, got {window}")
+    if ring_size < window:
+        raise ValueError(f"ring_size: expected >= window ({window}), got {ring_size}")
+    if cursors.dim() != 2 or cursors.shape[1] != 2 or cursors.dtype != torch.int32:
+        raise ValueError(
+            f"cursors: expected [slots, 2] int32, got {tuple(cursors.shape)} {cursors.dtype}"
+        )
+    (batch,) = slot_idx.shape
+    if slot_idx.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slot_idx: expected int32 or int64, got {slot_idx.dtype}")
+    want = {"out_start": (out_start, torch.int32), "out_len": (out_len, torch.int32),
+            "out_flush": (out_flush, torch.bool)}
+    if force_flush is not None:
+        want["force_flush"] = (force_flush, torch.bool)
+    for name, (t, dtype) in want.items():
+        if tuple(t.shape) != (batch,) or t.dtype != dtype:
+            raise ValueError(f"{name}: expected [{batch}] {dtype}, got {tuple(t.shape)} {t.dtype}")
+    for name, t in (("slot_idx", slot_idx), *((k, v[0]) for k, v in want.items())):
+        if t.device != cursors.device:
+            raise ValueError(f"{name}: expected device {cursors.device}, got {t.device}")
+
+
+@triton.jit
+def _decode_cursor_step_kernel(
+    # Pointers
+    cursors_ptr, slot_idx_ptr, force_ptr, out_start_ptr, out_len_ptr, out_flush_ptr,
+    # Dimensions
+    batch, window, ring_size,
+    # Strides
+    stride_cur_s, stride_cur_c, stride_slot, stride_force, stride_os, stride_ol, stride_of,
+    # Meta-parameters
+    HAS_FORCE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    o_b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m_b = o_b < batch
+    slot = tl.load(slot_idx_ptr + o_b * stride_slot, mask=m_b, other=-1).to(tl.int64)
+    valid = m_b & (slot >= 0)
+    p_cur = cursors_ptr + slot * stride_cur_s
+    start = tl.load(p_cur, mask=valid, other=0)
+    length = tl.load(p_cur + stride_cur_c, mask=valid, other=0)
+    flush = length >= window - 1
+    if HAS_FORCE:
+        flush = flush | (tl.load(force_ptr + o_b * stride_force, mask=m_b, other=0) != 0)
+    flush = flush & valid
+    tl.store(out_start_ptr + o_b * stride_os, start, mask=m_b)
+    tl.store(out_len_ptr + o_b * stride_ol, length, mask=m_b)
+    tl.store(out_flush_ptr + o_b * stride_of, flush, mask=m_b)
+    new_start = tl.where(flush, (start + length) % ring_size, start)
+    new_len = tl.where(flush, 0, length + 1)
+    tl.store(p_cur, new_start, mask=valid)
+    tl.store(p_cur + stride_cur_c, new_len, mask=valid)
+
+
+_DOC = """Snapshot and advance the cursors of one decode forward.
 
     A row flushes when its ring is full (``len == window - 1``) or ``force_flush`` is set.  A flush
     row folds its ``len`` records and the current token into the checkpoint: its ring becomes empty
     (``start += len``, ``len = 0``).  A non-flush row appends the current token at logical row
     ``len`` (``len += 1``).  At ``window == 1`` every row flushes: the conventional update.
+    No host synchronisation (CUDA-graph safe).  ``decode_cursor_step`` is one Triton launch;
+    ``decode_cursor_step_ref`` is the torch reference with the same signature and effects.
 
     Parameters
     ----------
     cursors : torch.Tensor
-        ``[slots, 2]`` int32, ``(start, len)`` per slot.  Updated in place for rows with
-        ``slot_idx >= 0``.
+        ``[slots, 2]`` int32, ``(start, len)`` per slot (any strides).  Updated in place for rows
+        with ``slot_idx >= 0``; each slot appears at most once in ``slot_idx``.
     slot_idx : torch.Tensor
         ``[batch]`` int32/int64 slot per row, ``-1`` for padding rows.
     force_flush : torch.Tensor or None
@@ -53,15 +108,51 @@ def decode_cursor_step(
         ``ring_len``).  Padding rows get 0.
     out_flush : torch.Tensor
         ``[batch]`` bool, written in place with the flush decision (padding rows: False).
+
+    Raises
+    ------
+    ValueError
+        On a window below 1, a ring smaller than the window, or a shape, dtype or device mismatch.
     """
-    if window < 1:
-        raise ValueError(f"window: expected >= 1, got {window}")
-    if ring_size < window:
-        raise ValueError(f"ring_size: expected >= window ({window}), got {ring_size}")
-    if cursors.dim() != 2 or cursors.shape[1] != 2 or cursors.dtype != torch.int32:
-        raise ValueError(
-            f"cursors: expected [slots, 2] int32, got {tuple(cursors.shape)} {cursors.dtype}"
-        )
+
+
+def decode_cursor_step(
+    cursors: torch.Tensor,
+    slot_idx: torch.Tensor,
+    force_flush: torch.Tensor | None,
+    window: int,
+    ring_size: int,
+    out_start: torch.Tensor,
+    out_len: torch.Tensor,
+    out_flush: torch.Tensor,
+) -> None:
+    _validate(cursors, slot_idx, force_flush, window, ring_size, out_start, out_len, out_flush)
+    if cursors.device.type != "cuda" and not interpreting():
+        raise ValueError(f"cursors: expected a CUDA tensor (or TRITON_INTERPRET=1), got {cursors.device}")
+    batch = slot_idx.shape[0]
+    if batch == 0:
+        return
+    force = force_flush if force_flush is not None else out_flush
+    _decode_cursor_step_kernel[(triton.cdiv(batch, _BLOCK),)](
+        cursors, slot_idx, force, out_start, out_len, out_flush,
+        batch, window, ring_size,
+        cursors.stride(0), cursors.stride(1), slot_idx.stride(0), force.stride(0),
+        out_start.stride(0), out_len.stride(0), out_flush.stride(0),
+        HAS_FORCE=force_flush is not None, BLOCK=_BLOCK,
+    )  # fmt: skip
+
+
+def decode_cursor_step_ref(
+    cursors: torch.Tensor,
+    slot_idx: torch.Tensor,
+    force_flush: torch.Tensor | None,
+    window: int,
+    ring_size: int,
+    out_start: torch.Tensor,
+    out_len: torch.Tensor,
+    out_flush: torch.Tensor,
+) -> None:
+    _validate(cursors, slot_idx, force_flush, window, ring_size, out_start, out_len, out_flush)
     valid = slot_idx >= 0
     safe = torch.where(valid, slot_idx, torch.zeros_like(slot_idx)).long()
     cur = cursors[safe]  # [batch, 2] gather (copy)
@@ -80,6 +171,10 @@ def decode_cursor_step(
     # Padding rows write back what slot 0 already holds, so the scatter leaves slot 0 unchanged.
     new = torch.where(valid[:, None], new, cursors[0].expand_as(new))
     cursors.index_copy_(0, safe, new)
+
+
+decode_cursor_step.__doc__ = _DOC
+decode_cursor_step_ref.__doc__ = _DOC
 
 
 def reset_cursors(cursors: torch.Tensor, slots: torch.Tensor) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from replayssm_kernels import decode_cursor_step
+from replayssm_kernels import decode_cursor_step, decode_cursor_step_ref
 
 __all__ = ["ReplayStep", "build_eager", "reset_extend_rows", "GraphBuffers", "GraphMetadataMixin"]
 
@@ -68,7 +68,8 @@ def _step_into(
 ) -> None:
     if force_flush is not None:
         force_flush = force_flush.to(device=slots.device, dtype=torch.bool)
-    decode_cursor_step(cursors, slots, force_flush, window, rows, out_start, out_len, out_flush)
+    step = decode_cursor_step if cursors.is_cuda else decode_cursor_step_ref
+    step(cursors, slots, force_flush, window, rows, out_start, out_len, out_flush)
 
 
 def build_eager(
