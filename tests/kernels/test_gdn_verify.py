@@ -142,7 +142,9 @@ class Sim:
         self.dt_bias = (torch.randn(c.HV, generator=self.g) - 1.5).to(device)
         self.scale = c.K**-0.5
         # float64 shadow per request (slot r+1): the state after its accepted tokens
-        self.shadow = [self.state[1 + r].to(torch.float64).cpu() for r in range(c.requests)]
+        # (on the test's device: the float64 recurrence at the Qwen3.5-4B shape is far too slow on
+        # a host CPU for the gpu cases)
+        self.shadow = [self.state[1 + r].to(torch.float64) for r in range(c.requests)]
         # Fold shadow (fp32 kernel runs): an L = 1 decode pool fed the accepted tokens one by one
         # (every step flushes: the conventional packed-decode update); fed lazily at checks.
         if self.bitwise:
@@ -251,14 +253,14 @@ class Sim:
                 t[s].index_fill_(1, idx, math.nan)
 
     def _token(self, inp, i, t):
-        """Token t of row i as ``[1, ...]`` tensors (CPU copies)."""
+        """Token t of row i as ``[1, ...]`` tensors (copies, on the test's device)."""
         sel = (lambda x: x[i : i + 1]) if inp["T"] == 0 else (lambda x: x[i, t : t + 1])
-        return tuple(sel(inp[n]).cpu().clone() for n in ("q", "k", "v", "a", "b"))
+        return tuple(sel(inp[n]).clone() for n in ("q", "k", "v", "a", "b"))
 
     def _f64(self, r, toks):
         cat = [torch.cat([tk[j] for tk in toks]) for j in range(5)]
         return gdn_conventional_f64(
-            self.shadow[r], *cat, self.A_log.cpu(), self.dt_bias.cpu(), scale=self.scale
+            self.shadow[r], *cat, self.A_log, self.dt_bias, scale=self.scale
         )
 
     def check(self, inp, out, flush, before):
@@ -292,7 +294,7 @@ class Sim:
             # Outputs of every window token: from the committed state over the drafts.
             y64, _ = self._f64(r, toks)
             got = out[i] if T > 0 else out[i : i + 1]
-            diff = got.double().cpu() - y64
+            diff = got.double() - y64
             num += float((diff * diff).sum())
             den += float((y64 * y64).sum())
             # Checkpoint after a flush: a verify flush folds the committed history only (the
@@ -303,7 +305,7 @@ class Sim:
                     _, self.shadow[r] = self._f64(r, toks)
                 if c.state_dtype != torch.float32:
                     self.shadow[r] = self.shadow[r].to(c.state_dtype).to(torch.float64)
-                got_s = st_new[s].double().cpu()
+                got_s = st_new[s].double()
                 err = float((got_s - self.shadow[r]).norm() / self.shadow[r].norm())
                 self.max_state_err = max(self.max_state_err, err)
                 assert err < c.tol_state, f"slot {s}: checkpoint rel err {err:.3e}"
