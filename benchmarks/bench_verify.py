@@ -672,6 +672,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if all(rc.get("ok", False) for rc in checks.values()) else 1
 
 
+def decode_ratio_lines(rows: list[Row]) -> list[str]:
+    """Per family and T, over the batches: each step-kind row's time in decode steps."""
+    out = []
+    keys = sorted({(r.family, r.T) for r in rows}, key=lambda k: (k[0], -k[1]))
+    for fam, T in keys:
+        for kernel, mode in (("ours", "cycle"), ("ours", "mixed"), ("snapshot", "step"),
+                             ("builtin", "cycle"), ("fold", "step")):
+            pts = [f"b{r.batch} {r.per_decode:.2f}" for r in sorted(rows, key=lambda r: r.batch)
+                   if (r.family, r.T, r.kernel, r.mode) == (fam, T, kernel, mode)
+                   and not math.isnan(r.per_decode)]
+            if pts:
+                out.append(f"{fam} T={T} {LABELS[kernel]}{' mixed' if mode == 'mixed' else ''}: "
+                           + ", ".join(pts))
+    return out
+
+
 def write_outputs(cfg: Config, meta: dict, copy: dict, checks: dict, status: dict,
                   rows: list[Row], skipped: list[str], t0: float, final: bool) -> None:
     rows = [dataclasses.replace(r) for r in rows]
@@ -691,6 +707,10 @@ def write_outputs(cfg: Config, meta: dict, copy: dict, checks: dict, status: dic
     (cfg.out / "results.json").write_text(
         json.dumps(bd._json_safe(result), indent=1, default=str, allow_nan=False))
     md = format_markdown(rows, meta)
+    ratios = decode_ratio_lines(rows)
+    if ratios:
+        md += "\nVerifying T tokens, in standard decode steps (same batch):\n\n"
+        md += "\n".join(f"- {x}" for x in ratios) + "\n"
     if checks:
         md += "\nRefcheck (ours vs our torch reference; ours vs SGLang's snapshot verify):\n\n"
         md += "\n".join(f"- {k}: {'PASS' if v.get('ok') else 'FAIL'} "
@@ -708,6 +728,8 @@ def write_outputs(cfg: Config, meta: dict, copy: dict, checks: dict, status: dic
     bd._log(f"plot: {meta['plot']}; wrote {cfg.out}/results.json, results.md, verify_bench.png; "
             f"{meta['wall_s']:.0f} s; copy bandwidth {bd._fmt(copy_bw / 1e12, '.3f')} TB/s")
     bd._log(format_text(rows))
+    for x in ratios:
+        bd._log(f"verify vs decode step: {x}")
     cs = meta.get("verify_cursor_step_and_commit_us")
     if isinstance(cs, dict):
         bd._log("verify_cursor_step + verify_commit (once per forward, all layers), median us: "

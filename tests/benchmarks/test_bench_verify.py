@@ -91,6 +91,10 @@ def test_finish_rows():
     assert ours.tbps == pytest.approx(0.1) and ours.pct_copy == pytest.approx(2.5)
     assert rows[2].per_decode == 8.0 and rows[4].per_decode != rows[4].per_decode  # NaN for itself
     assert rows[5].x_snapshot != rows[5].x_snapshot  # no snapshot at batch 16
+    assert bv.decode_ratio_lines(rows) == [
+        "mamba2 T=4 replayssm verify (ours): b8 2.00",  # no decode step timed at b16
+        "mamba2 T=4 replayssm verify (ours) mixed: b8 4.00",
+        "mamba2 T=4 sglang snapshot verify: b8 8.00"]
     text = bv.format_text(rows)
     assert "x vs snapshot+commit" in text and "5.00" in text
 
