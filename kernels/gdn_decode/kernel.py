@@ -33,12 +33,18 @@ import triton.language as tl
 
 from replayssm_kernels.gdn_decode._fold import fold_records
 from replayssm_kernels.gdn_decode._validate import validate_gdn_decode
+from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
 
-__all__ = ["gdn_replay_decode", "gdn_replay_decode_fwd", "gdn_replay_decode_fwd_kernel"]
+__all__ = [
+    "gdn_replay_decode",
+    "gdn_replay_decode_fwd",
+    "gdn_replay_decode_fwd_kernel",
+    "gdn_replay_decode_read_fwd_kernel",
+]
 
 
 @triton.jit
-def gdn_replay_decode_fwd_kernel(
+def _gdn_decode_program(
     # Pointers
     state,
     ring_u,
@@ -59,6 +65,8 @@ def gdn_replay_decode_fwd_kernel(
     ring_len,
     flush,
     scale,
+    read_ptr,
+    read_scale_ptr,
     # Matrix dimensions
     R,
     # Strides
@@ -100,6 +108,13 @@ def gdn_replay_decode_fwd_kernel(
     stride_o_b,
     stride_o_h,
     stride_o_v,
+    stride_rd_n,
+    stride_rd_h,
+    stride_rd_v,
+    stride_rd_k,
+    stride_rs_n,
+    stride_rs_h,
+    stride_rs_v,
     # Meta-parameters
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -110,8 +125,13 @@ def gdn_replay_decode_fwd_kernel(
     BR: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
-    MODE: tl.constexpr = 0,
+    MODE: tl.constexpr,
+    HAS_READ: tl.constexpr,
+    READ_FP8: tl.constexpr,
 ):
+    """One program of the decode launch (kernels below); ``HAS_READ``: split precision, non-flush
+    rows read ``S0`` from the read copy (``read_ptr``, fp8: times ``read_scale_ptr``'s per-row
+    scale) and flush rows refresh it after storing the checkpoint."""
     # MODE 0: one launch serves every row (both branches).  MODE 1: flush rows only (the fold;
     # other rows return at once).  MODE 2: non-flush rows only (flush rows return at once).
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -200,10 +220,28 @@ def gdn_replay_decode_fwd_kernel(
         b_o = tl.sum(b_h * b_q[None, :], 1)
         tl.store(p_o, b_o.to(o.dtype.element_ty), mask=mask_v)
         tl.store(p_s, b_h.to(state.dtype.element_ty), mask=mask_h)
+        if HAS_READ:
+            p_rs_head = read_scale_ptr
+            if READ_FP8:
+                p_rs_head = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
+            store_read_tile(
+                b_h.to(state.dtype.element_ty), read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h,
+                p_rs_head, o_v, o_k, mask_v, mask_k, stride_rd_v, stride_rd_k, stride_rs_v,
+                READ_FP8,
+            )
     else:
         # ---- Output from S0 + committed records + current token; append the record. ----
         # All loads first (checkpoint tile, the newest chunk of records, the token), then math.
-        b_h0 = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
+        if HAS_READ:
+            # Split precision: the read copy instead of the checkpoint (not read at all).
+            p_rd = (read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h
+                    + o_v[:, None] * stride_rd_v + o_k[None, :] * stride_rd_k)
+            b_h0 = tl.load(p_rd, mask=mask_h, other=0.0).to(tl.float32)
+            if READ_FP8:
+                b_rs = tl.load(read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
+                               + o_v * stride_rs_v, mask=mask_v, other=0.0)
+        else:
+            b_h0 = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
         n_chunks = tl.cdiv(r_len, BR)
         o_rc = (n_chunks - 1) * BR + tl.arange(0, BR)
         mask_r = (o_rc < r_len) & (o_rc >= 0)
@@ -233,6 +271,9 @@ def gdn_replay_decode_fwd_kernel(
         # Checkpoint: one read, two mat-vecs.
         b_hk = tl.sum(b_h0 * b_k[None, :], 1)
         b_hq = tl.sum(b_h0 * b_q[None, :], 1)
+        if READ_FP8:
+            b_hk = b_hk * b_rs
+            b_hq = b_hq * b_rs
 
         # Records, newest chunk first, so that ω_j = exp(Σ_{i>j} g_i) is a suffix sum (no
         # cancellation).  With R <= BR (decode) there is exactly one chunk and no loop.
@@ -293,6 +334,188 @@ def gdn_replay_decode_fwd_kernel(
                 )
 
 
+@triton.jit
+def gdn_replay_decode_fwd_kernel(
+    state,
+    ring_u,
+    ring_k,
+    ring_v,
+    ring_g,
+    ring_beta,
+    q,
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    o,
+    slot_idx,
+    ring_start,
+    ring_len,
+    flush,
+    scale,
+    R,
+    stride_s_n,
+    stride_s_h,
+    stride_s_v,
+    stride_s_k,
+    stride_u_n,
+    stride_u_h,
+    stride_u_r,
+    stride_u_v,
+    stride_rk_n,
+    stride_rk_h,
+    stride_rk_r,
+    stride_rk_k,
+    stride_rv_n,
+    stride_rv_h,
+    stride_rv_r,
+    stride_rv_v,
+    stride_g_n,
+    stride_g_h,
+    stride_g_r,
+    stride_beta_n,
+    stride_beta_h,
+    stride_beta_r,
+    stride_q_b,
+    stride_q_h,
+    stride_q_k,
+    stride_k_b,
+    stride_k_h,
+    stride_k_k,
+    stride_v_b,
+    stride_v_h,
+    stride_v_v,
+    stride_a_b,
+    stride_a_h,
+    stride_b_b,
+    stride_b_h,
+    stride_o_b,
+    stride_o_h,
+    stride_o_v,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BR: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    MODE: tl.constexpr = 0,
+):
+    """The decode launch without a read copy (see the module docstring)."""
+    _gdn_decode_program(
+        state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
+        slot_idx, ring_start, ring_len, flush, scale, None, None, R, stride_s_n, stride_s_h,
+        stride_s_v, stride_s_k, stride_u_n, stride_u_h, stride_u_r, stride_u_v, stride_rk_n,
+        stride_rk_h, stride_rk_r, stride_rk_k, stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+        stride_g_n, stride_g_h, stride_g_r, stride_beta_n, stride_beta_h, stride_beta_r,
+        stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k, stride_v_b,
+        stride_v_h, stride_v_v, stride_a_b, stride_a_h, stride_b_b, stride_b_h, stride_o_b,
+        stride_o_h, stride_o_v, 0, 0, 0, 0, 0, 0, 0, H, HV, K, V, BK, BV, BR, SOFTPLUS_THRESHOLD,
+        USE_QK_L2NORM, MODE, False, False,
+    )
+
+
+@triton.jit
+def gdn_replay_decode_read_fwd_kernel(
+    state,
+    ring_u,
+    ring_k,
+    ring_v,
+    ring_g,
+    ring_beta,
+    q,
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    o,
+    slot_idx,
+    ring_start,
+    ring_len,
+    flush,
+    scale,
+    read_ptr,
+    read_scale_ptr,
+    R,
+    stride_s_n,
+    stride_s_h,
+    stride_s_v,
+    stride_s_k,
+    stride_u_n,
+    stride_u_h,
+    stride_u_r,
+    stride_u_v,
+    stride_rk_n,
+    stride_rk_h,
+    stride_rk_r,
+    stride_rk_k,
+    stride_rv_n,
+    stride_rv_h,
+    stride_rv_r,
+    stride_rv_v,
+    stride_g_n,
+    stride_g_h,
+    stride_g_r,
+    stride_beta_n,
+    stride_beta_h,
+    stride_beta_r,
+    stride_q_b,
+    stride_q_h,
+    stride_q_k,
+    stride_k_b,
+    stride_k_h,
+    stride_k_k,
+    stride_v_b,
+    stride_v_h,
+    stride_v_v,
+    stride_a_b,
+    stride_a_h,
+    stride_b_b,
+    stride_b_h,
+    stride_o_b,
+    stride_o_h,
+    stride_o_v,
+    stride_rd_n,
+    stride_rd_h,
+    stride_rd_v,
+    stride_rd_k,
+    stride_rs_n,
+    stride_rs_h,
+    stride_rs_v,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BR: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    MODE: tl.constexpr,
+    READ_FP8: tl.constexpr,
+):
+    """The decode launch with a split-precision read copy (``read_ptr``, fp8 scales
+    ``read_scale_ptr``)."""
+    _gdn_decode_program(
+        state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
+        slot_idx, ring_start, ring_len, flush, scale, read_ptr, read_scale_ptr, R, stride_s_n,
+        stride_s_h, stride_s_v, stride_s_k, stride_u_n, stride_u_h, stride_u_r, stride_u_v,
+        stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k, stride_rv_n, stride_rv_h, stride_rv_r,
+        stride_rv_v, stride_g_n, stride_g_h, stride_g_r, stride_beta_n, stride_beta_h,
+        stride_beta_r, stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
+        stride_v_b, stride_v_h, stride_v_v, stride_a_b, stride_a_h, stride_b_b, stride_b_h,
+        stride_o_b, stride_o_h, stride_o_v, stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
+        stride_rs_n, stride_rs_h, stride_rs_v, H, HV, K, V, BK, BV, BR, SOFTPLUS_THRESHOLD,
+        USE_QK_L2NORM, MODE, True, READ_FP8,
+    )
+
+
 def gdn_replay_decode_fwd(
     state: torch.Tensor,
     ring_u: torch.Tensor,
@@ -321,6 +544,8 @@ def gdn_replay_decode_fwd(
     split: bool | str = False,
     out_block_v: int = 32,
     out_num_warps: int = 4,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
 ) -> None:
     """Launch the kernel without checks (callers: the validated wrapper, benchmarks).
 
@@ -333,6 +558,9 @@ def gdn_replay_decode_fwd(
     return after one scalar load) and the non-flush outputs (``MODE=2``, tile ``out_block_v``
     rows with ``out_num_warps`` warps, free of the fold's layout; flush rows return at once).
     ``split=False``: the single launch ``MODE=0`` with both branches (``block_v`` / ``num_warps``).
+
+    ``read_state`` (and ``read_scale`` for fp8): split precision, launched as
+    ``gdn_replay_decode_read_fwd_kernel`` (same program, read-copy code compiled in).
     """
     batch, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -341,15 +569,24 @@ def gdn_replay_decode_fwd(
         return
     BK = triton.next_power_of_2(K)
     BR = min(triton.next_power_of_2(R), block_r)
-    args = (
-        state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
-        slot_idx, ring_start, ring_len, flush, float(scale), R,
-        *state.stride(), *ring_u.stride(), *ring_k.stride(), *ring_v.stride(),
-        *ring_g.stride(), *ring_beta.stride(), *q.stride(), *k.stride(), *v.stride(),
-        *a.stride(), *b.stride(), *out.stride(),
-    )  # fmt: skip
+    kernel = gdn_replay_decode_fwd_kernel
+    read_args: tuple = ()
+    read_strides: tuple = ()
     meta = dict(H=Hk, HV=HV, K=K, V=V, BK=BK, BR=BR, SOFTPLUS_THRESHOLD=20.0,
                 USE_QK_L2NORM=use_qk_l2norm, num_stages=1)  # fmt: skip
+    if read_state is not None:
+        kernel = gdn_replay_decode_read_fwd_kernel
+        read_args = (read_state, read_scale)
+        read_strides = (*read_state.stride(),
+                        *(read_scale.stride() if read_scale is not None else (0, 0, 0)))
+        meta["READ_FP8"] = read_scale is not None
+    args = (
+        state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
+        slot_idx, ring_start, ring_len, flush, float(scale), *read_args, R,
+        *state.stride(), *ring_u.stride(), *ring_k.stride(), *ring_v.stride(),
+        *ring_g.stride(), *ring_beta.stride(), *q.stride(), *k.stride(), *v.stride(),
+        *a.stride(), *b.stride(), *out.stride(), *read_strides,
+    )  # fmt: skip
     launches = [(1, block_v, num_warps), (2, out_block_v, out_num_warps)] if split else [
         (0, block_v, num_warps)]
     if split in ("fold", "out"):  # benchmarks only: time one of the two launches
@@ -357,7 +594,7 @@ def gdn_replay_decode_fwd(
     for mode, bv, nw in launches:
         BV = min(triton.next_power_of_2(V), bv)
         grid = (triton.cdiv(V, BV), HV, batch)
-        gdn_replay_decode_fwd_kernel[grid](*args, BV=BV, MODE=mode, num_warps=nw, **meta)
+        kernel[grid](*args, BV=BV, MODE=mode, num_warps=nw, **meta)
 
 
 def gdn_replay_decode(
@@ -382,6 +619,8 @@ def gdn_replay_decode(
     *,
     scale: float,
     use_qk_l2norm: bool = True,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
 ) -> None:
     """One Gated DeltaNet ReplaySSM decode step for a batch of rows (one token per row).
 
@@ -397,6 +636,11 @@ def gdn_replay_decode(
       from the raw inputs, in the conventional packed-decode kernel's fp32 op order, and
       ``state[s]`` is written once (a 16-bit state is rounded once); ``out[b]`` is read from the
       folded state.  No record is written.
+
+    Split precision (optional ``read_state``): non-flush rows read ``S0`` from the read copy
+    ``read_state[s]`` (the checkpoint is not read); flush rows fold into ``state[s]`` exactly as
+    without a copy, then refresh ``read_state[s]`` (and ``read_scale[s]``) from the checkpoint as
+    stored (``replayssm_kernels.mamba2_decode.read_copy``, rows = V, scaled over K).
 
     Value head ``hv`` uses key head ``hv // (HV // Hk)``.
 
@@ -436,6 +680,12 @@ def gdn_replay_decode(
         Query scale (``K ** -0.5`` in the models).
     use_qk_l2norm : bool
         Normalise q and k in-kernel (division form), as SGLang's decode does (``True``).
+    read_state : torch.Tensor, optional
+        ``[slots, HV, V, K]`` read copy, bf16 / fp16 / fp8 e4m3 (not ``state``'s dtype), any
+        strides.  Read by non-flush rows; rewritten in place on flush rows.
+    read_scale : torch.Tensor, optional
+        ``[slots, HV, V]`` fp32 per-row scales, with (and only with) an fp8 copy; rewritten in
+        place on flush rows.
 
     Raises
     ------
@@ -446,7 +696,9 @@ def gdn_replay_decode(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale,
     )  # fmt: skip
+    validate_read_copy(state, read_state, read_scale)
     gdn_replay_decode_fwd(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
+        read_state=read_state, read_scale=read_scale,
     )  # fmt: skip

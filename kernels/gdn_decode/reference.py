@@ -10,6 +10,11 @@ from __future__ import annotations
 import torch
 
 from replayssm_kernels.gdn_decode._validate import validate_gdn_decode
+from replayssm_kernels.mamba2_decode.read_copy import (
+    dequantize_rows,
+    quantize_rows,
+    validate_read_copy,
+)
 
 __all__ = ["gdn_replay_decode_ref"]
 
@@ -43,6 +48,8 @@ def gdn_replay_decode_ref(
     *,
     scale: float,
     use_qk_l2norm: bool = True,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
 ) -> None:
     """Reference of ``replayssm_kernels.gdn_decode.gdn_replay_decode`` (see its docstring).
 
@@ -53,6 +60,7 @@ def gdn_replay_decode_ref(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale,
     )  # fmt: skip
+    validate_read_copy(state, read_state, read_scale)
     group = dims.HV // dims.Hk
     R = dims.R
     A = -torch.exp(A_log.to(_F32))  # per head, as -tl.exp(A_log) in the kernel
@@ -94,9 +102,17 @@ def gdn_replay_decode_ref(
             S = S + u[:, :, None] * kh[:, None, :]
             out[i_n] = (S * qh[:, None, :]).sum(-1).to(out.dtype)
             state[s] = S.to(state.dtype)
+            if read_state is not None:  # refresh the copy from the checkpoint as stored
+                qc, sc = quantize_rows(state[s], read_state.dtype)
+                read_state[s] = qc
+                if sc is not None:
+                    read_scale[s] = sc
             continue
 
-        S0 = state[s].to(_F32)
+        if read_state is None:
+            S0 = state[s].to(_F32)
+        else:  # split precision: non-flush rows read the copy, never the checkpoint
+            S0 = dequantize_rows(read_state[s], None if read_scale is None else read_scale[s])
         hk = (S0 * kh[:, None, :]).sum(-1)  # [HV, V]
         hq = (S0 * qh[:, None, :]).sum(-1)
         if n > 0:

@@ -36,7 +36,7 @@ import triton.language as tl
 from replayssm_kernels._checks import check_launch_device, interpreting
 from replayssm_kernels.mamba2_decode._fold import record_factors
 from replayssm_kernels.mamba2_decode._validate import validate_mamba2_decode
-from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
+from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_decode_fwd", "launch_config"]
 
@@ -112,24 +112,6 @@ def _nonflush_tile(
     tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=m_p)
     # Append the current record's x at logical row `length`.
     tl.store(p_rx_head + row_w * stride_rx_row + o_p * stride_rx_p, b_x_raw, mask=m_p)
-
-
-@triton.jit
-def _store_read_tile(b_s, p_r_head, p_rs_head, o_p, o_n, m_p, m_n, stride_read_p, stride_read_n,
-                     stride_rs_p, READ_FP8: tl.constexpr):
-    """Refresh one ``[BLOCK_P, N]`` tile of the read copy from the checkpoint tile as stored
-    (``b_s`` in the state dtype). fp8: per-row power-of-two scale ``2^(E-7)``, ``2^E <= max|row|``
-    (read_copy.py; masked rows and columns hold zeros, so they do not enter the max)."""
-    b_v = b_s.to(tl.float32)
-    p_r = p_r_head + o_p[:, None] * stride_read_p + o_n[None, :] * stride_read_n
-    if READ_FP8:
-        amax = tl.max(tl.abs(b_v), axis=1)
-        e = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 8)
-        scale = ((e - 7) << 23).to(tl.float32, bitcast=True)
-        inv = ((261 - e) << 23).to(tl.float32, bitcast=True)  # exactly 1 / scale
-        tl.store(p_rs_head + o_p * stride_rs_p, scale, mask=m_p)
-        b_v = b_v * inv[:, None]
-    tl.store(p_r, b_v.to(p_r.dtype.element_ty), mask=m_p[:, None] & m_n[None, :])
 
 
 @triton.jit
@@ -356,8 +338,8 @@ def _mamba2_replay_decode_fwd_kernel(
             p_s = (p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n)
             tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_p[:, None] & m_n[None, :])
             if HAS_READ:
-                _store_read_tile(b_s.to(p_s.dtype.element_ty), p_r_head, p_rs_head, o_p, o_n,
-                                 m_p, m_n, stride_read_p, stride_read_n, stride_rs_p, READ_FP8)
+                store_read_tile(b_s.to(p_s.dtype.element_ty), p_r_head, p_rs_head, o_p, o_n,
+                                m_p, m_n, stride_read_p, stride_read_n, stride_rs_p, READ_FP8)
             b_y = tl.sum(b_s * b_C[None, :], axis=1)
             if HAS_D:
                 b_y += b_x * b_D

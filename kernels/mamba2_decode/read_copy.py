@@ -13,14 +13,17 @@ exact: quantising is one round-to-nearest-even per element, the same bits in tor
 kernels on the GPU and under the interpreter (with conftest's rounding shim). Dequantised value:
 ``q · scale``.
 
-The kernels write the copy themselves on flush rows; ``refresh_read_copy`` is the host-side (torch)
-refresh for checkpoints written outside the ring protocol (allocation, prefill, copy-on-write), and
-gives the same bits as the kernels.
+The kernels write the copy themselves on flush rows with ``store_read_tile`` (Triton, below,
+inlined by the Mamba-2 and GDN decode kernels); ``quantize_rows`` is the same rounding in torch
+(references, tests) and ``refresh_read_copy`` the host-side refresh for checkpoints written outside
+the ring protocol (allocation, prefill, copy-on-write); both give the kernels' bits.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from replayssm_kernels._checks import check_same_device, check_tensor
 
@@ -28,6 +31,7 @@ __all__ = [
     "READ_DTYPES",
     "FP8_MAX_SCALED",
     "quantize_rows",
+    "store_read_tile",
     "dequantize_rows",
     "refresh_read_copy",
     "validate_read_copy",
@@ -68,6 +72,24 @@ def quantize_rows(
     scale = ((e - 7) << 23).view(torch.float32)
     inv = ((261 - e) << 23).view(torch.float32)  # exactly 1 / scale
     return (S * inv[..., None]).to(torch.float8_e4m3fn), scale
+
+
+@triton.jit
+def store_read_tile(b_s, p_r_head, p_rs_head, o_p, o_n, m_p, m_n, stride_read_p, stride_read_n,
+                    stride_rs_p, READ_FP8: tl.constexpr):
+    """Kernel form of ``quantize_rows``: write one ``[rows, cols]`` tile of the read copy from the
+    checkpoint tile as stored (``b_s``, state dtype); rows ``o_p`` (mask ``m_p``), columns ``o_n``
+    (mask ``m_n``). Masked entries must hold zeros (they then do not enter the fp8 row max)."""
+    b_v = b_s.to(tl.float32)
+    p_r = p_r_head + o_p[:, None] * stride_read_p + o_n[None, :] * stride_read_n
+    if READ_FP8:
+        amax = tl.max(tl.abs(b_v), axis=1)
+        e = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 8)
+        scale = ((e - 7) << 23).to(tl.float32, bitcast=True)
+        inv = ((261 - e) << 23).to(tl.float32, bitcast=True)  # exactly 1 / scale
+        tl.store(p_rs_head + o_p * stride_rs_p, scale, mask=m_p)
+        b_v = b_v * inv[:, None]
+    tl.store(p_r, b_v.to(p_r.dtype.element_ty), mask=m_p[:, None] & m_n[None, :])
 
 
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
