@@ -96,11 +96,11 @@ class _Mamba2:
         )
         self.width = hidden
 
-    def backend(self, pool: ReplayMambaPool):
+    def backend(self, pool: ReplayMambaPool, triton: bool = False):
         be = mamba2.ReplayMamba2AttnBackend.__new__(mamba2.ReplayMamba2AttnBackend)
         be.pool, be.window, be.rows, be.num_tokens = pool, pool.replay.window, pool.ring_spec.rows, pool.spec_tokens
         be._decode = replayssm_kernels.mamba2_replay_decode_ref
-        be._verify = replayssm_kernels.mamba2_replay_verify_ref
+        be._verify = replayssm_kernels.mamba2_replay_verify if triton else replayssm_kernels.mamba2_replay_verify_ref
         be._step = be._last_verify = be._graph_bs = None
         be.req_to_token_pool = _req_pool(pool)
         return be
@@ -135,11 +135,11 @@ class _GDN:
         )
         self.width = 2 * Hk * K + HV * V + 2 * HV
 
-    def backend(self, pool: ReplayMambaPool):
+    def backend(self, pool: ReplayMambaPool, triton: bool = False):
         be = gdn.ReplayGDNAttnBackend.__new__(gdn.ReplayGDNAttnBackend)
         be.pool, be.window, be.rows, be.num_tokens = pool, pool.replay.window, pool.ring_spec.rows, pool.spec_tokens
         be._decode = replayssm_kernels.gdn_replay_decode_ref
-        be._verify = replayssm_kernels.gdn_replay_verify_ref
+        be._verify = replayssm_kernels.gdn_replay_verify if triton else replayssm_kernels.gdn_replay_verify_ref
         be._step = be._last_verify = be._graph_bs = None
         be.req_to_token_pool = _req_pool(pool)
         be._track_mamba_state_decode = lambda *a, **k: None
@@ -182,6 +182,17 @@ def _accepts(pattern: str, T: int, g: torch.Generator) -> list[int]:
 @pytest.mark.parametrize("T", [2, 3])
 @pytest.mark.parametrize("pattern", ["full", "partial", "zero"])
 def test_verify_equals_decode(fam_cls, T: int, pattern: str, monkeypatch) -> None:
+    _verify_equals_decode(fam_cls, T, pattern, monkeypatch, triton=False)
+
+
+@pytest.mark.parametrize("fam_cls", [_Mamba2, _GDN], ids=["mamba2", "gdn"])
+def test_verify_equals_decode_triton_kernels(fam_cls, monkeypatch) -> None:
+    """The same property with the Triton verify kernels (interpreted on CPU) on the tensors the backend
+    passes on a GPU (views, strides, stride-0 broadcasts); decode stays on the reference."""
+    _verify_equals_decode(fam_cls, 3, "partial", monkeypatch, triton=True)
+
+
+def _verify_equals_decode(fam_cls, T: int, pattern: str, monkeypatch, *, triton: bool) -> None:
     fam = fam_cls()
     g = torch.Generator().manual_seed(11)
     n_tokens = STEPS * T + 8
@@ -200,7 +211,7 @@ def test_verify_equals_decode(fam_cls, T: int, pattern: str, monkeypatch) -> Non
     assert pool.mamba_cache.intermediate_ssm is None  # no per-draft SSM state on the replay path
     assert ref_pool.mamba_cache.temporal.shape == pool.mamba_cache.temporal.shape
     _init_state(pool)
-    be = fam.backend(pool)
+    be = fam.backend(pool, triton=triton)
     pos = [0] * len(SLOTS)
     flushes, checked = 0, 0
     padded = torch.tensor([*SLOTS, -1], dtype=torch.int32)
@@ -228,3 +239,30 @@ def test_verify_equals_decode(fam_cls, T: int, pattern: str, monkeypatch) -> Non
     assert checked >= STEPS * len(SLOTS) * (0.9 if pattern == "zero" else 1)
     assert flushes >= 3 * len(SLOTS)  # > 3 ring cycles per request (at least 3 folds each)
     assert be._last_verify is None  # every verify was committed once
+
+
+def test_graph_buffers_refresh_in_place_and_match_the_eager_snapshot():
+    """CUDA-graph verify: the step a captured graph reads is the per-bs buffers, refreshed in place by
+    ``fill`` (recorded in the graph) to what the eager snapshot computes; padding rows stay inert."""
+    from sglang_replayssm.spec import VerifyGraphBuffers, build_verify_eager
+
+    cursors = torch.tensor([[0, 0], [1, 3], [2, 4], [5, 1]], dtype=torch.int32)
+    bufs = VerifyGraphBuffers(max_bs=4, num_tokens=3, device="cpu")
+    slots = torch.tensor([1, 3, -1], dtype=torch.int32)
+    view = bufs.view(3, slots)
+    ptrs = [view.ring_start.data_ptr(), view.ring_len.data_ptr(), view.flush.data_ptr()]
+    # len 3 + T 3 > L 4: flush; len 1 + 3 <= 4: no flush, then len 2: flush; padding never
+    for slot3_len, expected in ((1, [True, False, False]), (2, [True, True, False])):  # two replays
+        cursors[3, 1] = slot3_len
+        bufs.fill(3, cursors=cursors, slots=slots, window=4, rows=7)
+        eager = build_verify_eager(cursors=cursors, slot_idx=slots, window=4, rows=7, num_tokens=3)
+        for name in ("ring_start", "ring_len", "flush"):
+            assert torch.equal(getattr(view, name), getattr(eager, name)), name
+        assert [view.ring_start.data_ptr(), view.ring_len.data_ptr(), view.flush.data_ptr()] == ptrs
+        assert view.flush.tolist() == expected
+        assert view.ring_len.tolist() == [3, slot3_len, 0] and view.ring_start.tolist() == [1, 5, 0]
+    assert cursors.tolist() == [[0, 0], [1, 3], [2, 4], [5, 2]]  # the snapshot never moves the cursors
+    with pytest.raises(ValueError, match="bs: expected 1..4"):
+        bufs.view(5, torch.zeros(5, dtype=torch.int32))
+    with pytest.raises(ValueError, match="ring_size|R"):
+        bufs.fill(3, cursors=cursors, slots=slots, window=4, rows=6)  # R < max(L, T) + T
