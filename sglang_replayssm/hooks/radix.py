@@ -9,9 +9,9 @@
     How: unfinished ``no_buffer``: after the original (whose ``copy_from`` carries the ring into the
     donated slot), ``radix.seal_donated_slot`` caps the returned key length by the donated slot's
     ``len`` and empties its ring.  Finished ``no_buffer``: the original caps; the cut is counted
-    (``radix.DonationStats``).  ``extra_buffer``: the donated track slot's cursor is zeroed (its
-    checkpoint was copied from a row that force-flushed that step).  SGLang's int8 checkpoint pool
-    (values that are not slots of our pool) is refused.
+    (``radix.DonationStats``) and the cursor pair zeroed.  ``extra_buffer``: the donated track
+    slot's cursor is zeroed (its checkpoint was copied from a row that force-flushed that step).
+    SGLang's int8 checkpoint pool (values that are not slots of our pool) is refused.
     Removal: when SGLang's mamba component asks the pool to seal a slot it donates.
 """
 
@@ -46,11 +46,10 @@ def around_prepare_for_caching_req(original, self, req, insert_params, token_ids
     value = insert_params.mamba_value
     if value is None:
         return cache_len
-    if extra_buffer:
+    if extra_buffer or is_finished:
+        # extra_buffer: a stale cursor; finished no_buffer: the original capped the key by `pending`
+        # and zeroed `len`.  Either way the tree slot's cursor pair becomes (0, 0).
         reset_tree_slots(pool.cursors, value)
-        DonationStats.donated += 1
-    elif is_finished:
-        # The original capped the key by `pending` and zeroed the live slot's len.
         DonationStats.donated += 1
         DonationStats.cut_tokens += pending
     elif cache_len is not None:

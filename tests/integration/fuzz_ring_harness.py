@@ -4,12 +4,18 @@ Used by ``test_fuzz_ring.py`` (hypothesis state machine, seeded random driver, r
 
 The **system** is SGLang's ``HybridReqToTokenPool`` with our ``ReplayMambaPool`` inside (slot
 allocation and its ``replayssm_write_pos`` reset are SGLang's own code), driven through the public
-pieces the integration uses: ``decode_cursor_step`` + ``mamba2_replay_decode_ref`` (GDN:
-``gdn_replay_decode_ref``), ``verify_cursor_step`` + ``mamba2_replay_verify_ref`` (GDN:
-``gdn_replay_verify_ref``) + ``verify_commit_ref``,
-``metadata.reset_extend_rows`` (prefill / extend), ``pool.clear_slots``, ``pool.copy_from`` (COW),
-``pool.get_cpu_copy`` / ``pool.load_cpu_copy`` (offload / reload, with SGLang's 0-d
-``req.mamba_pool_idx`` as the index) and SGLang's ``free_mamba_cache``.
+pieces the integration uses: ``decode_cursor_step_ref`` (what ``metadata`` runs for CPU cursors;
+the Triton ``decode_cursor_step`` is checked equal to it in ``tests/kernels``) +
+``mamba2_replay_decode_ref`` (GDN: ``gdn_replay_decode_ref``), ``verify_cursor_step`` +
+``mamba2_replay_verify_ref`` (GDN: ``gdn_replay_verify_ref``) + ``verify_commit_ref``,
+``metadata.reset_extend_rows`` (prefill / extend, after ``radix.check_extend_rows``),
+``pool.clear_slots``, ``pool.copy_from`` (a fork carries the ring), ``pool.get_cpu_copy`` /
+``pool.load_cpu_copy`` (offload / reload, with SGLang's 0-d ``req.mamba_pool_idx`` as the index),
+SGLang's ``free_mamba_cache``, and the radix cache's slot traffic: SGLang's own
+``MambaComponent.prepare_for_caching_req`` under our hook (``hooks/radix.py``) donates a finished
+request's slot or a copy of an unfinished one's to a tree node, a prefix match allocates a slot
+with SGLang's allocator and copies the node into it (``copy_from``, SGLang's deferred COW), and
+eviction (LRU or ``--mamba-max-states-per-path``) frees a node's slot.
 
 The **model** keeps per live request, independently of the pool:
 
@@ -17,14 +23,20 @@ The **model** keeps per live request, independently of the pool:
 - ``tokens``: the accepted tokens' inputs since the checkpoint was last written from outside
   (prefill / extend / COW), and ``shadow``: the fp32 state after each of them, folded with the
   conventional fp32 update (what ``selective_state_update`` stores), ``shadow[0]`` = that checkpoint;
-- ``cur``: the cursor pair ``(start, len)`` that kernels/README.md's rules predict.
+- ``cur``: the cursor pair ``(start, len)`` that kernels/README.md's rules predict;
+- ``ntok``: tokens the request's state covers (the key length SGLang would cache).
+
+and per tree node the fp32 state it must hold and the key length it claims: the donor's fp32
+state ``len`` tokens before its live state, for ``ntok - len`` tokens (invariant T of
+``sglang_replayssm/radix.py``).
 
 ``check_all`` (after every operation) asserts for every live slot: the pool's cursors equal the
 model's; ring rows ``[0, len)`` hold exactly the last ``len`` accepted tokens (Mamba-2: x, B, Δ;
 GDN: raw k, raw v, g, β; all bitwise against the inputs / the kernel's fp32 gate math); the
 checkpoint is bit-identical to the fp32 shadow state ``len`` tokens ago; the float64 fold of the
 committed records onto the checkpoint equals ``S64``
-(relative tolerance ``STATE_RTOL``). Each step also checks its outputs (every window token of a
+(relative tolerance ``STATE_RTOL``); and for every tree node: an empty ring and a checkpoint
+bit-identical to the node's fp32 state. Each step also checks its outputs (every window token of a
 verify, accepted or not, against the float64 recurrence from ``S64``), that padding rows' outputs are
 untouched, and that every slot the operation must not write (null slot 0, other live slots, free
 slots, offloaded requests' former slots) is bit-identical before and after. Ring rows outside
@@ -42,7 +54,7 @@ from types import SimpleNamespace
 import torch
 
 from replayssm_kernels import (
-    decode_cursor_step,
+    decode_cursor_step_ref,
     gdn_conventional_f64,
     gdn_replay_decode_ref,
     gdn_replay_verify_ref,
@@ -53,8 +65,10 @@ from replayssm_kernels import (
     verify_commit_ref,
     verify_cursor_step,
 )
+from sglang_replayssm.hooks.radix import around_prepare_for_caching_req
 from sglang_replayssm.metadata import reset_extend_rows
 from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
+from sglang_replayssm.radix import check_extend_rows
 
 F32, F64 = torch.float32, torch.float64
 STATS: collections.Counter = collections.Counter()  # operations run, by kind (for reports)
@@ -90,10 +104,22 @@ class Request:
     cur: list[int]  # model cursor [start, len]
     offloaded: object | None = None  # get_cpu_copy result while offloaded
     lineage: tuple[int, ...] = ()
+    ntok: int = 0  # tokens the state covers
+
 
     @property
     def slot(self) -> int | None:
         return None if self.sg.mamba_pool_idx is None else int(self.sg.mamba_pool_idx)
+
+
+@dataclasses.dataclass
+class Node:
+    """A radix-tree node's mamba value: the slot, the fp32 state it must hold, its key length."""
+
+    nid: int
+    slot: int
+    state: torch.Tensor  # fp32 [Ly, H, P, N]
+    key_len: int
 
 
 class RingHarness:
@@ -156,6 +182,8 @@ class RingHarness:
         self.temporal = self.pool.mamba_cache.temporal  # [Ly, slots+1, H, P, N]
         self._family_params(torch.Generator().manual_seed(seed))
         self.reqs: dict[int, Request] = {}
+        self.nodes: dict[int, Node] = {}
+        self.next_nid = 1
         STATS["sequences"] += 1
         self.next_rid = 1
         self.steps = 0
@@ -174,6 +202,9 @@ class RingHarness:
 
     def free_slots(self) -> int:
         return min(self.hpool.mamba_allocator.available_size(), self.hpool.available_size())
+
+    def free_mamba_slots(self) -> int:
+        return self.hpool.mamba_allocator.available_size()
 
     _op = "?"
 
@@ -212,14 +243,15 @@ class RingHarness:
 
     def _poison(self) -> None:
         """NaN into ring rows outside [0, len) of live slots, all rows and checkpoints of free slots."""
-        owned = {r.slot: r for r in self.live()}
+        owned = {r.slot: r.cur for r in self.live()}
+        owned.update({n.slot: [0, 0] for n in self.nodes.values()})
         for s in range(1, self.pool.cursors.shape[0]):
             if s not in owned:
                 for t in self.pool.rings.values():
                     t[:, s] = float("nan")
                 self.temporal[:, s] = float("nan")
                 continue
-            start, length = owned[s].cur
+            start, length = owned[s]
             dead = [(start + j) % self.R for j in range(length, self.R)]
             if dead:
                 idx = torch.tensor(dead)
@@ -241,10 +273,20 @@ class RingHarness:
         if cursors[0].tolist() != [0, 0]:
             self._fail(f"null slot 0 cursor changed: {cursors[0].tolist()}")
         seen: dict[int, int] = {}
+        for n in self.nodes.values():
+            if n.slot in seen or n.slot in [r.slot for r in self.live()]:
+                self._fail(f"slot {n.slot} of tree node {n.nid} is also owned elsewhere")
+            seen[n.slot] = -n.nid
+            if cursors[n.slot].tolist() != [0, 0]:
+                self._fail(f"tree node {n.nid} slot {n.slot}: cursor {cursors[n.slot].tolist()}, expected an "
+                           "empty ring (invariant T)")
+            if not torch.equal(self.temporal[:, n.slot], n.state):
+                self._fail(f"tree node {n.nid} slot {n.slot}: checkpoint is not the state of its "
+                           f"{n.key_len}-token key")
         for r in self.live():
             s = r.slot
             if s in seen:
-                self._fail(f"slot {s} owned by requests {seen[s]} and {r.rid}")
+                self._fail(f"slot {s} owned by {seen[s]} (negative: tree node) and request {r.rid}")
             seen[s] = r.rid
             start, length = cursors[s].tolist()
             if [start, length] != r.cur:
@@ -311,9 +353,11 @@ class RingHarness:
             r.sg.mamba_needs_clear = False
         g = torch.Generator().manual_seed(seed)
         ck = torch.randn(self.layers, self.H, self.P, self.N, generator=g)
+        self._check_extend([s])
         self.temporal[:, s] = ck
         reset_extend_rows(self.pool.cursors, torch.tensor([s], dtype=torch.int32))
         r.S64, r.tokens, r.shadow, r.cur = ck.to(F64), [], [ck.clone()], [0, 0]
+        r.ntok = 1 + seed % 7
         self.reqs[r.rid] = r
         self._check_untouched(before, {s}, "prefill")
         self._after()
@@ -335,7 +379,9 @@ class RingHarness:
         S = self.temporal[:, s].clone()
         for t in toks:
             S = self._fold32(S, t)
+        self._check_extend([s])
         self.temporal[:, s] = S
+        r.ntok += k
         reset_extend_rows(self.pool.cursors, torch.tensor([s], dtype=torch.int32))
         _, r.S64 = self._f64(r.S64, toks)
         r.tokens, r.shadow, r.cur = [], [S.clone()], [0, 0]
@@ -360,7 +406,7 @@ class RingHarness:
         start = torch.empty(batch, dtype=torch.int32)
         length = torch.empty(batch, dtype=torch.int32)
         flush = torch.empty(batch, dtype=torch.bool)
-        decode_cursor_step(self.pool.cursors, slot_idx, ff, self.L, self.R, start, length, flush)
+        decode_cursor_step_ref(self.pool.cursors, slot_idx, ff, self.L, self.R, start, length, flush)
         outs = torch.full((self.layers, batch, self.H, self.P), -7.5e30)
         sentinel = outs.clone()
         for l in range(self.layers):
@@ -381,6 +427,7 @@ class RingHarness:
             r.S64 = S64
             r.tokens.append(toks[b])
             r.shadow.append(self._fold32(r.shadow[-1], toks[b]))
+            r.ntok += 1
             r.cur = [(st + ln) % self.R, 0] if want_flush else [st, ln + 1]
         self._check_untouched(before, {r.slot for r in reqs}, "decode")
         self._after()
@@ -434,6 +481,7 @@ class RingHarness:
             for t in toks[b][:a]:
                 r.tokens.append(t)
                 r.shadow.append(self._fold32(r.shadow[-1], t))
+            r.ntok += a
             r.cur = [(st + ln) % self.R, a] if want_flush else [st, ln + a]
         self._check_untouched(before, {r.slot for r in reqs}, "verify")
         self._after()
@@ -442,14 +490,14 @@ class RingHarness:
         """Forced flush: a decode step of that request alone with ``force_flush``."""
         self.decode([rid], seed=seed, force=[True])
 
-    def fork(self, rid: int, seed: int) -> int | None:
-        """Copy-on-write fork: force-flush the source if its ring is not empty (SGLang's invariant:
-        the source of ``copy_from`` is a flushed checkpoint), then ``copy_from`` into a new slot."""
+    def fork(self, rid: int, seed: int, flush_first: bool = False) -> int | None:
+        """Fork: ``copy_from`` a live request's slot into a new one.  The copy carries the ring
+        (invariant F), so the source need not be flushed; ``flush_first`` force-flushes it anyway."""
         self._op = "fork"
         if self.free_slots() < 1:
             return None
         src = self.reqs[rid]
-        if src.cur[1] > 0:
+        if flush_first and src.cur[1] > 0:
             self.flush(rid, seed)
         self._op = "fork"
         self.steps += 1
@@ -458,14 +506,127 @@ class RingHarness:
         assert dst is not None
         dst.sg.mamba_needs_clear = False
         self.pool.copy_from(torch.tensor([src.slot]), torch.tensor([dst.slot]))
-        # The destination's state is the source's checkpoint with an empty ring; the model's
-        # branch continues from the source's accepted tokens.
+        # The destination is the source's logical state: same checkpoint, records and cursors.
         dst.S64 = src.S64.clone()
-        dst.tokens, dst.shadow, dst.cur = [], [src.shadow[-1].clone()], [0, 0]
+        dst.tokens, dst.shadow = list(src.tokens), [x.clone() for x in src.shadow]
+        dst.cur, dst.ntok = list(src.cur), src.ntok
         self.reqs[dst.rid] = dst
         self._check_untouched(before, {dst.slot}, "fork")
         self._after()
         return dst.rid
+
+    # ------------------------------------------------------------------ radix cache
+
+    def _component(self):
+        """What SGLang's ``MambaComponent.prepare_for_caching_req`` reads from ``self`` (no_buffer)."""
+        hp = self.hpool
+        cache = SimpleNamespace(req_to_token_pool=hp, enable_mamba_extra_buffer=False)
+        return SimpleNamespace(cache=cache, int8_ckpt_pool=None,
+                               _alloc_mamba_slot=lambda: hp.mamba_allocator.alloc(1))
+
+    def _donate(self, r: Request, finished: bool) -> tuple[int | None, torch.Tensor | None]:
+        from sglang.srt.mem_cache.unified_cache.components.mamba_component import MambaComponent
+
+        params = SimpleNamespace(mamba_value=None)
+        cl = around_prepare_for_caching_req(MambaComponent.prepare_for_caching_req, self._component(),
+                                            r.sg, params, r.ntok, finished)
+        return cl, params.mamba_value
+
+    def _add_node(self, r: Request, slot: int, cache_len: int | None, what: str) -> int:
+        length = r.cur[1]
+        if cache_len != r.ntok - length:
+            self._fail(f"{what} req {r.rid}: the tree was given a {cache_len}-token key; the slot's "
+                       f"checkpoint covers {r.ntok} - {length} (ring) tokens")
+        nid = self.next_nid
+        self.next_nid += 1
+        self.nodes[nid] = Node(nid=nid, slot=slot, key_len=cache_len,
+                               state=r.shadow[len(r.tokens) - length].clone())
+        return nid
+
+    def donate_finished(self, rid: int) -> int:
+        """Finish with radix insert: SGLang caps the key by ``len``; the live slot becomes a node."""
+        self._op = "donate_finished"
+        self.steps += 1
+        before = self._snapshot()
+        r = self.reqs.pop(rid)
+        s = r.slot
+        cl, value = self._donate(r, finished=True)
+        if value is None or int(value.reshape(-1)[0]) != s:
+            self._fail(f"donate_finished req {rid}: expected the live slot {s} as the value, got {value}")
+        nid = self._add_node(r, s, cl, "donate_finished")
+        self.hpool.free(r.sg)  # the request's token slot; the mamba slot now belongs to the tree
+        self._check_untouched(before, {s}, "donate_finished")
+        self._after()
+        return nid
+
+    def donate_unfinished(self, rid: int) -> int | None:
+        """Chunked-prefill style insert: SGLang copies the live slot into a new one for the tree."""
+        self._op = "donate_unfinished"
+        if self.free_mamba_slots() < 1:
+            return None
+        self.steps += 1
+        before = self._snapshot()
+        r = self.reqs[rid]
+        cl, value = self._donate(r, finished=False)
+        d = int(value.reshape(-1)[0])
+        nid = self._add_node(r, d, cl, "donate_unfinished")
+        self._check_untouched(before, {d}, "donate_unfinished")
+        self._after()
+        return nid
+
+    def match(self, nid: int, seed: int, k: int) -> int | None:
+        """Prefix hit: SGLang allocates a slot (no cursor reset), its deferred COW copies the node
+        into it, then the suffix of ``k`` tokens is extended (``k = 0``: a full-prompt hit)."""
+        self._op = "match"
+        if self.free_slots() < 1:
+            return None
+        self.steps += 1
+        before = self._snapshot()
+        node = self.nodes[nid]
+        sg = SimpleNamespace(mamba_pool_idx=None, req_pool_idx=None, mamba_needs_clear=False,
+                             mamba_ping_pong_track_buffer=None, inflight_middle_chunks=0,
+                             kv_committed_len=0)
+        sg.mamba_pool_idx = self.hpool.mamba_allocator.alloc(1)[0]  # finalize_match_result_in_cache
+        if self.hpool.alloc([sg]) is None:
+            self._fail("match: token slot allocation failed with free slots")
+        d = int(sg.mamba_pool_idx)
+        self.pool.copy_from(torch.tensor([node.slot]), torch.tensor([d]))
+        rid = self.next_rid
+        self.next_rid += 1
+        r = Request(rid=rid, sg=sg, S64=node.state.to(F64), tokens=[], shadow=[node.state.clone()],
+                    cur=[0, 0], lineage=(-nid, rid), ntok=node.key_len)
+        self.reqs[rid] = r
+        if k:
+            g = torch.Generator().manual_seed(seed)
+            toks = [self._token(g) for _ in range(k)]
+            S = node.state.clone()
+            for t in toks:
+                S = self._fold32(S, t)
+            self._check_extend([d])
+            self.temporal[:, d] = S
+            reset_extend_rows(self.pool.cursors, torch.tensor([d], dtype=torch.int32))
+            _, r.S64 = self._f64(r.S64, toks)
+            r.shadow, r.ntok = [S.clone()], r.ntok + k
+        self._check_untouched(before, {d}, "match")
+        self._after()
+        return rid
+
+    def evict(self, nid: int) -> None:
+        """LRU or ``--mamba-max-states-per-path`` eviction: the node's slot goes back to SGLang."""
+        self._op = "evict"
+        self.steps += 1
+        before = self._snapshot()
+        node = self.nodes.pop(nid)
+        self.hpool.mamba_allocator.free(torch.tensor([node.slot]))
+        self._check_untouched(before, set(), "evict")
+        self._after()
+
+    def _check_extend(self, slots: list[int]) -> None:
+        try:
+            check_extend_rows(self.pool.cursors, torch.tensor(slots, dtype=torch.int32))
+        except RuntimeError as e:
+            self._fail(f"{self._op}: {e} (slots {slots}, cursors "
+                       f"{[self.pool.cursors[s].tolist() for s in slots]})")
 
     def offload(self, rid: int) -> None:
         """Retraction with CPU backup: ``get_cpu_copy(req.mamba_pool_idx)``, then free the slot."""

@@ -1,18 +1,22 @@
-"""Model-checked fuzz of the ring protocol on a real CPU ``ReplayMambaPool`` (issue 7, both families).
+"""Model-checked fuzz of the ring protocol and the radix-cache slot lifecycle on a real CPU
+``ReplayMambaPool`` (issue 7, both families).
 
 A hypothesis ``RuleBasedStateMachine`` drives allocate + prefill, chunked extend, decode steps,
 speculative verify of ``T <= 3`` tokens with a random accepted count and its commit, forced flushes,
-copy-on-write forks (the source force-flushed first, as SGLang's ``copy_from`` requires), offload /
-reload through ``get_cpu_copy`` / ``load_cpu_copy``, and free + slot reuse, against the float64
-model of ``fuzz_ring_harness.py``; every operation ends with ``RingHarness.check_all`` (see
-that module for what is checked). Tiny shapes (H=2, P=4, N=4, G=1, L=4, R=7, 4 slots), torch
-references only, one intra-op thread.
+forks (``copy_from`` of a live slot, ring carried, source flushed first or not), radix donation of a
+finished request (the slot enters the tree) and of an unfinished one (a copy enters it), prefix
+matches (SGLang's slot allocation + copy-on-write from a node, then a suffix extend of 0-2 tokens),
+eviction of tree nodes, offload / reload through ``get_cpu_copy`` / ``load_cpu_copy``, and free
+(finish / abort) + slot reuse, against the float64 model of ``fuzz_ring_harness.py``; every
+operation ends with ``RingHarness.check_all`` (see that module for what is checked). Tiny shapes
+(H=2, P=4, N=4, G=1, L=4, R=7, 4 slots), torch references only, one intra-op thread.
 
 CI: ``test_fuzz_ring_machine`` runs ``FUZZ_RING_EXAMPLES`` (default 2,000) derandomised Mamba-2
 sequences of up to 12 operations and a quarter as many GDN ones (hypothesis database off, so every
 run draws the same cases), and ``test_fuzz_ring_seeded`` 200 more per family from a plain seeded
-driver. ``pytest -s`` prints sequences, operations by kind and sequences/s. CI time on 2 cores:
-~58 s (2,000 + 500 hypothesis sequences at ~85 / ~60 per second, 400 seeded at ~100 per second).
+driver. ``pytest -s`` prints sequences (hypothesis also runs a few hundred it discards),
+operations by kind and sequences/s. CI time on 2 cores (shared with other jobs): ~75 s (3,016 +
+762 hypothesis sequences at ~60 / ~77 per second, 400 seeded at ~110-140 per second).
 
 More: ``FUZZ_RING_EXAMPLES=20000``, ``FUZZ_RING_SEED=<n>`` (a different, non-derandomised
 hypothesis run, and the driver's base seed), or ``-m slow`` (30-operation sequences on three more
@@ -130,9 +134,34 @@ def _machine(family: str = "mamba2", **shape):
             self.h.flush(self._pick(data), seed)
 
         @precondition(lambda self: self.h.live() and self.h.free_slots() > 0)
-        @rule(data=st.data(), seed=SEEDS)
-        def fork(self, data, seed):
-            self.h.fork(self._pick(data), seed)
+        @rule(data=st.data(), seed=SEEDS, flush_first=st.booleans())
+        def fork(self, data, seed, flush_first):
+            self.h.fork(self._pick(data), seed, flush_first=flush_first)
+
+        @precondition(lambda self: self.h.live())
+        @rule(data=st.data())
+        def donate_finished(self, data):
+            self.h.donate_finished(self._pick(data))
+
+        @precondition(lambda self: self.h.live() and self.h.free_mamba_slots() > 0)
+        @rule(data=st.data())
+        def donate_unfinished(self, data):
+            self.h.donate_unfinished(self._pick(data))
+
+        @precondition(lambda self: self.h.nodes and self.h.free_slots() > 0)
+        @rule(data=st.data(), seed=SEEDS, k=st.integers(0, 2))
+        def match(self, data, seed, k):
+            self.h.match(data.draw(st.sampled_from(sorted(self.h.nodes)), label="node"), seed, k)
+
+        @precondition(lambda self: self.h.nodes and self.h.free_slots() > 0)
+        @rule(data=st.data(), seed=SEEDS, k=st.integers(0, 2))
+        def match_again(self, data, seed, k):
+            self.h.match(data.draw(st.sampled_from(sorted(self.h.nodes)), label="node"), seed, k)
+
+        @precondition(lambda self: self.h.nodes)
+        @rule(data=st.data())
+        def evict(self, data):
+            self.h.evict(data.draw(st.sampled_from(sorted(self.h.nodes)), label="node"))
 
         @precondition(lambda self: self.h.live())
         @rule(data=st.data())
@@ -188,7 +217,7 @@ def test_fuzz_ring_machine(family: str):
 # ---------------------------------------------------------------------- seeded random driver
 
 OPS = ("prefill", "decode", "decode", "verify", "verify", "verify", "flush", "fork", "offload",
-       "reload", "free", "extend")
+       "reload", "free", "extend", "donate_finished", "donate_unfinished", "match", "evict")
 
 
 def drive(seed: int, *, family: str = "mamba2", n_ops: int = 12, **shape):
@@ -200,7 +229,7 @@ def drive(seed: int, *, family: str = "mamba2", n_ops: int = 12, **shape):
         live, off = h.live(), h.offloaded()
         op = rng.choice(OPS)
         s = rng.randrange(1 << 31)
-        if op == "prefill" or (not live and op != "reload"):
+        if op == "prefill" or (not live and op not in ("reload", "match", "evict")):
             if h.free_slots():
                 h.prefill(s)
         elif op in ("decode", "verify"):
@@ -218,7 +247,18 @@ def drive(seed: int, *, family: str = "mamba2", n_ops: int = 12, **shape):
             h.flush(rng.choice(live).rid, s)
         elif op == "fork":
             if h.free_slots():
-                h.fork(rng.choice(live).rid, s)
+                h.fork(rng.choice(live).rid, s, flush_first=rng.random() < 0.3)
+        elif op == "donate_finished":
+            h.donate_finished(rng.choice(live).rid)
+        elif op == "donate_unfinished":
+            if h.free_mamba_slots():
+                h.donate_unfinished(rng.choice(live).rid)
+        elif op == "match":
+            if h.nodes and h.free_slots():
+                h.match(rng.choice(sorted(h.nodes)), s, rng.randint(0, 2))
+        elif op == "evict":
+            if h.nodes:
+                h.evict(rng.choice(sorted(h.nodes)))
         elif op == "offload":
             h.offload(rng.choice(live).rid)
         elif op == "reload":
@@ -265,16 +305,44 @@ def test_fuzz_ring_slow(family, shape):
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
-def test_regression_fork_source_with_pending_verify_window(family: str):
+@pytest.mark.parametrize("flush_first", [False, True])
+def test_regression_fork_source_with_pending_verify_window(family: str, flush_first: bool):
     """A fork right after a verify whose accepted window is still in the ring (len = a after a
-    flush verify): the source must be force-flushed first, and the branches stay isolated."""
+    flush verify): the copy carries the ring (or the source is flushed first), and the branches
+    stay isolated."""
     h = FAMILIES[family](slots=4, window=4, max_tokens=3)
     a = h.prefill(1)
     h.verify([a], T=3, accepted=[3], seed=2)
     h.verify([a], T=3, accepted=[2], seed=3)  # len 3 + 3 > 4: flush verify, len = 2
-    b = h.fork(a, 4)
+    b = h.fork(a, 4, flush_first=flush_first)
     h.verify([b, a], T=2, accepted=[1, 2], seed=5, pads=[1])
     h.decode([a, b], seed=6)
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_regression_unfinished_donation_with_pending_ring(family: str):
+    """The machine's first failure with the seal removed from the hook (mutation check): a copy of
+    a slot with one ring record entered the tree claiming the record's token."""
+    h = FAMILIES[family](slots=4, window=4, max_tokens=3)
+    a = h.prefill(0)
+    h.decode([a], seed=0)  # len 1
+    n = h.donate_unfinished(a)  # key = ntok - 1, node ring empty
+    b = h.match(n, seed=1, k=0)
+    h.decode([b, a], seed=2)
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_regression_finished_donation_zeroes_the_cursor_pair(family: str):
+    """Found by the machine: SGLang's finished donation zeroes ``len`` only; the node kept
+    ``start = 1`` and a copy-on-write carried it. The hook now zeroes the tree slot's pair."""
+    h = FAMILIES[family](slots=4, window=4, max_tokens=3)
+    a = h.prefill(0)
+    h.verify([a], T=1, accepted=[1], seed=0)
+    b = h.fork(a, 0, flush_first=True)  # a flushed: start 1, len 0
+    h.donate_finished(a)
+    n = h.donate_finished(b)
+    h.evict(min(h.nodes))
+    h.match(n, seed=0, k=0)
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
