@@ -342,3 +342,43 @@ def test_gpu_nano4b_split_strided_gate_fp8():
     rep = run_split_cycles("kernel", NANO_4B, 16, F8, layout="padded",
                            variant=Variant(False, True), active=16, pads=4, seed=600)
     _check(rep, F8)
+
+
+@pytest.mark.parametrize("read_dtype", [F8, torch.bfloat16], ids=["fp8", "bf16"])
+def test_kernel_copy_refresh_extremes(read_dtype):
+    """Flush rows whose checkpoint rows are zero, tiny (1e-30) and huge (1e30): the kernel's
+    copy and fp8 scales are bit-identical to ``quantize_rows`` of the stored checkpoint (A = 0
+    and x = 0 keep the state's values, so the refresh sees these rows)."""
+    shape = Shape(H=2, G=1, P=20, N=16)
+    gen = torch.Generator().manual_seed(9)
+    slots, R = 3, 2
+    state = torch.randn(slots, shape.H, shape.P, shape.N, generator=gen)
+    state[1, 0, :4] = 0.0
+    state[1, 0, 4:8] *= 1e-30
+    state[1, 1, :4] *= 1e30
+    state[2, 1, 3, :] = -0.0
+    state = state.to(DEVICE)
+    rc = make_read_copy(state, read_dtype, "layer")
+    rc.read.fill_(float("nan"))
+    ring_x = torch.zeros(slots, shape.H, R, shape.P, dtype=torch.bfloat16, device=DEVICE)
+    ring_dt = torch.zeros(slots, shape.H, R, device=DEVICE)
+    ring_B = torch.zeros(slots, shape.G, R, shape.N, dtype=torch.bfloat16, device=DEVICE)
+    batch = 2
+    x = torch.zeros(batch, shape.H, shape.P, dtype=torch.bfloat16, device=DEVICE)
+    B = torch.randn(batch, shape.G, shape.N, generator=gen).to(DEVICE, torch.bfloat16)
+    C = torch.randn(batch, shape.G, shape.N, generator=gen).to(DEVICE, torch.bfloat16)
+    dt = torch.full((batch, shape.H), 0.1, device=DEVICE)
+    A = torch.zeros(shape.H, device=DEVICE)
+    out = torch.empty(batch, shape.H, shape.P, device=DEVICE)
+    idx = torch.tensor([1, 2], dtype=torch.int32, device=DEVICE)
+    zeros = torch.zeros(batch, dtype=torch.int32, device=DEVICE)
+    before = state.clone()
+    IMPLS["kernel"](state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, idx, zeros, zeros,
+                    torch.ones(batch, dtype=torch.bool, device=DEVICE), read_state=rc.read,
+                    read_scale=rc.scale)
+    assert torch.equal(state, before)  # values kept (fma(-0, 1, +0) gives +0: not bitwise)
+    q, scale = quantize_rows(state[1:], read_dtype)
+    assert _bits_equal(rc.read[1:], q)
+    if scale is not None:
+        assert _bits_equal(rc.scale[1:], scale)
+        assert (scale[0, 0, :4] == 2.0**-126).all()  # zero rows: the floor scale, zeros stored
