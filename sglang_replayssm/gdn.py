@@ -9,6 +9,11 @@ Installed by class REPLACE (``hooks/backends.py``).  What changes:
 - **Decode**: ``forward_decode`` runs SGLang's ``causal_conv1d_update`` (stock), splits the packed
   ``mixed_qkv`` into q, k, v and calls ``replayssm_kernels.gdn_replay_decode`` with this layer's
   rings, then the stock decode radix track-copy (its rows were force-flushed).
+- **Speculative verify**: ``forward_extend`` of a TARGET_VERIFY forward runs SGLang's verify conv
+  (it fills ``intermediate_conv_window`` for the commit's conv rollback), then
+  ``gdn_replay_verify`` on the forward's cursor snapshot (``spec.VerifyMetadataMixin``); the commit
+  hook (``hooks/spec.py``) moves the cursors.  Snapshot-path buckets fold the ring first, then run
+  SGLang's verify unchanged (``spec.py``).
 - **Mixed chunks** (``--enable-mixed-chunk``) are refused: SGLang runs the decode rows of a MIXED
   forward through ``chunk_gated_delta_rule`` on ``temporal``, which would ignore a non-empty ring.
 - **CPU**: ``forward_extend`` / ``forward_decode`` run ``cpu.gdn`` for CPU tensors (torch conv with
@@ -118,7 +123,7 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
 
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         if forward_batch.forward_mode.is_target_verify():
-            return self._forward_verify(layer, mixed_qkv, a, b)
+            return self._forward_verify(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         if not (isinstance(mixed_qkv, torch.Tensor) and mixed_qkv.device.type == "cpu"):
             return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         from sglang_replayssm.cpu.gdn import gdn_extend_cpu
@@ -138,10 +143,15 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
             has_initial_state=forward_batch.extend_prefix_lens > 0,
         )
 
-    def _forward_verify(self, layer, mixed_qkv, a, b):
+    def _forward_verify(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         """TARGET_VERIFY of ``T`` tokens per request: SGLang's verify conv (which fills
         ``intermediate_conv_window`` for the commit's rollback), then ``gdn_replay_verify`` on the
-        forward's ``VerifyStep``.  Returns ``[1, bs*T, HV, V]`` as SGLang's verify does."""
+        forward's ``VerifyStep``.  Returns ``[1, bs*T, HV, V]`` as SGLang's verify does.
+
+        Snapshot-path forward (``spec.py``, "Snapshot fallback"): the same conv and kernel with every
+        row flushing and a one-token window fold the ring into the checkpoint (outputs discarded),
+        then SGLang's own verify runs (its conv again: it reads the conv state and rewrites the same
+        windows)."""
         from sglang.srt.layers.attention.linear.gdn_backend import causal_conv1d_update
 
         step = self._step
@@ -149,9 +159,9 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
             raise RuntimeError("ReplaySSM: GDN verify without a verify cursor snapshot")
         if not isinstance(mixed_qkv, torch.Tensor):
             raise NotImplementedError("ReplaySSM GDN verify: split (tuple) mixed_qkv is not supported")
-        T = step.num_tokens
-        bs = mixed_qkv.shape[0] // T
-        if bs * T != mixed_qkv.shape[0] or bs != step.slot_idx.shape[0]:
+        bs = step.slot_idx.shape[0]
+        T = mixed_qkv.shape[0] // bs
+        if bs * T != mixed_qkv.shape[0] or (T != step.num_tokens and not step.snapshot):
             raise RuntimeError(
                 f"ReplaySSM GDN verify: expected {step.slot_idx.shape[0]} x {T} tokens, got {mixed_qkv.shape[0]}"
             )
@@ -162,6 +172,9 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         x = mixed_qkv.view(bs, T, -1)
         if mixed_qkv.device.type == "cpu":
             from sglang_replayssm.cpu.gdn import gdn_verify_conv_cpu
+
+            if step.snapshot:
+                raise NotImplementedError("ReplaySSM CPU GDN: SGLang's snapshot verify has no CPU path")
 
             xc = gdn_verify_conv_cpu(layer, x, conv_states, step.slot_idx, windows[:bs])
         else:
@@ -179,6 +192,10 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
                 retrieve_next_sibling=md.retrieve_next_sibling,
                 retrieve_parent_token=md.retrieve_parent_token,
             ).transpose(1, 2)
+        a_w, b_w = a.reshape(bs, T, -1), b.reshape(bs, T, -1)
+        if step.snapshot:  # materialise: a one-token window, outputs discarded
+            xc, a_w, b_w = xc[:, :1], a_w[:, :1], b_w[:, :1]
+            T = 1
         q, k, v = torch.split(xc, [layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
         q = q.view(bs, T, layer.num_q_heads, layer.head_q_dim)
         k = k.view(bs, T, layer.num_k_heads, layer.head_k_dim)
@@ -194,8 +211,8 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
             q,
             k,
             v,
-            a.view(bs, T, -1),
-            b.view(bs, T, -1),
+            a_w,
+            b_w,
             layer.A_log,
             layer.dt_bias,
             out,
@@ -206,6 +223,8 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
             scale=layer.head_k_dim**-0.5,
             use_qk_l2norm=True,
         )
+        if step.snapshot:
+            return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         return out.view(1, bs * T, layer.num_v_heads, layer.head_v_dim)
 
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
@@ -262,8 +281,8 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
             q,
             k,
             v,
-            a,
-            b,
+            a_w,
+            b_w,
             layer.A_log,
             layer.dt_bias,
             out,

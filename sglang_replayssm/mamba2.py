@@ -14,6 +14,11 @@ Installed by class REPLACE (``hooks/backends.py``), so NemotronH / Falcon-H1 / G
   context; the mixer's only decode SSU call site, ``selective_state_update`` (AROUND hook), runs
   ``replayssm_kernels.mamba2_replay_decode`` with this layer's rings and the forward's snapshot.  The
   context must be consumed exactly once per layer with decode rows, which catches a silent bypass.
+- **Speculative verify (TARGET_VERIFY).** The metadata build snapshots the cursors once
+  (``spec.VerifyMetadataMixin``; eager and CUDA graphs); the SSU hook runs
+  ``mamba2_replay_verify`` on the mixer's ``[bs, T, ...]`` call, and the commit hook
+  (``hooks/spec.py``) moves the cursors by the accepted counts.  Buckets the verify plan sends to
+  SGLang's snapshot verify fold the ring first, then run it unchanged (``spec.py``).
 - **Extend (GPU).** Stock: the chunked scan writes the final state into ``temporal`` (the new
   checkpoint); the ring of those rows was emptied by the metadata build.
 - **CPU.** ``forward`` runs ``cpu.mamba2_mixer`` (pure torch; ring decode through the plain-torch
@@ -77,8 +82,10 @@ def replay_selective_state_update(original: Callable[..., Any], *args: Any, **kw
     layer context this runs the ring decode with the same tensors instead.  For a TARGET_VERIFY
     forward the mixer passes ``x [bs, T, H, P]`` etc. with ``disable_state_update=True`` and
     ``intermediate_states_buffer``; inside a verify context (``VerifyStep``) this runs
-    ``mamba2_replay_verify`` on the same tensors (the per-draft buffer is not used, and may be None).
-    A verify call in a decode context, or a decode call in a verify context, raises.
+    ``mamba2_replay_verify`` on the same tensors (the per-draft buffer is not used, and may be None);
+    for a snapshot-path forward it folds the ring into the checkpoint and then calls the original
+    (``spec.py``, "Snapshot fallback").  A verify call in a decode context, or a decode call in a
+    verify context, raises.
     """
     ctx = _ACTIVE
     if ctx is None:
@@ -102,6 +109,16 @@ def replay_selective_state_update(original: Callable[..., Any], *args: Any, **kw
             f"ReplaySSM: rows {slot_idx.shape[0]} != cursor snapshot rows {step.slot_idx.shape[0]}"
         )
     ctx.calls += 1
+    if isinstance(step, VerifyStep) and step.snapshot:
+        # SGLang's snapshot verify reads the checkpoint alone: fold the committed ring into it first
+        # (every row flushes; a one-token window whose outputs are discarded), then run it unchanged.
+        ctx.decode(
+            bound["state"], ctx.rings["x"], ctx.rings["dt"], ctx.rings["B"], bound["x"][:, :1],
+            bound["dt"][:, :1], bound["A"], bound["B"][:, :1], bound["C"][:, :1], torch.empty_like(out[:, :1]),
+            slot_idx, step.ring_start, step.ring_len, step.flush, D=bound.get("D"), z=None,
+            dt_bias=kwargs.get("dt_bias"), dt_softplus=kwargs.get("dt_softplus", False),
+        )
+        return original(*args, **kwargs)
     ctx.decode(
         bound["state"],
         ctx.rings["x"],
@@ -194,6 +211,9 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
         rings = self.pool.layer_rings(self.req_to_token_pool.mamba_map[layer_id])
         if hidden_states.device.type == "cpu":
             from sglang_replayssm.cpu.mamba2_mixer import mamba2_mixer_forward_cpu
+
+            if isinstance(self._step, VerifyStep) and self._step.snapshot:
+                raise NotImplementedError("ReplaySSM CPU path: SGLang's snapshot verify has no CPU path")
 
             if forward_batch.mamba_track_mask is not None:
                 raise NotImplementedError("ReplaySSM CPU path: mamba radix tracking (extra_buffer)")

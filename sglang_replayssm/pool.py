@@ -32,6 +32,7 @@ import torch
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import MambaPool
 
+from sglang_replayssm.config import ReplaySSMConfig
 from sglang_replayssm.sizing import RingSpec, ring_spec
 
 __all__ = ["ReplayPoolSpec", "ReplayMambaPool"]
@@ -91,6 +92,10 @@ class ReplayMambaPool(MambaPool):
         super().__init__(**kwargs)
         # Speculative verify of T tokens writes T window rows past len: R = max(L, T) + T.
         self.spec_tokens = int(kwargs.get("speculative_num_draft_tokens") or 0)
+        # SGLang's snapshot verify (tree drafts, --replayssm-verify auto/snapshot buckets) needs it.
+        self._replay_verify_only = (
+            ReplaySSMConfig.from_env().verify == "replay" and (kwargs.get("speculative_eagle_topk") or 1) <= 1
+        )
         self._drop_per_draft_ssm()
         cache_params = kwargs["cache_params"]
         num_layers = len(kwargs["mamba_layer_ids"])
@@ -136,15 +141,16 @@ class ReplayMambaPool(MambaPool):
         )
 
     def _drop_per_draft_ssm(self) -> None:
-        """Speculative pools: release SGLang's per-draft SSM buffer ``intermediate_ssm``.
+        """``--replayssm-verify replay`` (linear chains): release SGLang's per-draft SSM buffer.
 
-        The replay verify keeps no per-draft state (the window's records are ring rows), and the
-        snapshot verify that would read the buffer is not built (``spec_plan`` refuses it at
-        startup).  SGLang's ``MambaPool.__init__`` allocates it unconditionally, so it is freed here
-        (a transient allocation at startup; the memory budget still reserves it).
+        The replay verify keeps no per-draft state (the window's records are ring rows); only
+        SGLang's snapshot verify reads ``intermediate_ssm``, and with ``replay`` forced no bucket
+        takes it.  SGLang's ``MambaPool.__init__`` allocates it unconditionally, so it is freed here
+        (a transient allocation at startup; the memory budget still reserves it).  With ``auto`` or
+        ``snapshot`` it is kept: the snapshot fallback may need it.
         """
         buf = getattr(self.mamba_cache, "intermediate_ssm", None)
-        if not self.spec_tokens or buf is None:
+        if not self.spec_tokens or buf is None or not self._replay_verify_only:
             return
         freed = buf.numel() * buf.element_size()
         self.mamba_cache = dataclasses.replace(self.mamba_cache, intermediate_ssm=None)

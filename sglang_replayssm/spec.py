@@ -14,6 +14,14 @@ chains only) uses the same slots, records and cursor pair ``(start, len)`` as de
    host sync) and rolls the conv state back to the last accepted token from SGLang's own
    ``intermediate_conv_window`` (SGLang's rollback, kept as it is).
 
+**Snapshot fallback** (batch buckets the verify plan sends to SGLang's own verify: tree drafts,
+``--replayssm-verify snapshot``, or ``auto`` where replay does not pay; CUDA only).  SGLang's verify
+reads the checkpoint alone, so each layer first **materialises** the forward's rows: the family's
+verify kernel runs with every row flushing and a one-token window (outputs discarded), which folds
+the committed ring into the checkpoint exactly as any flush does; then SGLang's verify runs
+unchanged (per-draft states into ``intermediate_ssm``).  SGLang's commit then writes the accepted
+state into the checkpoint, after which the rows' rings are emptied (cursors ``(0, 0)``).
+
 Rejected drafts are never folded: they lie past ``len`` and are overwritten by the next step.
 Under CUDA graphs the snapshot runs inside the captured graph into per-batch-size static buffers
 (``VerifyGraphBuffers``), as the decode snapshot does; the commit runs outside the graph and reads
@@ -52,7 +60,10 @@ class VerifyStep:
     flush : torch.Tensor
         ``[batch]`` bool, rows that fold their committed history into the checkpoint this step.
     num_tokens : int
-        ``T``, tokens verified per request.
+        ``T``, tokens verified per request (1 for a snapshot-path forward: the materialising fold).
+    snapshot : bool
+        The forward takes SGLang's snapshot verify: every valid row flushes (materialise), then the
+        stock verify and commit run, then the rows' rings are emptied.
     """
 
     slot_idx: torch.Tensor
@@ -60,6 +71,7 @@ class VerifyStep:
     ring_len: torch.Tensor
     flush: torch.Tensor
     num_tokens: int
+    snapshot: bool = False
 
 
 def verify_kernel(family: str, device: torch.device) -> Callable[..., None]:
@@ -84,7 +96,8 @@ def verify_kernel(family: str, device: torch.device) -> Callable[..., None]:
 
 
 def build_verify_eager(
-    *, cursors: torch.Tensor, slot_idx: torch.Tensor, window: int, rows: int, num_tokens: int
+    *, cursors: torch.Tensor, slot_idx: torch.Tensor, window: int, rows: int, num_tokens: int,
+    snapshot: bool = False,
 ) -> VerifyStep:
     """Snapshot the cursors of an eager verify forward (cursors unchanged).
 
@@ -96,15 +109,19 @@ def build_verify_eager(
         ``[batch]`` slot per request (``-1`` padding).
     window, rows, num_tokens : int
         ``L``, ``R`` and ``T``; ``R >= max(L, T) + T`` (``ValueError`` otherwise).
+    snapshot : bool
+        A snapshot-path forward: every valid row flushes, one-token window (``num_tokens`` ignored).
     """
     n = slot_idx.shape[0]
     dev = slot_idx.device
     out_start = torch.empty(n, dtype=torch.int32, device=dev)
     out_len = torch.empty(n, dtype=torch.int32, device=dev)
     out_flush = torch.empty(n, dtype=torch.bool, device=dev)
-    verify_cursor_step(cursors, slot_idx, None, window, rows, num_tokens, out_start, out_len, out_flush)
+    t = 1 if snapshot else num_tokens
+    force = slot_idx >= 0 if snapshot else None
+    verify_cursor_step(cursors, slot_idx, force, window, rows, t, out_start, out_len, out_flush)
     return VerifyStep(slot_idx=slot_idx, ring_start=out_start, ring_len=out_len, flush=out_flush,
-                      num_tokens=num_tokens)
+                      num_tokens=t, snapshot=snapshot)
 
 
 class VerifyGraphBuffers:
@@ -129,15 +146,17 @@ class VerifyGraphBuffers:
             raise ValueError(f"slots: expected [{bs}], got {tuple(slots.shape)}")
         return bs - 1
 
-    def view(self, bs: int, slots: torch.Tensor) -> VerifyStep:
+    def view(self, bs: int, slots: torch.Tensor, snapshot: bool = False) -> VerifyStep:
         i = self._check(bs, slots)
         return VerifyStep(slot_idx=slots, ring_start=self.ring_start[i], ring_len=self.ring_len[i],
-                          flush=self.flush[i], num_tokens=self.num_tokens)
+                          flush=self.flush[i], num_tokens=1 if snapshot else self.num_tokens, snapshot=snapshot)
 
-    def fill(self, bs: int, *, cursors: torch.Tensor, slots: torch.Tensor, window: int, rows: int) -> None:
+    def fill(self, bs: int, *, cursors: torch.Tensor, slots: torch.Tensor, window: int, rows: int,
+             snapshot: bool = False) -> None:
         i = self._check(bs, slots)
-        verify_cursor_step(cursors, slots, None, window, rows, self.num_tokens, self.ring_start[i],
-                           self.ring_len[i], self.flush[i])
+        force = slots >= 0 if snapshot else None
+        verify_cursor_step(cursors, slots, force, window, rows, 1 if snapshot else self.num_tokens,
+                           self.ring_start[i], self.ring_len[i], self.flush[i])
 
 
 def commit_verify(
@@ -210,12 +229,22 @@ class VerifyMetadataMixin:
 
             self.verify_plan = plan_for_server(self.pool, model_runner.server_args, torch.device(self.device))
 
+    def _snapshot_path(self, bs: int) -> bool:
+        """Whether a verify forward of ``bs`` rows takes SGLang's snapshot verify: the decision of the
+        smallest planned bucket ``>= bs`` (else the largest); no plan (tests, drafts): replay."""
+        plan = getattr(self, "verify_plan", None)
+        if not plan:
+            return False
+        fits = [b for b in plan if b >= bs]
+        return plan[min(fits) if fits else max(plan)].path == "snapshot"
+
     def _snapshot_verify(self, slots: torch.Tensor) -> VerifyStep:
         """Eager verify forward: snapshot the cursors of ``slots`` (the forward's requests)."""
         if not self.num_tokens:
             raise RuntimeError("ReplaySSM: TARGET_VERIFY forward on a server without speculative decoding")
         step = build_verify_eager(cursors=self.pool.cursors, slot_idx=slots, window=self.window,
-                                  rows=self.rows, num_tokens=self.num_tokens)
+                                  rows=self.rows, num_tokens=self.num_tokens,
+                                  snapshot=self._snapshot_path(slots.shape[0]))
         self._last_verify = step
         return step
 
@@ -237,7 +266,8 @@ class VerifyMetadataMixin:
         bs = forward_batch.batch_size
         self._graph_bs = None
         self._graph_verify_bs = bs
-        self._step = self._verify_graph.view(bs, self.forward_metadata.mamba_cache_indices[:bs])
+        self._step = self._verify_graph.view(bs, self.forward_metadata.mamba_cache_indices[:bs],
+                                             snapshot=self._snapshot_path(bs))
         self._last_verify = self._step
 
     def init_forward_metadata_in_graph(self, forward_batch):
@@ -246,11 +276,15 @@ class VerifyMetadataMixin:
             return super().init_forward_metadata_in_graph(forward_batch)
         self._verify_graph.fill(bs, cursors=self.pool.cursors,
                                 slots=self.forward_metadata.mamba_cache_indices[:bs],
-                                window=self.window, rows=self.rows)
+                                window=self.window, rows=self.rows, snapshot=self._snapshot_path(bs))
 
-    def commit_after_verify(self, last_correct_step_indices: torch.Tensor) -> None:
-        """SGLang's post-verify commit for a replay verify: cursors by accepted count, conv rollback.
+    def commit_after_verify(self, last_correct_step_indices: torch.Tensor,
+                            stock_commit: Callable[[], None]) -> None:
+        """SGLang's post-verify commit.
 
+        Replay path: cursors advanced by the accepted counts, conv rolled back; ``temporal`` untouched.
+        Snapshot path: ``stock_commit()`` (SGLang writes the accepted per-draft state into the
+        checkpoint and rolls the conv back), then the rows' rings are emptied.
         ``last_correct_step_indices [requests]`` is SGLang's window step of each request's last
         accepted token (``accepted - 1`` for a linear chain).
         """
@@ -259,6 +293,10 @@ class VerifyMetadataMixin:
             raise RuntimeError("ReplaySSM: post-verify commit without a preceding verify forward")
         self._last_verify = None
         m = last_correct_step_indices.shape[0]
+        if step.snapshot:
+            stock_commit()
+            self.pool.reset_slots(step.slot_idx[:m])
+            return
         accepted = (last_correct_step_indices + 1).to(torch.int32)
         commit_verify(self.pool.cursors, step, accepted, window=self.window, rows=self.rows)
         spec_state = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()

@@ -1,12 +1,10 @@
 """Which verify path each CUDA-graph batch bucket takes, decided once per server start.
 
-``plan_verify`` runs ``heuristic.decide_buckets`` (one log line per bucket with its numbers; tree
-drafts and ``--replayssm-verify`` overrides included) and checks the result against what this build
-serves.  Built: the replay verify (linear draft chains).  **Not built**: SGLang's snapshot verify
-behind a ReplaySSM pool (it would need the ring folded into the checkpoint before every snapshot
-step and the cursors reset after its commit).  So a plan that sends any bucket to the snapshot path
-is refused at startup (``ReplaySSMStartupError``), naming the buckets and what to change, rather
-than served by a path that was not built.
+``plan_verify`` runs ``heuristic.decide_buckets``: one log line per bucket with its numbers, tree
+drafts (snapshot) and ``--replayssm-verify`` overrides included.  The backends then route each
+verify forward by its batch size (``spec.VerifyMetadataMixin._snapshot_path``): replay verify, or
+SGLang's snapshot verify after folding the ring into the checkpoint (``spec.py``, "Snapshot
+fallback"; CUDA only).
 
 ``startup_refusals`` holds the speculative-decoding checks of ``hooks/backends.validate_startup``
 (they need only ``ServerArgs`` and the plug-in config).
@@ -26,24 +24,16 @@ __all__ = ["plan_for_server", "plan_verify", "pool_verify_shape", "startup_refus
 
 logger = logging.getLogger(__name__)
 
-NOT_BUILT = (
-    "SGLang's snapshot verify behind a ReplaySSM pool is not built in this release; use "
-    "--replayssm-verify replay (linear draft chains) or --ssm-backend default"
-)
-
-
 def startup_refusals(server_args, verify_mode: str) -> list[str]:
     """Speculative-decoding refusals for ``--ssm-backend replay`` (empty without speculation)."""
     if not getattr(server_args, "speculative_algorithm", None):
         return []
     problems = []
     topk = getattr(server_args, "speculative_eagle_topk", None) or 1
-    if topk > 1:
-        problems.append(
-            f"tree drafts (--speculative-eagle-topk {topk} > 1) need SGLang's snapshot verify: {NOT_BUILT}"
-        )
-    if verify_mode == "snapshot":
-        problems.append(f"--replayssm-verify snapshot: {NOT_BUILT}")
+    try:
+        heuristic.check_verify_mode(verify_mode, topk)
+    except ReplaySSMStartupError as exc:
+        problems.append(str(exc))
     if getattr(server_args, "device", None) == "cpu":
         problems.append(
             "speculative decoding on --device cpu: no SGLang 0.5.17 speculative algorithm runs on a CPU "
@@ -63,7 +53,7 @@ def plan_verify(
     cache: heuristic.DecisionCache | None = None,
     log: logging.Logger = logger,
 ) -> dict[int, heuristic.Decision]:
-    """Decide every bucket's verify path (logged), and refuse a plan with snapshot buckets.
+    """Decide every bucket's verify path (one log line each); returns ``{bucket: Decision}``.
 
     Parameters
     ----------
@@ -85,18 +75,10 @@ def plan_verify(
     Raises
     ------
     ReplaySSMStartupError
-        When any bucket goes to the snapshot path (not built), with the buckets and the reason.
+        ``--replayssm-verify replay`` with tree drafts, or an unknown mode.
     """
-    decisions = heuristic.decide_buckets(buckets, num_tokens, shape, profile, mode=mode, topk=topk, cache=cache,
-                                         log=log)
-    snap = {bs: d for bs, d in decisions.items() if d.path != "replay"}
-    if snap:
-        first = next(iter(snap.values()))
-        raise ReplaySSMStartupError(
-            f"--ssm-backend replay: the verify plan sends batch buckets {sorted(snap)} (T={num_tokens}) to SGLang's "
-            f"snapshot verify ({first.reason}); {NOT_BUILT}"
-        )
-    return decisions
+    return heuristic.decide_buckets(buckets, num_tokens, shape, profile, mode=mode, topk=topk, cache=cache,
+                                    log=log)
 
 
 def pool_verify_shape(pool) -> heuristic.VerifyShape:
@@ -115,7 +97,8 @@ def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuris
     """``plan_verify`` for a target backend: buckets, ``T``, ``topk`` and mode from the server's settings.
 
     Also refuses mamba radix tracking (``extra_buffer``) with speculative decoding: its post-verify
-    track copy reads per-draft states that the replay verify does not keep.
+    track copy reads per-draft states that the replay verify does not keep.  On a non-CUDA device
+    every bucket must take the replay path (SGLang's snapshot verify is CUDA-only).
     """
     from sglang_replayssm.config import ReplaySSMConfig
 
@@ -126,9 +109,21 @@ def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuris
         )
     graph = None if server_args.disable_cuda_graph else getattr(server_args, "cuda_graph_config", None)
     buckets = list(graph.decode.bs) if graph is not None and graph.decode.bs else [server_args.max_running_requests or 1]
-    return plan_verify(
+    plan = plan_verify(
         buckets=buckets, num_tokens=pool.spec_tokens, topk=server_args.speculative_eagle_topk or 1,
         mode=ReplaySSMConfig.from_env().verify, shape=pool_verify_shape(pool),
         profile=heuristic.cuda_device_profile(device) if device.type == "cuda" else heuristic.cpu_device_profile(),
         cache=heuristic.DecisionCache(heuristic.default_cache_path()),
     )
+    snap = sorted(bs for bs, d in plan.items() if d.path == "snapshot")
+    if snap and device.type != "cuda":
+        raise ReplaySSMStartupError(
+            f"--ssm-backend replay: batch buckets {snap} go to SGLang's snapshot verify, which needs CUDA "
+            f"(device {device}); use --replayssm-verify replay"
+        )
+    if snap and pool.mamba_cache.intermediate_ssm is None:
+        raise ReplaySSMStartupError(
+            f"--ssm-backend replay: batch buckets {snap} go to SGLang's snapshot verify, but the pool released "
+            "its per-draft buffer (--replayssm-verify replay was set when it was built)"
+        )
+    return plan

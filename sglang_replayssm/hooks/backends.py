@@ -22,8 +22,8 @@
     Why: a model family ReplaySSM does not support would otherwise start stock silently (no pool or
     backend hook fires for it), and some server options conflict with the rings.
     How: refuses to start (``ReplaySSMStartupError``) unless the target model is a supported Mamba-2
-    or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, the speculative setups that are not
-    built (tree drafts, ``--replayssm-verify snapshot``, ``--device cpu``; ``spec_plan``), unified
+    or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, speculative decoding on
+    ``--device cpu`` and ``--replayssm-verify replay`` with tree drafts (``spec_plan``), unified
     memory, PD disaggregation, and for GDN ``--enable-mixed-chunk`` and Qwen3.5 on ``--device cpu``;
     draft model configs are not checked.  Runs during ``ServerArgs`` resolution, in the launching process,
     before anything is loaded (and again in each scheduler).
@@ -79,7 +79,7 @@ def validate_startup(result, *args, **kwargs):
     """AFTER ``ModelConfig.from_server_args(server_args, ..., is_draft_model=...)``: refuse bad setups.
 
     Refused with ``ReplaySSMStartupError``: an unsupported model family, SGLang's built-in ReplaySSM
-    flags, speculative setups that are not built (``spec_plan.startup_refusals``), unified memory,
+    flags, speculative setups that cannot run (``spec_plan.startup_refusals``), unified memory,
     PD disaggregation, and (GDN)
     ``--enable-mixed-chunk`` or Qwen3.5 on ``--device cpu``.  Draft model configs are not checked.
     """

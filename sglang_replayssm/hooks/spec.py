@@ -7,11 +7,13 @@
     per-draft state: the accepted tokens are ring records already, so the commit is a cursor move.
     It is the one call every speculative algorithm's commit reaches (``spec_utils.
     commit_mamba_states_after_verify`` for EAGLE / STANDALONE / NGRAM, and dspark / dflash directly).
-    How: when the linear backend is a ReplaySSM backend, advance the cursors of the verify rows by
-    the accepted counts (``last_correct_step_indices + 1``, a linear chain) with
-    ``replayssm_kernels.verify_commit`` (one launch, no host sync) and roll the conv state back to
-    the last accepted token from ``intermediate_conv_window`` (SGLang's own conv rollback kernel on
-    CUDA); ``temporal`` is not touched.  Radix tracking during spec (``mamba_track_indices``) is
+    How: when the linear backend is a ReplaySSM backend and the verify forward took the replay path,
+    advance the cursors of the verify rows by the accepted counts (``last_correct_step_indices + 1``,
+    a linear chain) with ``replayssm_kernels.verify_commit`` (one launch, no host sync) and roll the
+    conv state back to the last accepted token from ``intermediate_conv_window`` (SGLang's own conv
+    rollback kernel on CUDA); ``temporal`` is not touched.  A forward that took SGLang's snapshot
+    verify (``spec.py``, "Snapshot fallback") is committed by the original, then the rows' rings
+    are emptied.  Radix tracking during spec (``mamba_track_indices``) is
     refused at startup; a call that carries it raises.  Any other backend: the original.
     Removal: when SGLang lets a linear backend own its post-verify commit.
 """
@@ -52,7 +54,11 @@ def around_update_after_verify(
             "ReplaySSM: mamba radix tracking during speculative decoding is not supported (refused at startup; "
             "use --mamba-radix-cache-strategy no_buffer or --disable-radix-cache)"
         )
-    linear.commit_after_verify(last_correct_step_indices)
+    linear.commit_after_verify(
+        last_correct_step_indices,
+        lambda: original(self, last_correct_step_indices, mamba_track_indices, mamba_steps_to_track, model,
+                         req_pool_indices),
+    )
 
 
 HOOKS: list[HookSpec] = [

@@ -36,27 +36,36 @@ def test_override_replay_serves_every_bucket_and_logs_one_line_each(caplog):
     assert all("snapshot" in s and "MB" in s and "util" in s for s in lines)  # the numbers behind it
 
 
-def test_snapshot_buckets_are_refused_with_the_buckets_named(caplog, tmp_path):
+def test_auto_sends_launch_bound_buckets_to_snapshot_and_logs_why(caplog):
     caplog.set_level(logging.INFO)
-    # auto without a probe: byte model; batch 1 is launch-bound -> snapshot (not built) -> refused, bs named
-    cache = h.DecisionCache(tmp_path / "d.json")
-    with pytest.raises(ReplaySSMStartupError, match=r"buckets \[1\].*--replayssm-verify replay"):
-        plan_verify(buckets=[1, 4096], num_tokens=4, topk=1, mode="auto", shape=SHAPE, profile=GPU, cache=cache)
-    assert len(_lines(caplog)) == 2  # both decisions logged before the refusal
-    # the large bucket alone goes to replay under auto (bandwidth-bound snapshot, replay faster)
-    plan = plan_verify(buckets=[4096], num_tokens=4, topk=1, mode="auto", shape=SHAPE, profile=GPU, cache=cache)
+    # no probe: byte model; batch 1 is launch-bound -> snapshot; a large bucket is bandwidth-bound -> replay
+    plan = plan_verify(buckets=[1, 4096], num_tokens=4, topk=1, mode="auto", shape=SHAPE, profile=GPU)
+    assert plan[1].path == "snapshot" and "not bandwidth-bound" in plan[1].reason
     assert plan[4096].path == "replay" and plan[4096].source.startswith("byte-model")
-    with pytest.raises(ReplaySSMStartupError, match="snapshot verify"):
-        plan_verify(buckets=[4096], num_tokens=4, topk=1, mode="snapshot", shape=SHAPE, profile=GPU)
+    assert len(_lines(caplog)) == 2
+    forced = plan_verify(buckets=[4096], num_tokens=4, topk=1, mode="snapshot", shape=SHAPE, profile=GPU)
+    assert forced[4096].path == "snapshot" and forced[4096].source == "override"
 
 
-def test_tree_drafts_go_to_snapshot_and_are_refused(caplog):
+def test_tree_drafts_go_to_snapshot(caplog):
     caplog.set_level(logging.INFO)
-    with pytest.raises(ReplaySSMStartupError, match="tree drafts"):
-        plan_verify(buckets=[4096], num_tokens=4, topk=2, mode="auto", shape=SHAPE, profile=GPU)
+    plan = plan_verify(buckets=[8, 4096], num_tokens=4, topk=2, mode="auto", shape=SHAPE, profile=GPU)
+    assert {d.path for d in plan.values()} == {"snapshot"} and {d.source for d in plan.values()} == {"tree"}
     assert any("tree drafts (--speculative-eagle-topk 2 > 1)" in r.getMessage() for r in caplog.records)
     with pytest.raises(ReplaySSMStartupError, match="tree drafts"):  # forcing replay on a tree
         plan_verify(buckets=[8], num_tokens=4, topk=2, mode="replay", shape=SHAPE, profile=GPU)
+
+
+def test_snapshot_path_routing_by_batch_size():
+    from sglang_replayssm.spec import VerifyMetadataMixin
+
+    plan = plan_verify(buckets=[1, 8, 4096], num_tokens=4, topk=1, mode="auto", shape=SHAPE, profile=GPU)
+    host = SimpleNamespace(verify_plan=plan)
+    route = {bs: VerifyMetadataMixin._snapshot_path(host, bs) for bs in (1, 2, 8, 9, 4096, 5000)}
+    # the smallest bucket >= bs decides (bs 1 -> bucket 1: snapshot; 2..8 -> 8; 9.. -> 4096; beyond -> 4096)
+    assert route == {1: True, 2: plan[8].path == "snapshot", 8: plan[8].path == "snapshot", 9: False,
+                     4096: False, 5000: False}
+    assert VerifyMetadataMixin._snapshot_path(SimpleNamespace(verify_plan=None), 3) is False
 
 
 def _args(**kw) -> SimpleNamespace:
@@ -69,11 +78,11 @@ def _args(**kw) -> SimpleNamespace:
 
 def test_startup_refusals():
     assert startup_refusals(_args(speculative_algorithm=None, device="cpu"), "snapshot") == []
-    assert startup_refusals(_args(), "auto") == [] and startup_refusals(_args(), "replay") == []
-    (tree,) = startup_refusals(_args(speculative_eagle_topk=4), "auto")
-    assert "--speculative-eagle-topk 4" in tree and "--replayssm-verify replay" in tree
-    (snap,) = startup_refusals(_args(), "snapshot")
-    assert snap.startswith("--replayssm-verify snapshot")
+    for mode in ("auto", "replay", "snapshot"):
+        assert startup_refusals(_args(), mode) == []
+    assert startup_refusals(_args(speculative_eagle_topk=4), "auto") == []  # tree -> snapshot path
+    (tree,) = startup_refusals(_args(speculative_eagle_topk=4), "replay")
+    assert "--speculative-eagle-topk 4" in tree
     (cpu,) = startup_refusals(_args(device="cpu"), "replay")
     assert "--device cpu" in cpu
 
@@ -92,3 +101,7 @@ def test_plan_for_server_uses_the_graph_buckets_and_refuses_radix_tracking(monke
     assert sorted(plan_for_server(pool, _args(disable_cuda_graph=True), CPU)) == [8]
     with pytest.raises(ReplaySSMStartupError, match="extra_buffer"):
         plan_for_server(pool, _args(enable_mamba_extra_buffer=lambda: True), CPU)
+    # snapshot buckets need CUDA (SGLang's verify) and the per-draft buffer
+    monkeypatch.setenv("SGLANG_REPLAYSSM_CONFIG", '{"backend": "replay", "verify": "snapshot"}')
+    with pytest.raises(ReplaySSMStartupError, match=r"buckets \[1, 2, 4\].*needs CUDA"):
+        plan_for_server(pool, _args(), CPU)

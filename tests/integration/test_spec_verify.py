@@ -37,7 +37,8 @@ WINDOW = 4
 STEPS = 16  # verify steps; with decode steps mixed in, > 3 ring cycles at L = 4 for every pattern
 
 
-def _cpu_spec_pool(family: str, window: int, spec_tokens: int | None, monkeypatch) -> ReplayMambaPool:
+def _cpu_spec_pool(family: str, window: int, spec_tokens: int | None, monkeypatch,
+                   verify: str = "replay") -> ReplayMambaPool:
     import sglang.srt.mem_cache.memory_pool as mp
 
     zeros = torch.zeros
@@ -49,6 +50,7 @@ def _cpu_spec_pool(family: str, window: int, spec_tokens: int | None, monkeypatc
 
     with monkeypatch.context() as m:
         m.setattr(mp.torch, "zeros", cpu_zeros)
+        m.setenv("SGLANG_REPLAYSSM_CONFIG", f'{{"backend": "replay", "verify": "{verify}"}}')
         return ReplayMambaPool(
             replay=ReplayPoolSpec(family=family, window=window, act_dtype=torch.float32),
             size=SIZE, spec_state_size=SIZE, cache_params=_params(family), mamba_layer_ids=list(LAYERS),
@@ -208,7 +210,7 @@ def _verify_equals_decode(fam_cls, T: int, pattern: str, monkeypatch, *, triton:
     # Spec: verify windows of T tokens with controlled acceptance, a decode step every 5th step.
     pool = _cpu_spec_pool(fam.family, WINDOW, T, monkeypatch)
     assert pool.ring_spec.rows == replayssm_kernels.min_ring_size(WINDOW, T)
-    assert pool.mamba_cache.intermediate_ssm is None  # no per-draft SSM state on the replay path
+    assert pool.mamba_cache.intermediate_ssm is None  # --replayssm-verify replay: no per-draft SSM state
     assert ref_pool.mamba_cache.temporal.shape == pool.mamba_cache.temporal.shape
     _init_state(pool)
     be = fam.backend(pool, triton=triton)
@@ -266,3 +268,78 @@ def test_graph_buffers_refresh_in_place_and_match_the_eager_snapshot():
         bufs.view(5, torch.zeros(5, dtype=torch.int32))
     with pytest.raises(ValueError, match="ring_size|R"):
         bufs.fill(3, cursors=cursors, slots=slots, window=4, rows=6)  # R < max(L, T) + T
+
+
+def test_pool_keeps_the_per_draft_buffer_unless_replay_is_forced(monkeypatch):
+    for verify, topk_kept in (("auto", True), ("snapshot", True), ("replay", False)):
+        pool = _cpu_spec_pool("mamba2", WINDOW, 3, monkeypatch, verify=verify)
+        assert (pool.mamba_cache.intermediate_ssm is not None) == topk_kept, verify
+
+
+def test_snapshot_path_folds_the_ring_then_runs_and_commits_stock(monkeypatch):
+    """Snapshot fallback (SSU hook level; SGLang's verify and commit are CUDA-only, stood in for here):
+    the checkpoint SGLang's verify reads equals the sequential fold of checkpoint + committed records,
+    the stock verify receives the mixer's call unchanged, and after the stock commit the rings are empty."""
+    from sglang_replayssm.spec import build_verify_eager
+
+    fam = _Mamba2()
+    T = 3
+    pool = _cpu_spec_pool("mamba2", WINDOW, T, monkeypatch, verify="auto")
+    _init_state(pool)
+    be = fam.backend(pool)
+    slots = torch.tensor(SLOTS, dtype=torch.int32)
+    g = torch.Generator().manual_seed(5)
+    # two replay verify steps leave committed records in the rings: slot 3 len 1 -> 3 (no flush),
+    # slot 5 len 2 -> flush (2 + T > L) -> 1 (its accepted window record)
+    for acc in ([1, 2], [2, 1]):
+        fam.run(be, slots, torch.randn(len(SLOTS) * T, fam.width, generator=g), T)
+        _commit(be, acc)
+    assert pool.cursors[list(SLOTS), 1].tolist() == [3, 1]
+    lc = pool.mamba2_layer_cache(LAYERS[LAYER_ID])
+    rings = pool.layer_rings(LAYERS[LAYER_ID])
+    H, P, N, G = 8, 16, 16, 2
+    A = fam.mixer.A.float()
+    expected = {}
+    for s in SLOTS:  # the conventional update over the committed records, from the checkpoint
+        S = lc.temporal[s].clone()
+        start, n = pool.cursors[s].tolist()
+        for j in range(n):
+            r = (start + j) % pool.ring_spec.rows
+            dt = rings["dt"][s, :, r]
+            Bj = rings["B"][s, :, r].float().repeat_interleave(H // G, 0)
+            S = S * torch.exp(A * dt)[:, None, None] + (Bj * dt[:, None])[:, None, :] * rings["x"][s, :, r].float()[:, :, None]
+        expected[s] = S
+
+    step = build_verify_eager(cursors=pool.cursors, slot_idx=slots, window=WINDOW, rows=pool.ring_spec.rows,
+                              num_tokens=T, snapshot=True)
+    assert step.snapshot and step.num_tokens == 1 and step.flush.tolist() == [True, True]
+    be._last_verify = step
+    x = torch.randn(2, T, H, P, generator=g)
+    dt = torch.randn(2, T, H, generator=g)[..., None].expand(-1, -1, -1, P)
+    Bv, Cv = torch.randn(2, T, G, N, generator=g), torch.randn(2, T, G, N, generator=g)
+    out = torch.full((2, T, H, P), float("nan"))
+    seen = {}
+
+    def stock_verify(*args, **kwargs):
+        seen["state"] = {s: args[0][s].clone() for s in SLOTS}
+        seen["args"], seen["kwargs"] = args, kwargs
+        return "stock"
+
+    mamba2._ACTIVE = mamba2._LayerContext(rings=rings, step=step, decode=replayssm_kernels.mamba2_replay_verify_ref)
+    try:
+        r = mamba2.replay_selective_state_update(
+            stock_verify, lc.temporal, x, dt, A[:, None, None].expand(-1, P, N), Bv, Cv,
+            fam.mixer.D[:, None].expand(-1, P), z=None, dt_bias=fam.mixer.dt_bias[:, None].expand(-1, P),
+            dt_softplus=True, state_batch_indices=slots, out=out, disable_state_update=True,
+            intermediate_states_buffer=torch.empty(0), cache_steps=T,
+        )
+    finally:
+        mamba2._ACTIVE = None
+    assert r == "stock" and seen["args"][1] is x and seen["kwargs"]["out"] is out
+    for s in SLOTS:
+        torch.testing.assert_close(seen["state"][s], expected[s], rtol=1e-6, atol=1e-6)
+    assert torch.isnan(out).all()  # the materialising fold wrote no output of the stock call's rows
+    committed = []
+    hybrid = SimpleNamespace(linear_attn_backend=be)
+    around_update_after_verify(lambda *a: committed.append(a), hybrid, torch.tensor([0, 2]), None, None, None, None)
+    assert len(committed) == 1 and pool.cursors[list(SLOTS)].tolist() == [[0, 0], [0, 0]]
