@@ -93,6 +93,14 @@ def pool_verify_shape(pool) -> heuristic.VerifyShape:
     )
 
 
+def _profile(device: torch.device) -> heuristic.DeviceProfile:
+    """CUDA: the measured copy bandwidth (256 MiB probe: the server's pools are allocated by now);
+    any other device: the CPU profile (byte model only)."""
+    if device.type != "cuda":
+        return heuristic.cpu_device_profile()
+    return heuristic.cuda_device_profile(device.index, probe_bytes=256 << 20)
+
+
 def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuristic.Decision]:
     """``plan_verify`` for a target backend: buckets, ``T``, ``topk`` and mode from the server's settings.
 
@@ -112,7 +120,7 @@ def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuris
     plan = plan_verify(
         buckets=buckets, num_tokens=pool.spec_tokens, topk=server_args.speculative_eagle_topk or 1,
         mode=ReplaySSMConfig.from_env().verify, shape=pool_verify_shape(pool),
-        profile=heuristic.cuda_device_profile(device) if device.type == "cuda" else heuristic.cpu_device_profile(),
+        profile=_profile(device),
         cache=heuristic.DecisionCache(heuristic.default_cache_path()),
     )
     snap = sorted(bs for bs, d in plan.items() if d.path == "snapshot")

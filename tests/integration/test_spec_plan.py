@@ -105,3 +105,13 @@ def test_plan_for_server_uses_the_graph_buckets_and_refuses_radix_tracking(monke
     monkeypatch.setenv("SGLANG_REPLAYSSM_CONFIG", '{"backend": "replay", "verify": "snapshot"}')
     with pytest.raises(ReplaySSMStartupError, match=r"buckets \[1, 2, 4\].*needs CUDA"):
         plan_for_server(pool, _args(), CPU)
+
+
+def test_cuda_profile_is_asked_for_by_device_index(monkeypatch):
+    from sglang_replayssm import spec_plan
+
+    calls = []
+    monkeypatch.setattr(h, "cuda_device_profile", lambda index, **kw: calls.append((index, kw)) or GPU)
+    assert spec_plan._profile(torch.device("cuda", 1)) is GPU and spec_plan._profile(torch.device("cuda")) is GPU
+    assert calls == [(1, {"probe_bytes": 256 << 20}), (None, {"probe_bytes": 256 << 20})]
+    assert spec_plan._profile(CPU).kind == "cpu"
