@@ -665,7 +665,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     torch.cuda.synchronize()
                     torch.cuda.empty_cache()
                 bd._log(f"  [{fam_name}] T{T} batch {batch}: {time.perf_counter() - t1:.1f} s")
-            write_outputs(cfg, meta, copy, checks, status, rows, skipped, t0, final=False)
+                # after every point (a killed run keeps what it measured); the PNG per family
+                write_outputs(cfg, meta, copy, checks, status, rows, skipped, t0, final=False,
+                              plot=batch == cfg.batches[-1])
     if kernels:
         meta["verify_cursor_step_and_commit_us"] = time_cursors(cfg, timer)
     write_outputs(cfg, meta, copy, checks, status, rows, skipped, t0, final=True)
@@ -689,7 +691,8 @@ def decode_ratio_lines(rows: list[Row]) -> list[str]:
 
 
 def write_outputs(cfg: Config, meta: dict, copy: dict, checks: dict, status: dict,
-                  rows: list[Row], skipped: list[str], t0: float, final: bool) -> None:
+                  rows: list[Row], skipped: list[str], t0: float, final: bool,
+                  plot: bool = True) -> None:
     rows = [dataclasses.replace(r) for r in rows]
     copy_bw = copy["bytes_per_s"]
     meta["copy_bw"], meta["complete"] = copy_bw, final
@@ -699,7 +702,8 @@ def write_outputs(cfg: Config, meta: dict, copy: dict, checks: dict, status: dic
                              ORDER[r.kernel], r.mode == "mixed"))
     title = (f"ReplaySSM verify, {meta.get('device_name')}, L={cfg.L}, T={cfg.Ts}, state "
              f"{cfg.state_dtype}, commit {str(cfg.commit)[:12]}")
-    meta["plot"] = bd.write_plot(rows, cfg.out / "verify_bench.png", title)
+    if plot:
+        meta["plot"] = bd.write_plot(rows, cfg.out / "verify_bench.png", title)
     if skipped:
         status["time_budget"] = f"skipped {len(skipped)} points: {', '.join(skipped)}"
     result = {"meta": meta, "copy_bandwidth": copy, "refcheck": checks, "status": status,
