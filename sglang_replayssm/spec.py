@@ -199,7 +199,9 @@ def rollback_conv(
     tensors to the same gather/scatter in torch.
     """
     if slots.shape != last_step.shape:
-        raise ValueError(f"slots / last_step: expected equal shapes, got {tuple(slots.shape)} / {tuple(last_step.shape)}")
+        raise ValueError(
+            f"slots / last_step: expected equal shapes, got {tuple(slots.shape)} / {tuple(last_step.shape)}"
+        )
     if conv.is_cuda:
         from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_conv_window_scatter_with_mask
 

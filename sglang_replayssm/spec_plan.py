@@ -116,7 +116,10 @@ def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuris
             "use --mamba-radix-cache-strategy no_buffer --disable-overlap-schedule, or --disable-radix-cache"
         )
     graph = None if server_args.disable_cuda_graph else getattr(server_args, "cuda_graph_config", None)
-    buckets = list(graph.decode.bs) if graph is not None and graph.decode.bs else [server_args.max_running_requests or 1]
+    if graph is not None and graph.decode.bs:
+        buckets = list(graph.decode.bs)
+    else:
+        buckets = [server_args.max_running_requests or 1]
     plan = plan_verify(
         buckets=buckets, num_tokens=pool.spec_tokens, topk=server_args.speculative_eagle_topk or 1,
         mode=ReplaySSMConfig.from_env().verify, shape=pool_verify_shape(pool),

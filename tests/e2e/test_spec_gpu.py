@@ -1,9 +1,10 @@
 """End to end on a CUDA GPU (run by the lead on the H200): speculative decoding with ``--ssm-backend replay``.
 
 Algorithm: STANDALONE with the tiny Llama (``tests/models/llama_tiny``, same 512-token vocabulary, dummy
-weights, attention heads of 64 for FlashInfer) as the draft model, ``--speculative-eagle-topk 1`` (linear chains), 3 steps / 4 draft tokens; it needs no MTP
-head in the target (``benchmarks/notes/spec_algorithms.md``).  The random draft gives near-zero
-acceptance; the accept lengths the server reports are printed.  Target: the tiny Nemotron-H (Mamba-2)
+weights, attention heads of 64 for FlashInfer) as the draft model, ``--speculative-eagle-topk 1``
+(linear chains), 3 steps / 4 draft tokens; it needs no MTP head in the target
+(``benchmarks/notes/spec_algorithms.md``).  The random draft gives near-zero acceptance; the accept
+lengths the server reports are printed.  Target: the tiny Nemotron-H (Mamba-2)
 and the tiny Qwen3-Next (GDN) in bf16 with FlashInfer attention (as ``test_serve_gpu.py``).
 
 Servers, all started at once: replay + spec (``--replayssm-verify replay``, CUDA graphs on: TARGET_VERIFY

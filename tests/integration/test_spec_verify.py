@@ -307,7 +307,8 @@ def test_snapshot_path_folds_the_ring_then_runs_and_commits_stock(monkeypatch):
             r = (start + j) % pool.ring_spec.rows
             dt = rings["dt"][s, :, r]
             Bj = rings["B"][s, :, r].float().repeat_interleave(H // G, 0)
-            S = S * torch.exp(A * dt)[:, None, None] + (Bj * dt[:, None])[:, None, :] * rings["x"][s, :, r].float()[:, :, None]
+            xj = rings["x"][s, :, r].float()
+            S = S * torch.exp(A * dt)[:, None, None] + (Bj * dt[:, None])[:, None, :] * xj[:, :, None]
         expected[s] = S
 
     step = build_verify_eager(cursors=pool.cursors, slot_idx=slots, window=WINDOW, rows=pool.ring_spec.rows,
