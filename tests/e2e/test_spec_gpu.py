@@ -83,39 +83,39 @@ def _workload(url: str):
         return list(ex.map(lambda p: _generate(url, p, MAX_NEW), prompts))
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
+@pytest.fixture(scope="module", params=MODELS)
+def results(request, tmp_path_factory):
+    """One model's servers, started at once (``-k <model>`` runs one model: 5 servers)."""
+    name = request.param
     root = tmp_path_factory.mktemp("spec_gpu")
     # FlashInfer has no head_dim 16 kernels (the tiny Llama's 64 / 4): heads of 64, as for the targets.
     draft_config = json.loads((MODEL_DIR / "llama_tiny" / "config.json").read_text()) | {"head_dim": 64}
     draft = make_model.materialize("llama_tiny", root / "models" / "llama_tiny", config=draft_config)
     procs = {}
     with contextlib.ExitStack() as stack:
-        for name in MODELS:
-            config = json.loads((MODEL_DIR / name / "config.json").read_text())
-            config.update(CONFIG_OVERRIDES.get(name, {}))
-            model = make_model.materialize(name, root / "models" / name, config=config)
-            for run, args in _runs(draft).items():
-                port, log = srv.free_port(), root / f"{name}-{run}.log"
-                proc = srv.launch(model, args, log, port=port, base_flags=GPU_FLAGS, env=ENV)
-                stack.callback(srv.stop, proc)
-                procs[name, run] = (proc, port, log)
+        config = json.loads((MODEL_DIR / name / "config.json").read_text())
+        config.update(CONFIG_OVERRIDES.get(name, {}))
+        model = make_model.materialize(name, root / "models" / name, config=config)
+        for run, args in _runs(draft).items():
+            port, log = srv.free_port(), root / f"{name}-{run}.log"
+            proc = srv.launch(model, args, log, port=port, base_flags=GPU_FLAGS, env=ENV)
+            stack.callback(srv.stop, proc)
+            procs[name, run] = (proc, port, log)
         for proc, port, log in procs.values():
             srv.wait_ready(proc, port, log, timeout=240)
         with cf.ThreadPoolExecutor(len(procs)) as ex:
             futures = {key: ex.submit(_workload, f"http://127.0.0.1:{port}") for key, (_, port, _) in procs.items()}
             out = {key: f.result() for key, f in futures.items()}
     logs = {key: log.read_text() for key, (_, _, log) in procs.items()}
-    return out, logs
+    return name, out, logs
 
 
 def _first_diff(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
-@pytest.mark.parametrize("model_name", list(MODELS))
-def test_replay_spec_matches_no_spec_and_stock_spec(model_name: str, results):
-    out, logs = results
+def test_replay_spec_matches_no_spec_and_stock_spec(results):
+    model_name, out, logs = results
     assert "ReplaySSM verify bs=" in logs[model_name, "replay_spec"]  # the per-bucket plan was logged
     assert ": snapshot (" in logs[model_name, "replay_spec_auto"]
     toks = {run: [t for t, _ in out[model_name, run]] for run in _runs(Path("d"))}
