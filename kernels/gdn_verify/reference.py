@@ -120,7 +120,7 @@ def gdn_replay_verify_ref(
         dG = torch.exp(G[:, None, :] - G[None, :, :])  # [s, s', HV] = e^{G_s - G_s'}
         KK = torch.einsum("shk,phk->sph", kh, kh)  # [s, s', HV]
         KQ = torch.einsum("phk,shk->sph", kh, qh)  # [s, s', HV] = k̂_s'·q̃_s
-        Am = torch.where(causal[:, :, None] & ~torch.eye(T, dtype=torch.bool)[:, :, None],
+        Am = torch.where(causal[:, :, None] & ~torch.eye(T, dtype=torch.bool, device=causal.device)[:, :, None],
                          beta[:, None, :] * dG * KK, 0.0)  # fmt: skip
         F = torch.where(causal[:, :, None], dG * KQ, 0.0)  # [s, s', HV]
         Rm = beta[:, :, None] * (vw - eG[:, :, None] * hk)  # [T, HV, V]
