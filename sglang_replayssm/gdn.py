@@ -117,6 +117,7 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
                 track_mask=None,
                 window=self.window,
                 rows=self.rows,
+                extend_prefix_lens=forward_batch.extend_prefix_lens,
             )
 
     # ------------------------------------------------------------------ forward

@@ -192,6 +192,7 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
             track_mask=forward_batch.mamba_track_mask,
             window=self.window,
             rows=self.rows,
+            extend_prefix_lens=forward_batch.extend_prefix_lens,
         )
 
     # ------------------------------------------------------------------ forward

@@ -3,7 +3,8 @@
 Every forward that runs decode rows through the ring kernels snapshots the cursors of those rows
 and advances them **once**, before any layer runs (``replayssm_kernels.decode_cursor_step``).  The
 layers only read the snapshot (``ReplayStep``).  Extend rows (prefill, chunked prefill including a
-final one-token chunk, radix-hit suffixes) write a fresh checkpoint, so their rings are emptied here.
+final one-token chunk, radix-hit suffixes) write a fresh checkpoint, so their rings are emptied here;
+those that resume from a checkpoint (a prefix) must find their ring empty (``radix.py``, invariant E).
 
 Force-flush rows: SGLang's decode radix tracking (``extra_buffer``) copies ``temporal`` and ``conv``
 of the rows in ``forward_batch.mamba_track_mask`` to their track slots after the layer ran.  The copy
@@ -24,6 +25,8 @@ import dataclasses
 
 import torch
 from replayssm_kernels import decode_cursor_step, decode_cursor_step_ref
+
+from sglang_replayssm.radix import check_extend_rows
 
 __all__ = ["ReplayStep", "build_eager", "reset_extend_rows", "GraphBuffers", "GraphMetadataMixin"]
 
@@ -81,6 +84,7 @@ def build_eager(
     track_mask: torch.Tensor | None,
     window: int,
     rows: int,
+    extend_prefix_lens: torch.Tensor | None = None,
 ) -> ReplayStep | None:
     """Cursor work of one eager forward; returns the decode rows' snapshot (None without decode rows).
 
@@ -96,8 +100,14 @@ def build_eager(
         ``forward_batch.mamba_track_mask`` (bool, one per row, decode rows last) or None.
     window, rows : int
         ``L`` and ``R``.
+    extend_prefix_lens : torch.Tensor or None
+        ``forward_batch.extend_prefix_lens`` (extend rows first): rows with a prefix resume from their
+        checkpoint, so their rings must be empty (``radix.check_extend_rows``, device-side assert).
     """
     if num_prefills:
+        if extend_prefix_lens is not None:
+            m = min(num_prefills, extend_prefix_lens.shape[0])  # rows past the requests: padding (-1)
+            check_extend_rows(cursors, slot_idx[:m], extend_prefix_lens[:m] > 0)
         reset_extend_rows(cursors, slot_idx[:num_prefills])
     if not num_decodes:
         return None

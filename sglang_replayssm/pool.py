@@ -81,6 +81,9 @@ class ReplayMambaPool(MambaPool):
         ``[slots, 2]`` int32 ``(start, len)``.
     replayssm_write_pos : torch.Tensor
         ``cursors[:, 1]`` (a view), the name SGLang's pool and radix code reset and read.
+    fold_A : list[torch.Tensor] or None
+        Mamba-2: each layer's ``A`` (``[H]``), set by ``hooks/pool.py``; read by
+        ``radix_materialise.materialise_slot``.  None for GDN (its records carry their gates).
     """
 
     def __init__(self, *, replay: ReplayPoolSpec, **kwargs):
@@ -122,6 +125,7 @@ class ReplayMambaPool(MambaPool):
             self.cursors = torch.zeros((num_slots, 2), dtype=torch.int32, device=device)
         # SGLang resets / reads this name on alloc and finished-request donation.
         self.replayssm_write_pos = self.cursors[:, 1]
+        self.fold_A: list[torch.Tensor] | None = None
         ring_bytes = sum(t.numel() * t.element_size() for t in self.rings.values())
         ring_bytes += self.cursors.numel() * self.cursors.element_size()
         self.replay_ring_bytes = ring_bytes

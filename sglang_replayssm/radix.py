@@ -2,19 +2,18 @@
 
 A live slot's logical state is its checkpoint ``S0`` plus the ``len`` committed records of its ring
 (``kernels/README.md``).  SGLang's radix cache (``UnifiedRadixCache`` + ``MambaComponent``, 0.5.17)
-only knows ``temporal`` (``S0``) and ``conv``, so the plug-in keeps two invariants:
+only knows ``temporal`` (``S0``) and ``conv``, so the plug-in keeps these invariants:
 
-**T (tree).** Every slot held by the radix tree has an empty ring (``len == 0``), so its checkpoint is
-the complete state for the key length the tree gives it.  Established at donation by
-``seal_donated_slot`` (hooked into ``MambaComponent.prepare_for_caching_req``,
+**T (tree).** Every slot held by the radix tree has an empty ring (cursor pair ``(0, 0)``), so its
+checkpoint, like its conv state, is the complete state for the key length the tree gives it.
+Established at donation (hooked into ``MambaComponent.prepare_for_caching_req``,
 ``hooks/radix.py``):
 
-- finished request, ``no_buffer``: SGLang itself caps the key by ``replayssm_write_pos`` (our
-  ``len``) and zeroes it; the live slot becomes the node.  The cut (``len`` tokens, at most
-  ``L - 1``) is counted here, not silent;
-- unfinished request (chunked-prefill insert), ``no_buffer``: SGLang copies the live slot into a new
-  one (``copy_from``, which carries the ring: see below); the key is capped by the copied ``len``
-  and the copy's ring emptied.  After an extend the live ring is empty, so nothing is cut then;
+- ``no_buffer`` (finished request: the live slot becomes the node; unfinished, i.e. a
+  chunked-prefill insert: SGLang copies the live slot): the live slot is materialised first
+  (``radix_materialise.materialise_slot``: its ring folded into its checkpoint, exactly as a flush
+  would), so the key keeps its full length and SGLang's own cap by ``replayssm_write_pos`` cuts
+  nothing.  Cutting the key instead would be wrong: the conv state is always the live one;
 - ``extra_buffer``: the donated ping-pong track slot's checkpoint was copied from a row that
   force-flushed in that step (``metadata.py``), so it is complete; its cursor, left over from the
   slot's previous owner (SGLang's ping-pong allocation does not reset it), is zeroed.
@@ -27,80 +26,33 @@ Together with SGLang's allocation reset, T and F give **E (extend)**: a slot ent
 forward (prefill, chunked prefill, radix-hit suffix) has an empty ring, which SGLang's extend
 kernels need (they read ``temporal`` alone as the initial state).  ``check_extend_rows`` checks E
 on the device.
-
-Not built: materialising the pending ring tail (folding it into ``S0``) at donation instead of
-cutting it from the key; that needs each layer's parameters (Mamba-2's ``A``) at the pool.
 """
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
-__all__ = ["seal_donated_slot", "reset_tree_slots", "check_extend_rows", "DonationStats"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["reset_tree_slots", "check_extend_rows", "DonationStats"]
 
 
 class DonationStats:
-    """Per-process counters of donations (read by tests and logged at debug level).
+    """Per-process counters of donations (read by tests).
 
     Attributes
     ----------
     donated : int
-        Slots sealed for the tree.
-    cut_tokens : int
-        Key tokens cut because their records were still in the ring.
+        Slots (or copies) the tree took.
+    materialised_tokens : int
+        Ring records folded into checkpoints before a donation.
     """
 
     donated: int = 0
-    cut_tokens: int = 0
+    materialised_tokens: int = 0
 
     @classmethod
     def reset(cls) -> None:
         cls.donated = 0
-        cls.cut_tokens = 0
-
-
-def seal_donated_slot(cursors: torch.Tensor, slot: int | torch.Tensor, cache_len: int) -> int:
-    """Make ``slot``'s checkpoint the complete state of its key; return the key length it holds.
-
-    Parameters
-    ----------
-    cursors : torch.Tensor
-        The pool's ``[slots, 2]`` int32 cursors (modified in place: ``slot``'s row is zeroed).
-    slot : int or torch.Tensor
-        The slot the tree takes (a 0-d or 1-element tensor, as SGLang passes it, or an int >= 1).
-    cache_len : int
-        The key length SGLang means to insert.
-
-    Returns
-    -------
-    int
-        ``cache_len - len``: the checkpoint is the state after that many tokens (host sync: reads
-        ``len``).
-
-    Raises
-    ------
-    ValueError
-        On a slot outside ``[1, slots)`` or a ``len`` larger than ``cache_len``.
-    """
-    s = int(slot.reshape(-1)[0]) if isinstance(slot, torch.Tensor) else int(slot)
-    if not 1 <= s < cursors.shape[0]:
-        raise ValueError(f"seal_donated_slot: slot expected in [1, {cursors.shape[0]}), got {s}")
-    n = int(cursors[s, 1])
-    if n > cache_len:
-        raise ValueError(
-            f"seal_donated_slot: slot {s} has {n} ring records but the key claims only {cache_len} tokens"
-        )
-    cursors[s] = 0
-    DonationStats.donated += 1
-    if n:
-        DonationStats.cut_tokens += n
-        logger.debug("ReplaySSM radix: slot %d donated with %d ring records: key %d -> %d tokens",
-                     s, n, cache_len, cache_len - n)
-    return cache_len - n
+        cls.materialised_tokens = 0
 
 
 def reset_tree_slots(cursors: torch.Tensor, slots: torch.Tensor) -> None:
@@ -117,25 +69,41 @@ def reset_tree_slots(cursors: torch.Tensor, slots: torch.Tensor) -> None:
     cursors.index_fill_(0, idx, 0)
 
 
-def check_extend_rows(cursors: torch.Tensor, extend_slots: torch.Tensor) -> None:
-    """Invariant E: every slot an extend forward writes has an empty ring (device-side assert).
+def check_extend_rows(
+    cursors: torch.Tensor, extend_slots: torch.Tensor, has_prefix: torch.Tensor | None = None
+) -> None:
+    """Invariant E: a slot an extend forward resumes from its checkpoint has an empty ring.
+
+    Device-side assert, no host sync.  Rows without a prefix start from a zero state, so their
+    cursors are not checked (the extend resets them).
 
     Parameters
     ----------
     cursors : torch.Tensor
         ``[slots, 2]`` int32 cursors, before the extend rows are reset.
     extend_slots : torch.Tensor
-        The extend rows' slots; ``-1`` (padding) reads the null slot 0, whose ``len`` is 0.
+        ``[n]`` the extend rows' slots; ``-1`` (padding) reads the null slot 0, whose ``len`` is 0.
+    has_prefix : torch.Tensor or None
+        ``[n]`` bool, rows that resume from a cached or earlier-chunk state (``extend_prefix_lens >
+        0``); None checks every row.
 
     Raises
     ------
     RuntimeError
-        On a CPU tensor at once; on a GPU the assert fires asynchronously (no host sync).
+        On a CPU tensor at once; on a GPU the assert fires asynchronously.
+    ValueError
+        When ``has_prefix`` is not ``[n]``.
     """
-    if extend_slots.numel() == 0:
+    n = extend_slots.numel()
+    if n == 0:
         return
-    idx = extend_slots.to(device=cursors.device, dtype=torch.long).clamp(min=0)
+    if has_prefix is not None and tuple(has_prefix.shape) != (n,):
+        raise ValueError(f"has_prefix: expected shape ({n},), got {tuple(has_prefix.shape)}")
+    idx = extend_slots.to(device=cursors.device, dtype=torch.long).reshape(-1).clamp(min=0)
+    empty = cursors[idx, 1] == 0
+    if has_prefix is not None:
+        empty = empty | ~has_prefix.to(device=cursors.device, dtype=torch.bool)
     torch._assert_async(
-        (cursors[idx, 1] == 0).all(),
-        "ReplaySSM: a slot entered an extend forward with records in its ring (radix invariant E)",
+        empty.all(),
+        "ReplaySSM: a slot resumed an extend forward with records in its ring (radix invariant E)",
     )

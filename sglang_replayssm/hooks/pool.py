@@ -9,7 +9,7 @@
     attribute is restored (EAGLE draft pools built later by ``clone_with_new_mamba`` stay stock) and
     the built pool is checked to be a ``ReplayMambaPool``, so a pool class that bypasses
     ``mamba_pool_cls`` (unified memory) fails closed.  Unsupported families are refused here with a
-    clear message.
+    clear message.  Mamba-2 pools get each layer's ``A`` (``fold_A``) for radix materialisation.
     Removal: when SGLang lets a plug-in choose the mamba pool class per server.
 
 ``KVCacheConfigurator._handle_max_mamba_cache`` (AROUND)
@@ -90,6 +90,11 @@ def around_build_hybrid_req_pool(original, self, *args, **kwargs):
             f"ReplaySSM: {type(pool).__name__} built a {type(mamba_pool).__name__}, not a ReplayMambaPool "
             "(unified memory and other custom hybrid pools are not supported with --ssm-backend replay)"
         )
+    if spec.family == "mamba2":
+        from sglang_replayssm.radix_materialise import mamba2_layer_A
+
+        # Materialising a slot for the radix tree folds its Mamba-2 records with each layer's A.
+        mamba_pool.fold_A = mamba2_layer_A(self.model, mamba_pool.mamba_cache.temporal.shape[0])
     return pool
 
 

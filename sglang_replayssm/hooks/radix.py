@@ -2,17 +2,20 @@
 
 ``MambaComponent.prepare_for_caching_req`` (AROUND)
     Why: SGLang's radix cache inserts a mamba slot's ``temporal`` as the state of the key it caches.
-    With ReplaySSM that checkpoint lags the live state by the slot's ``len`` ring records.  SGLang
-    0.5.17 caps the key by ``replayssm_write_pos`` for finished requests under ``no_buffer`` only;
-    the chunked-prefill insert (``copy_from`` of the live slot) and ``extra_buffer``'s ping-pong
-    donation (whose slot keeps its previous owner's cursor, SGLang PR #37837) are not covered.
-    How: unfinished ``no_buffer``: after the original (whose ``copy_from`` carries the ring into the
-    donated slot), ``radix.seal_donated_slot`` caps the returned key length by the donated slot's
-    ``len`` and empties its ring.  Finished ``no_buffer``: the original caps; the cut is counted
-    (``radix.DonationStats``) and the cursor pair zeroed.  ``extra_buffer``: the donated track
-    slot's cursor is zeroed (its checkpoint was copied from a row that force-flushed that step).
-    SGLang's int8 checkpoint pool (values that are not slots of our pool) is refused.
-    Removal: when SGLang's mamba component asks the pool to seal a slot it donates.
+    With ReplaySSM that checkpoint lags the live state by the slot's ``len`` ring records, while the
+    conv state does not.  SGLang 0.5.17 caps the key by ``replayssm_write_pos`` for finished requests
+    under ``no_buffer`` (checkpoint and key then agree, but the conv state belongs to the full
+    length); the chunked-prefill insert (``copy_from`` of the live slot) and ``extra_buffer``'s
+    ping-pong donation (whose slot keeps its previous owner's cursor, SGLang PR #37837) are not
+    covered.
+    How: ``no_buffer``: before the original, the live slot is materialised
+    (``radix_materialise.materialise_slot``: its ring folded into its checkpoint, as a flush would),
+    so the slot (finished) or its copy (unfinished) holds the state of the full key, consistent with
+    the conv state, and SGLang's cap by ``replayssm_write_pos`` cuts nothing.  ``extra_buffer``: the
+    donated track slot was copied from a row that force-flushed that step.  Either way the tree
+    slot's cursor pair is zeroed afterwards (``radix.reset_tree_slots``).  SGLang's int8 checkpoint
+    pool (values that are not slots of our pool) is refused.
+    Removal: when SGLang's mamba component asks the pool to materialise a slot it donates.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ TARGET = (
 
 def around_prepare_for_caching_req(original, self, req, insert_params, token_ids_len, is_finished):
     from sglang_replayssm.pool import ReplayMambaPool
-    from sglang_replayssm.radix import DonationStats, reset_tree_slots, seal_donated_slot
+    from sglang_replayssm.radix import DonationStats, reset_tree_slots
+    from sglang_replayssm.radix_materialise import materialise_slot
 
     pool = self.cache.req_to_token_pool.mamba_pool
     if not isinstance(pool, ReplayMambaPool):
@@ -38,22 +42,12 @@ def around_prepare_for_caching_req(original, self, req, insert_params, token_ids
             "ReplaySSM (--ssm-backend replay) does not support SGLang's int8 mamba checkpoint pool in the "
             "radix cache; disable it or run with --ssm-backend default"
         )
-    extra_buffer = self.cache.enable_mamba_extra_buffer
-    pending = 0
-    if is_finished and not extra_buffer and req.mamba_pool_idx is not None:
-        pending = int(pool.cursors[int(req.mamba_pool_idx), 1])  # SGLang's original reads it too
+    if not self.cache.enable_mamba_extra_buffer and req.mamba_pool_idx is not None:
+        DonationStats.materialised_tokens += materialise_slot(pool, req.mamba_pool_idx)
     cache_len = original(self, req, insert_params, token_ids_len, is_finished)
-    value = insert_params.mamba_value
-    if value is None:
-        return cache_len
-    if extra_buffer or is_finished:
-        # extra_buffer: a stale cursor; finished no_buffer: the original capped the key by `pending`
-        # and zeroed `len`.  Either way the tree slot's cursor pair becomes (0, 0).
-        reset_tree_slots(pool.cursors, value)
+    if insert_params.mamba_value is not None:
+        reset_tree_slots(pool.cursors, insert_params.mamba_value)
         DonationStats.donated += 1
-        DonationStats.cut_tokens += pending
-    elif cache_len is not None:
-        cache_len = seal_donated_slot(pool.cursors, value, cache_len)
     return cache_len
 
 

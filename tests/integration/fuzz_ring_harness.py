@@ -27,7 +27,7 @@ The **model** keeps per live request, independently of the pool:
 - ``ntok``: tokens the request's state covers (the key length SGLang would cache).
 
 and per tree node the fp32 state it must hold and the key length it claims: the donor's fp32
-state ``len`` tokens before its live state, for ``ntok - len`` tokens (invariant T of
+state after all its ``ntok`` tokens (its ring is materialised first; invariant T of
 ``sglang_replayssm/radix.py``).
 
 ``check_all`` (after every operation) asserts for every live slot: the pool's cursors equal the
@@ -532,25 +532,29 @@ class RingHarness:
                                             r.sg, params, r.ntok, finished)
         return cl, params.mamba_value
 
+    def _materialised(self, r: Request) -> None:
+        """Model of ``materialise_slot`` on the donor: its ring folded into the checkpoint."""
+        st, ln = r.cur
+        r.cur = [(st + ln) % self.R, 0]
+
     def _add_node(self, r: Request, slot: int, cache_len: int | None, what: str) -> int:
-        length = r.cur[1]
-        if cache_len != r.ntok - length:
-            self._fail(f"{what} req {r.rid}: the tree was given a {cache_len}-token key; the slot's "
-                       f"checkpoint covers {r.ntok} - {length} (ring) tokens")
+        if cache_len != r.ntok:
+            self._fail(f"{what} req {r.rid}: the tree was given a {cache_len}-token key for a state of "
+                       f"{r.ntok} tokens")
         nid = self.next_nid
         self.next_nid += 1
-        self.nodes[nid] = Node(nid=nid, slot=slot, key_len=cache_len,
-                               state=r.shadow[len(r.tokens) - length].clone())
+        self.nodes[nid] = Node(nid=nid, slot=slot, key_len=cache_len, state=r.shadow[-1].clone())
         return nid
 
     def donate_finished(self, rid: int) -> int:
-        """Finish with radix insert: SGLang caps the key by ``len``; the live slot becomes a node."""
+        """Finish with radix insert: the live slot is materialised and becomes a node."""
         self._op = "donate_finished"
         self.steps += 1
         before = self._snapshot()
         r = self.reqs.pop(rid)
         s = r.slot
         cl, value = self._donate(r, finished=True)
+        self._materialised(r)
         if value is None or int(value.reshape(-1)[0]) != s:
             self._fail(f"donate_finished req {rid}: expected the live slot {s} as the value, got {value}")
         nid = self._add_node(r, s, cl, "donate_finished")
@@ -560,7 +564,8 @@ class RingHarness:
         return nid
 
     def donate_unfinished(self, rid: int) -> int | None:
-        """Chunked-prefill style insert: SGLang copies the live slot into a new one for the tree."""
+        """Chunked-prefill style insert: the live slot is materialised, SGLang copies it into a new
+        slot for the tree; the request decodes on from its materialised checkpoint."""
         self._op = "donate_unfinished"
         if self.free_mamba_slots() < 1:
             return None
@@ -568,9 +573,10 @@ class RingHarness:
         before = self._snapshot()
         r = self.reqs[rid]
         cl, value = self._donate(r, finished=False)
+        self._materialised(r)
         d = int(value.reshape(-1)[0])
         nid = self._add_node(r, d, cl, "donate_unfinished")
-        self._check_untouched(before, {d}, "donate_unfinished")
+        self._check_untouched(before, {d, r.slot}, "donate_unfinished")
         self._after()
         return nid
 
@@ -686,6 +692,7 @@ class Mamba2RingHarness(RingHarness):
     def _family_params(self, g: torch.Generator) -> None:
         Ly, H = self.layers, self.H
         self.A = -torch.rand(Ly, H, generator=g) * 1.5 - 0.1
+        self.pool.fold_A = list(self.A)  # what hooks/pool.py registers from the model's mixers
         self.dt_bias = torch.randn(Ly, H, generator=g) * 0.5
         self.D = torch.randn(Ly, H, generator=g)
 

@@ -321,8 +321,8 @@ def test_regression_fork_source_with_pending_verify_window(family: str, flush_fi
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
 def test_regression_unfinished_donation_with_pending_ring(family: str):
-    """The machine's first failure with the seal removed from the hook (mutation check): a copy of
-    a slot with one ring record entered the tree claiming the record's token."""
+    """The machine's first failure with the hook's donation handling removed (mutation check): a
+    copy of a slot with one ring record entered the tree as the state of the full key."""
     h = FAMILIES[family](slots=4, window=4, max_tokens=3)
     a = h.prefill(0)
     h.decode([a], seed=0)  # len 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sglang_replayssm.metadata import GraphBuffers, build_eager, reset_extend_rows
@@ -90,3 +91,20 @@ def test_graph_buffers_are_refreshed_in_place():
     # a padded track mask of full length is sliced to bs
     s = g.step(bs=3, cursors=cur, slots=slots, track_mask=torch.tensor([True, False, True, True]), window=L, rows=R)
     assert s.flush.tolist() == [True, False, False]
+
+
+def test_extend_rows_with_a_prefix_must_have_empty_rings():
+    """Radix invariant E: a prefix row resumes from its checkpoint, so records in its ring would be
+    lost; rows without a prefix start from zero and are only reset.  Padding past the requests is
+    not checked against the prefix lengths."""
+    cur = _cursors()
+    cur[3] = torch.tensor([1, 2], dtype=torch.int32)  # stale: a fresh prefill (no prefix) may see it
+    slots = torch.tensor([3, 5, -1], dtype=torch.int32)
+    build_eager(cursors=cur, slot_idx=slots, num_prefills=3, num_decodes=0, track_mask=None, window=L, rows=R,
+                extend_prefix_lens=torch.tensor([0, 7]))
+    assert cur[3].tolist() == [0, 0]
+    cur[5] = torch.tensor([2, 1], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="radix invariant E"):
+        build_eager(cursors=cur, slot_idx=slots, num_prefills=3, num_decodes=0, track_mask=None, window=L,
+                    rows=R, extend_prefix_lens=torch.tensor([0, 7]))
+    assert cur[5].tolist() == [2, 1]  # refused before any reset

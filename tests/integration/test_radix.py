@@ -1,7 +1,8 @@
 """Radix-cache invariants with ReplaySSM rings (``sglang_replayssm/radix.py``), on CPU.
 
-T: a slot the tree takes has an empty ring, and the key it claims is the length its checkpoint is
-complete for; F: ``copy_from`` forks the ring with the checkpoint; E: extend rows have empty rings.
+T: a slot the tree takes has an empty ring (its records are materialised first), and the key it
+claims is the length its checkpoint is complete for; F: ``copy_from`` forks the ring with the
+checkpoint; E: extend rows have empty rings.
 The donation tests run SGLang's own ``MambaComponent.prepare_for_caching_req`` under our hook, on a
 real ``HybridReqToTokenPool`` with a ``ReplayMambaPool`` inside (the component itself is a stand-in
 carrying the attributes the method reads).
@@ -17,7 +18,8 @@ import torch
 
 from sglang_replayssm.hooks.radix import around_prepare_for_caching_req
 from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
-from sglang_replayssm.radix import DonationStats, check_extend_rows, reset_tree_slots, seal_donated_slot
+from sglang_replayssm.radix import DonationStats, check_extend_rows, reset_tree_slots
+from sglang_replayssm.radix_materialise import materialise_slot
 
 
 def _hybrid_pool(extra_buffer: bool = False, slots: int = 8):
@@ -76,20 +78,6 @@ def _stats():
     DonationStats.reset()
 
 
-def test_seal_caps_the_key_and_empties_the_ring():
-    cursors = torch.zeros(5, 2, dtype=torch.int32)
-    cursors[3] = torch.tensor([2, 3])
-    assert seal_donated_slot(cursors, torch.tensor([3]), 40) == 37
-    assert cursors[3].tolist() == [0, 0]
-    assert seal_donated_slot(cursors, 3, 40) == 40  # empty ring: nothing cut
-    assert (DonationStats.donated, DonationStats.cut_tokens) == (2, 3)
-    cursors[2, 1] = 5
-    with pytest.raises(ValueError, match="5 ring records but the key claims only 4"):
-        seal_donated_slot(cursors, 2, 4)
-    with pytest.raises(ValueError, match=r"slot expected in \[1, 5\), got 0"):
-        seal_donated_slot(cursors, 0, 4)
-
-
 def test_reset_tree_slots_only_touches_the_given_slots():
     cursors = torch.tensor([[0, 0], [1, 2], [3, 1], [2, 2]], dtype=torch.int32)
     reset_tree_slots(cursors, torch.tensor([[2]]))
@@ -106,37 +94,86 @@ def test_check_extend_rows_refuses_a_pending_ring():
         check_extend_rows(cursors, torch.tensor([1, 2]))
 
 
-def test_finished_no_buffer_donation_is_capped_by_sglang_and_counted():
+def _fold_f64(pool, slot: int) -> torch.Tensor:
+    """float64 fold of ``slot``'s ring records onto its checkpoint, every layer (Mamba-2)."""
+    start, length = pool.cursors[slot].tolist()
+    R = pool.ring_spec.rows
+    out = []
+    for layer in range(pool.mamba_cache.temporal.shape[0]):
+        S = pool.mamba_cache.temporal[layer, slot].double()
+        A = pool.fold_A[layer].double()
+        for j in range(length):
+            r = (start + j) % R
+            x = pool.rings["x"][layer, slot, :, r].double()
+            d = pool.rings["dt"][layer, slot, :, r].double()
+            B = pool.rings["B"][layer, slot, :, r].double().repeat_interleave(2, 0)
+            S = S * torch.exp(A * d)[:, None, None] + (d[:, None] * x)[:, :, None] * B[:, None, :]
+        out.append(S)
+    return torch.stack(out)
+
+
+def _with_records(hp, slot: int, start: int, length: int) -> None:
+    pool = hp.mamba_pool
+    pool.fold_A = [-torch.rand(2, generator=torch.Generator().manual_seed(i)) - 0.1 for i in range(2)]
+    pool.rings["dt"].abs_()  # Δ >= 0, as softplus gives
+    pool.cursors[slot] = torch.tensor([start, length])
+
+
+def test_materialise_folds_the_ring_and_touches_nothing_else():
+    hp = _hybrid_pool()
+    pool = hp.mamba_pool
+    _with_records(hp, 3, 2, 3)
+    want = _fold_f64(pool, 3)
+    before = {n: t.clone() for n, t in pool.rings.items()} | {"temporal": pool.mamba_cache.temporal.clone()}
+    assert materialise_slot(pool, torch.tensor(3)) == 3
+    got = pool.mamba_cache.temporal[:, 3].double()
+    err = ((got - want).norm() / want.norm()).item()
+    assert err < 1e-6, err  # fp32 fold vs float64: measured ~5e-8
+    assert pool.cursors[3].tolist() == [(2 + 3) % pool.ring_spec.rows, 0]
+    keep = [s for s in range(pool.cursors.shape[0]) if s != 3]
+    assert torch.equal(pool.mamba_cache.temporal[:, keep], before["temporal"][:, keep])
+    for n, t in pool.rings.items():
+        assert torch.equal(t, before[n]), n  # records are read, never written
+    assert materialise_slot(pool, 3) == 0  # empty ring: nothing launched
+    pool.fold_A = None
+    pool.cursors[4, 1] = 1
+    with pytest.raises(ValueError, match="needs fold_A"):
+        materialise_slot(pool, 4)
+    with pytest.raises(ValueError, match=r"slot expected in \[1, "):
+        materialise_slot(pool, 0)
+
+
+def test_finished_no_buffer_donation_is_materialised():
     hp = _hybrid_pool()
     pool = hp.mamba_pool
     req = _req(hp)
     s = int(req.mamba_pool_idx)
-    pool.cursors[s] = torch.tensor([1, 3])
+    _with_records(hp, s, 1, 3)
+    want = _fold_f64(pool, s)
     cl, value = _donate(hp, req, 50, finished=True)
-    assert cl == 47 and int(value) == s  # the live slot itself enters the tree
+    assert cl == 50 and int(value) == s  # full key: the live slot itself enters the tree
     assert pool.cursors[s].tolist() == [0, 0]  # the tree slot's cursor pair is zeroed
-    assert (DonationStats.donated, DonationStats.cut_tokens) == (1, 3)
+    got = pool.mamba_cache.temporal[:, s].double()
+    assert ((got - want).norm() / want.norm()).item() < 1e-6
+    assert (DonationStats.donated, DonationStats.materialised_tokens) == (1, 3)
 
 
 @pytest.mark.parametrize("pending", [0, 2])
 def test_unfinished_no_buffer_donation_is_complete(pending: int):
-    """Chunked-prefill insert: SGLang copies the live slot; the copy's key must not claim the
-    tokens still in the ring (the copy carries them, then the seal cuts and empties them)."""
+    """Chunked-prefill insert: the live slot is materialised, then SGLang copies it; the copy holds
+    the full key's state with an empty ring, the live request decodes on from the same state."""
     hp = _hybrid_pool()
     pool = hp.mamba_pool
     req = _req(hp)
     s = int(req.mamba_pool_idx)
-    pool.cursors[s] = torch.tensor([2, pending])
-    live_before = {n: t[:, s].clone() for n, t in pool.rings.items()}
+    _with_records(hp, s, 2, pending)
     cl, value = _donate(hp, req, 30, finished=False)
     d = int(value.reshape(-1)[0])
-    assert d != s and cl == 30 - pending
-    assert pool.cursors[d].tolist() == [0, 0]  # the node's checkpoint is its whole state
+    assert d != s and cl == 30
+    assert pool.cursors[d].tolist() == [0, 0]
     assert torch.equal(pool.mamba_cache.temporal[:, d], pool.mamba_cache.temporal[:, s])
-    assert pool.cursors[s].tolist() == [2, pending]  # the live request keeps its ring
-    for n, t in pool.rings.items():
-        assert torch.equal(t[:, s], live_before[n]), n
-    assert (DonationStats.donated, DonationStats.cut_tokens) == (1, pending)
+    assert pool.cursors[s].tolist() == [(2 + pending) % pool.ring_spec.rows if pending else 2, 0]
+    assert (DonationStats.donated, DonationStats.materialised_tokens) == (1, pending)
 
 
 def test_extra_buffer_donation_zeroes_the_stale_cursor_of_the_track_slot():
