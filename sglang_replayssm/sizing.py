@@ -30,9 +30,13 @@ plus one int32 cursor pair ``(start, len)`` per slot, shared by all layers.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 from replayssm_kernels import min_ring_size
+
+if TYPE_CHECKING:
+    from sglang_replayssm.tp import TPLayout
 
 __all__ = ["FAMILIES", "RingSpec", "ring_spec", "ring_rows"]
 
@@ -101,8 +105,13 @@ def ring_spec(
     window: int,
     act_dtype: torch.dtype,
     spec_tokens: int = 0,
+    layout: TPLayout | None = None,
 ) -> RingSpec:
     """Ring shapes for one rank.
+
+    Under tensor parallelism every rank sizes its rings from its own shard of heads and groups
+    (``sglang_replayssm.tp``): the arguments are SGLang's per-rank shapes, which ``layout`` (when
+    given) must match.
 
     Parameters
     ----------
@@ -125,6 +134,15 @@ def ring_spec(
         Activation dtype (model dtype): x / B / u / k / v records are stored in it.
     spec_tokens : int
         Extra rows for speculative verify (0 for plain decode).
+    layout : TPLayout or None
+        The model's attention-TP layout (``tp.model_layout``); the per-rank heads and groups above
+        are checked against it.
+
+    Raises
+    ------
+    ValueError
+        On an unknown family, a ``conv_dim`` that is not ``H*P + 2*G*N``, a group count that does
+        not divide the heads, or per-rank shapes that differ from ``layout``.
     """
     rows = ring_rows(window, spec_tokens)
     fp32 = torch.float32
@@ -136,6 +154,9 @@ def ring_spec(
                 f"conv_dim: expected H*P + 2*G*N with H={h}, P={p}, N={n}, got {conv_dim}"
             )
         g = rest // (2 * n)
+        if h % g != 0:
+            raise ValueError(f"conv_dim: expected G dividing H={h}, got G={g} from conv_dim={conv_dim}")
+        heads, groups = h, g
         tensors = {
             "x": ((h, rows, p), act_dtype),
             "dt": ((h, rows), fp32),
@@ -147,6 +168,7 @@ def ring_spec(
             raise ValueError(
                 f"num_k_heads: expected a divisor of HV={hv}, got {num_k_heads}"
             )
+        heads, groups = hv, num_k_heads
         tensors = {
             "u": ((hv, rows, v), act_dtype),
             "k": ((num_k_heads, rows, k), act_dtype),
@@ -156,4 +178,8 @@ def ring_spec(
         }
     else:
         raise ValueError(f"family: expected one of {FAMILIES}, got {family!r}")
+    if layout is not None:
+        if layout.family != family:
+            raise ValueError(f"layout: expected family {family!r}, got {layout.family!r}")
+        layout.check_rank_shape(heads, groups)
     return RingSpec(family=family, window=window, rows=rows, tensors=tensors, num_layers=num_layers)
