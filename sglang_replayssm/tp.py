@@ -33,7 +33,7 @@ import dataclasses
 
 from sglang_replayssm.sizing import FAMILIES
 
-__all__ = ["TPLayout", "tp_layout", "model_layout"]
+__all__ = ["TPLayout", "tp_layout", "model_layout", "startup_refusal"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -158,9 +158,9 @@ def tp_layout(*, family: str, num_heads: int, num_groups: int, tp_size: int) -> 
     if reason is not None:
         valid = [t for t in range(1, num_heads + 1) if _refusal(family, num_heads, num_groups, t) is None]
         raise ValueError(
-            f"--ssm-backend replay: tensor parallel size {tp_size} cannot shard this model's SSM "
-            f"state: {reason}.  Use an attention-TP size (--tp-size, or --tp-size / --dp-size with "
-            f"--enable-dp-attention) among {valid}."
+            f"attention-TP size {tp_size} cannot shard this model's SSM state for the ReplaySSM rings: "
+            f"{reason}.  Use an attention-TP size (--tp-size, or --tp-size / --dp-size with "
+            f"--enable-dp-attention) among {valid}"
         )
     return TPLayout(family=family, tp_size=tp_size, num_heads=num_heads, num_groups=num_groups)
 
@@ -193,3 +193,37 @@ def model_layout(family: str, mambaish_config, tp_size: int) -> TPLayout:
             f"state_size={shape.state_size}"
         )
     return tp_layout(family=family, num_heads=shape.num_heads, num_groups=groups, tp_size=tp_size)
+
+
+def startup_refusal(family: str, model_config, server_args) -> str | None:
+    """The TP refusal for the startup validation (``hooks/backends.validate_startup``), or None.
+
+    Runs before anything is loaded: the attention-TP size is SGLang's own
+    ``compute_dp_attention_world_info`` of the server args, the model's heads and groups come from
+    ``model_layout``.
+
+    Parameters
+    ----------
+    family : str
+        ``"mamba2"`` or ``"gdn"`` (``hooks.pool.replay_family``).
+    model_config : sglang.srt.configs.model_config.ModelConfig
+        The target model's config.
+    server_args : sglang.srt.server_args.ServerArgs
+        Reads ``tp_size``, ``dp_size``, ``enable_dp_attention`` and ``attn_cp_size``.
+
+    Returns
+    -------
+    str or None
+        What to change, when the layout cannot be sharded (``tp_layout``'s message).
+    """
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+    from sglang.srt.layers.dp_attention import compute_dp_attention_world_info
+
+    _, attn_tp_size, _, _ = compute_dp_attention_world_info(
+        server_args.enable_dp_attention, 0, server_args.tp_size, server_args.dp_size, server_args.attn_cp_size
+    )
+    try:
+        model_layout(family, mambaish_config(model_config), attn_tp_size)
+    except ValueError as exc:
+        return str(exc)
+    return None

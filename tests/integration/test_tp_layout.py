@@ -21,7 +21,7 @@ from replayssm_kernels import gdn_replay_decode_ref, mamba2_replay_decode_ref
 from sglang_replayssm.metadata import build_eager
 from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
 from sglang_replayssm.sizing import CURSOR_BYTES_PER_SLOT, ring_spec
-from sglang_replayssm.tp import model_layout, tp_layout
+from sglang_replayssm.tp import model_layout, startup_refusal, tp_layout
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 WINDOW = 16
@@ -140,6 +140,32 @@ def test_refuses_layouts_sglang_cannot_shard(name: str, tp: int, reason: str):
     valid = {"nemotron_h_nano4b": [1, 2, 4, 8], "nemotron_h_tiny": [1, 2], "qwen3_next_4b": [1, 2, 4, 8, 16],
              "qwen3_5_4b": [1, 2, 4, 8, 16], "qwen3_next_tiny": [1, 2]}[name]
     assert f"among {valid}" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "tp", "dp", "dp_attention", "refused"),
+    [
+        ("nemotron_h_nano4b", 2, 1, False, False),
+        ("nemotron_h_nano4b", 16, 1, False, True),
+        ("nemotron_h_nano4b", 16, 2, True, False),  # attention TP 8
+        ("nemotron_h_nano4b", 16, 2, False, True),  # dp without DP attention: attention TP 16
+        ("qwen3_5_4b", 32, 1, False, True),
+        ("qwen3_5_4b", 32, 2, True, False),  # attention TP 16
+        ("qwen3_next_tiny", 4, 1, False, True),
+    ],
+)
+def test_startup_refusal_uses_the_attention_tp_size(name, tp, dp, dp_attention, refused):
+    """What ``hooks/backends.validate_startup`` would refuse, from SGLang's ``ModelConfig`` and args."""
+    from types import SimpleNamespace
+
+    from sglang.srt.configs.model_config import ModelConfig
+
+    args = SimpleNamespace(tp_size=tp, dp_size=dp, enable_dp_attention=dp_attention, attn_cp_size=1)
+    message = startup_refusal(CONFIGS[name][0], ModelConfig(model_path=str(MODELS / name)), args)
+    if refused:
+        assert message is not None and f"attention-TP size {tp} cannot shard" in message
+    else:
+        assert message is None
 
 
 def test_ring_spec_refuses_a_shape_that_is_not_the_layout():
