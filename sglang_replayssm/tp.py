@@ -16,6 +16,10 @@ Either way a rank's local head ``i`` reads its local group ``i // (heads_per_ran
 groups_per_rank)``, the rule the kernels use (``h // (H // G)``, ``hv // (HV // Hk)``), so the rings
 of a rank are the rings of a smaller model: ``x``/``dt`` (``u``/``v``/``g``/``beta``) for its
 heads, ``B`` (``k``) for its groups.  No ring record crosses ranks and no communication is added.
+Every rank has the same ring bytes per slot (SGLang's per-rank shape does not depend on the rank),
+so the memory-budget hook (``hooks/pool.py``) solves the same slot count on every rank from SGLang's
+rank-min free memory (``get_available_gpu_memory(distributed=True)``); without replication the
+ring's share of a slot is the TP-1 share.
 
 Cursors are per slot, not per head, and every rank holds a full copy.  They stay identical on all
 ranks without communication because everything the cursor step reads is the same on every rank:

@@ -98,8 +98,8 @@ def test_per_rank_rings_follow_sglangs_shard(name: str, tp: int, spec_tokens: in
     # Nothing replicated: the ranks' ring bytes add up to the TP-1 rings; each rank keeps its own cursors.
     assert tp * spec.bytes_per_slot_layer == full.bytes_per_slot_layer
     assert tp * spec.bytes_per_slot == full.bytes_per_slot + (tp - 1) * CURSOR_BYTES_PER_SLOT
-    # Memory budget per rank: SGLang's per-slot state bytes shrink by the same factor as the rings,
-    # so the slot count the budget hook solves (hooks/pool.py) from rank memory M/tp is the TP-1 one.
+    # Memory budget per rank: SGLang's per-slot state bytes shrink by the same factor as the rings, so
+    # the budget hook (hooks/pool.py) gives the rings the same share of each slot as at TP 1.
     per_req_full = _params(_config(name), 1).mamba_cache_per_req
     assert tp * params.mamba_cache_per_req == per_req_full
     ring_full = full.bytes_per_slot - CURSOR_BYTES_PER_SLOT
