@@ -23,8 +23,8 @@
     backend hook fires for it), and some server options conflict with the rings.
     How: refuses to start (``ReplaySSMStartupError``) unless the target model is a supported Mamba-2
     or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, speculative decoding on
-    ``--device cpu`` and ``--replayssm-verify replay`` with tree drafts (``spec_plan``), unified
-    memory, PD disaggregation, and for GDN ``--enable-mixed-chunk`` and Qwen3.5 on ``--device cpu``;
+    ``--device cpu`` and ``--replayssm-verify replay`` with tree drafts (``spec_plan``), tensor-parallel
+    layouts that cannot shard the SSM heads and groups (``tp.startup_refusal``), unified memory, PD disaggregation, and for GDN ``--enable-mixed-chunk`` and Qwen3.5 on ``--device cpu``;
     draft model configs are not checked.  Runs during ``ServerArgs`` resolution, in the launching process,
     before anything is loaded (and again in each scheduler).
     Removal: never (it is the plug-in's own validation), unless SGLang grows a capability query.
@@ -32,6 +32,7 @@
 
 from __future__ import annotations
 
+from sglang_replayssm import tp
 from sglang_replayssm.config import ReplaySSMConfig
 from sglang_replayssm.errors import ReplaySSMStartupError
 from sglang_replayssm.gdn import ReplayGDNAttnBackend
@@ -57,6 +58,9 @@ def _refusals(model_config, server_args) -> list[str]:
             "with --ssm-backend replay; use one of them"
         )
     problems += startup_refusals(server_args, ReplaySSMConfig.from_env().verify)
+    tp_problem = tp.startup_refusal(family, model_config, server_args)
+    if tp_problem:
+        problems.append(tp_problem)
     if getattr(server_args, "enable_unified_memory", False):
         problems.append("--enable-unified-memory is not supported with --ssm-backend replay")
     if getattr(server_args, "disaggregation_mode", "null") not in (None, "null"):
@@ -79,7 +83,8 @@ def validate_startup(result, *args, **kwargs):
     """AFTER ``ModelConfig.from_server_args(server_args, ..., is_draft_model=...)``: refuse bad setups.
 
     Refused with ``ReplaySSMStartupError``: an unsupported model family, SGLang's built-in ReplaySSM
-    flags, speculative setups that cannot run (``spec_plan.startup_refusals``), unified memory,
+    flags, speculative setups that cannot run (``spec_plan.startup_refusals``), TP layouts that cannot
+    shard the SSM heads and groups (``tp.startup_refusal``), unified memory,
     PD disaggregation, and (GDN)
     ``--enable-mixed-chunk`` or Qwen3.5 on ``--device cpu``.  Draft model configs are not checked.
     """

@@ -147,3 +147,10 @@ def test_qwen3_5_on_cpu_refused(tmp_path: Path):
     # the shape-faithful config alone (no checkpoint) is enough.
     text = _refused(make_model.HERE / "qwen3_5_4b", ["--ssm-backend", "replay"], tmp_path)
     assert "does not run on --device cpu" in text and "Qwen3.5" in text
+
+
+def test_tp_layout_that_cannot_shard_refused(nemotron: Path, tmp_path: Path):
+    # The tiny Nemotron-H has 2 Mamba-2 groups: attention-TP 4 cannot shard them (tp.startup_refusal),
+    # refused while the server arguments are resolved, before any process group is set up.
+    text = _refused(nemotron, ["--ssm-backend", "replay", "--tp-size", "4"], tmp_path)
+    assert "--ssm-backend replay refused" in text and "attention-TP size 4 cannot shard" in text
