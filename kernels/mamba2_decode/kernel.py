@@ -3,9 +3,13 @@
 Layers (fla style): ``_mamba2_replay_decode_fwd_kernel`` (jit) → ``mamba2_replay_decode_fwd``
 (launcher, no checks) → ``mamba2_replay_decode`` (public, validated).
 
-Launch layout: grid ``(H, batch)``; one program per (row, head) walks the head's checkpoint in
-``[BLOCK_P, N]`` tiles, reading each once, with the next tile's loads requested before the current
-tile is used (``S_PREFETCH``). Heads of one row are adjacent in launch order, so a slot's
+Launch layout: grid ``(H·P_SPLIT, batch)``; a program walks its share of one (row, head)'s
+checkpoint in ``[BLOCK_P, N]`` tiles, reading each once, with the next tile's loads requested
+before the current tile is used (``S_PREFETCH``). ``P_SPLIT = 1`` (every batch that fills the
+GPU: ``p_split_rule``) is one program per (row, head) over all its tiles; at small batch the
+head's tiles are split over ``P_SPLIT`` adjacent programs, each recomputing the per-head scalars
+(Δ, β_j = B_j·C, the decays): state rows are independent given x[p], so the fold's operation
+order per element is the same either way. Heads of one row are adjacent in launch order, so a slot's
 checkpoint ``[H, P, N]`` streams contiguously and the group's B records, read by ``H/G`` heads,
 hit L2. Record rows are requested into L1 up front (``prefetch.global.L1`` hints, compiled code
 only) because every P-tile re-reads them.
@@ -27,6 +31,7 @@ CUDA-graph safe.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -38,7 +43,7 @@ from replayssm_kernels.mamba2_decode._fold import record_factors
 from replayssm_kernels.mamba2_decode._validate import validate_mamba2_decode
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
 
-__all__ = ["mamba2_replay_decode", "mamba2_replay_decode_fwd", "launch_config"]
+__all__ = ["mamba2_replay_decode", "mamba2_replay_decode_fwd", "launch_config", "p_split_rule"]
 
 
 @triton.jit
@@ -60,14 +65,15 @@ def _prefetch_l1(ptrs):
 
 @triton.jit
 def _load_tile(
-    p_s_head, p_x_head, p_z_head, p_D_head, t, P, N,
+    p_s_head, p_x_head, p_z_head, p_D_head, p0, t, P, N,
     stride_state_p, stride_state_n, stride_x_p, stride_z_p, stride_D_p,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NUM_PT: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, S_CACHE: tl.constexpr,
 ):
-    """Loads of P-tile ``t`` of one (row, head): checkpoint tile, current x, D, z (t >= NUM_PT:
-    all masked off, no memory traffic)."""
-    o_p = t * BLOCK_P + tl.arange(0, BLOCK_P)
+    """Loads of the program's P-tile ``t`` (rows ``p0 + t·BLOCK_P ..``) of one (row, head):
+    checkpoint tile, current x, D, z (t >= NUM_PT, the program's tile count: all masked off, no
+    memory traffic)."""
+    o_p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
     o_n = tl.arange(0, BLOCK_N)
     m_p = (o_p < P) & (t < NUM_PT)
     m_pn = m_p[:, None] & (o_n < N)[None, :]
@@ -87,13 +93,13 @@ def _load_tile(
 
 @triton.jit
 def _nonflush_tile(
-    b_s, b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, t, P, row_l, m_l, row_w, p_rx_head,
+    b_s, b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, p0, t, P, row_l, m_l, row_w, p_rx_head,
     p_o_head, stride_rx_row, stride_rx_p, stride_out_p, p_rs_head, stride_rs_p,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, BLOCK_P: tl.constexpr, READ_FP8: tl.constexpr,
 ):
     """Output of P-tile ``t`` on the inner-product route, and the append of its x. ``b_s`` is the
     tile as read (checkpoint or read copy); an fp8 copy's per-row scale is applied to ``S0·C``."""
-    o_p = t * BLOCK_P + tl.arange(0, BLOCK_P)
+    o_p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
     m_p = o_p < P
     p_xj = p_rx_head + row_l[:, None] * stride_rx_row + o_p[None, :] * stride_rx_p
     b_xj = tl.load(p_xj, mask=m_l[:, None] & m_p[None, :], other=0.0).to(tl.float32)
@@ -204,8 +210,19 @@ def _mamba2_replay_decode_fwd_kernel(
     HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr,
     S_LATE: tl.constexpr,
+    P_SPLIT: tl.constexpr,
 ):
-    i_h = tl.program_id(0)
+    # P_SPLIT programs share one (row, head): program i_s owns the head's P-tiles
+    # [i_s·NUM_PT, (i_s+1)·NUM_PT), i.e. rows p0 .. p0 + NUM_PT·BLOCK_P - 1 (rows >= P masked).
+    # Splits of one head are adjacent in launch order. P_SPLIT == 1 is the unsplit launch, with
+    # p0 the literal 0 (same code as before the split existed).
+    if P_SPLIT > 1:
+        i_h = tl.program_id(0) // P_SPLIT
+        i_s = tl.program_id(0) % P_SPLIT
+        p0 = i_s * (NUM_PT * BLOCK_P)
+    else:
+        i_h = tl.program_id(0)
+        p0 = 0
     i_b = tl.program_id(1)
 
     slot = tl.load(slot_idx_ptr + i_b).to(tl.int64)
@@ -231,11 +248,11 @@ def _mamba2_replay_decode_fwd_kernel(
     # checkpoint): the first tiles are requested inside the branches instead.
     if not S_LATE:
         s_n1, x_n1, D_n1, z_n1 = _load_tile(
-            p_s_head, p_x_head, p_z_head, p_D_head, 0, P, N, stride_state_p, stride_state_n,
+            p_s_head, p_x_head, p_z_head, p_D_head, p0, 0, P, N, stride_state_p, stride_state_n,
             stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N, S_CACHE)
         if S_PREFETCH == 2:
             s_n2, x_n2, D_n2, z_n2 = _load_tile(
-                p_s_head, p_x_head, p_z_head, p_D_head, 1, P, N, stride_state_p, stride_state_n,
+                p_s_head, p_x_head, p_z_head, p_D_head, p0, 1, P, N, stride_state_p, stride_state_n,
                 stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N,
                 S_CACHE)
 
@@ -269,7 +286,11 @@ def _mamba2_replay_decode_fwd_kernel(
         # into L1 once, up front (a hint: no register, no wait), so those loads hit L1.
         o_l = tl.arange(0, BLOCK_L)
         row_l = (start + tl.where(o_l < length, o_l, 0)) % R
-        o_px = tl.minimum(tl.arange(0, PF_X) * 64, P - 1)
+        if P_SPLIT > 1:
+            o_px = tl.minimum(p0 + tl.arange(0, PF_X) * 64,
+                              tl.minimum(P, p0 + NUM_PT * BLOCK_P) - 1)
+        else:
+            o_px = tl.minimum(tl.arange(0, PF_X) * 64, P - 1)
         _prefetch_l1(p_rx_head + row_l[:, None] * stride_rx_row + o_px[None, :] * stride_rx_p)
 
     if do_flush:
@@ -289,12 +310,12 @@ def _mamba2_replay_decode_fwd_kernel(
             _prefetch_l1(p_rdt + row_l * stride_rdt_row)
         if S_LATE:
             s_n1, x_n1, D_n1, z_n1 = _load_tile(
-                p_s_head, p_x_head, p_z_head, p_D_head, 0, P, N, stride_state_p, stride_state_n,
+                p_s_head, p_x_head, p_z_head, p_D_head, p0, 0, P, N, stride_state_p, stride_state_n,
                 stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N,
                 S_CACHE)
             if S_PREFETCH == 2:
                 s_n2, x_n2, D_n2, z_n2 = _load_tile(
-                    p_s_head, p_x_head, p_z_head, p_D_head, 1, P, N, stride_state_p,
+                    p_s_head, p_x_head, p_z_head, p_D_head, p0, 1, P, N, stride_state_p,
                     stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                     BLOCK_P, BLOCK_N, S_CACHE)
         dA_c = tl.exp(A * dt)
@@ -308,15 +329,15 @@ def _mamba2_replay_decode_fwd_kernel(
             if S_PREFETCH == 2:
                 s_n1, x_n1, D_n1, z_n1 = s_n2, x_n2, D_n2, z_n2
                 s_n2, x_n2, D_n2, z_n2 = _load_tile(
-                    p_s_head, p_x_head, p_z_head, p_D_head, t + 2, P, N, stride_state_p,
+                    p_s_head, p_x_head, p_z_head, p_D_head, p0, t + 2, P, N, stride_state_p,
                     stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                     BLOCK_P, BLOCK_N, S_CACHE)
             else:
                 s_n1, x_n1, D_n1, z_n1 = _load_tile(
-                    p_s_head, p_x_head, p_z_head, p_D_head, t + 1, P, N, stride_state_p,
+                    p_s_head, p_x_head, p_z_head, p_D_head, p0, t + 1, P, N, stride_state_p,
                     stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                     BLOCK_P, BLOCK_N, S_CACHE)
-            o_p = t * BLOCK_P + tl.arange(0, BLOCK_P)
+            o_p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
             m_p = o_p < P
             p_rx = p_rx_head + o_p * stride_rx_p
             # Full chunks of FOLD_UNROLL records (their loads do not depend on the state, so they
@@ -377,12 +398,12 @@ def _mamba2_replay_decode_fwd_kernel(
             stride_src_n = stride_read_n
             if PIPE == 0:
                 c_n1, x_n1, D_n1, z_n1 = _load_tile(
-                    p_src_head, p_x_head, p_z_head, p_D_head, 0, P, N, stride_src_p,
+                    p_src_head, p_x_head, p_z_head, p_D_head, p0, 0, P, N, stride_src_p,
                     stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                     BLOCK_P, BLOCK_N, S_CACHE)
                 if S_PREFETCH == 2:
                     c_n2, x_n2, D_n2, z_n2 = _load_tile(
-                        p_src_head, p_x_head, p_z_head, p_D_head, 1, P, N, stride_src_p,
+                        p_src_head, p_x_head, p_z_head, p_D_head, p0, 1, P, N, stride_src_p,
                         stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                         BLOCK_P, BLOCK_N, S_CACHE)
         elif PIPE == 0:
@@ -394,11 +415,11 @@ def _mamba2_replay_decode_fwd_kernel(
         if PIPE != 0:
             for t in tl.range(0, NUM_PT, num_stages=PIPE):
                 b_s, b_x_raw, b_D, b_z = _load_tile(
-                    p_src_head, p_x_head, p_z_head, p_D_head, t, P, N, stride_src_p,
+                    p_src_head, p_x_head, p_z_head, p_D_head, p0, t, P, N, stride_src_p,
                     stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                     BLOCK_P, BLOCK_N, S_CACHE)
                 _nonflush_tile(
-                    b_s.to(tl.float32), b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, t, P,
+                    b_s.to(tl.float32), b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, p0, t, P,
                     row_l, m_l, row_w, p_rx_head, p_o_head, stride_rx_row, stride_rx_p,
                     stride_out_p, p_rs_head, stride_rs_p, HAS_D, HAS_Z, BLOCK_P, READ_FP8)
         else:
@@ -410,20 +431,27 @@ def _mamba2_replay_decode_fwd_kernel(
                 if S_PREFETCH == 2:
                     c_n1, x_n1, D_n1, z_n1 = c_n2, x_n2, D_n2, z_n2
                     c_n2, x_n2, D_n2, z_n2 = _load_tile(
-                        p_src_head, p_x_head, p_z_head, p_D_head, t + 2, P, N, stride_src_p,
+                        p_src_head, p_x_head, p_z_head, p_D_head, p0, t + 2, P, N, stride_src_p,
                         stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                         BLOCK_P, BLOCK_N, S_CACHE)
                 else:
                     c_n1, x_n1, D_n1, z_n1 = _load_tile(
-                        p_src_head, p_x_head, p_z_head, p_D_head, t + 1, P, N, stride_src_p,
+                        p_src_head, p_x_head, p_z_head, p_D_head, p0, t + 1, P, N, stride_src_p,
                         stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                         BLOCK_P, BLOCK_N, S_CACHE)
                 _nonflush_tile(
-                    b_s, b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, t, P, row_l, m_l, row_w,
+                    b_s, b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, p0, t, P, row_l, m_l, row_w,
                     p_rx_head, p_o_head, stride_rx_row, stride_rx_p, stride_out_p, p_rs_head,
                     stride_rs_p, HAS_D, HAS_Z, BLOCK_P, READ_FP8)
-        tl.store(p_rdt + row_w * stride_rdt_row, dt)
-        tl.store(p_rB + row_w * stride_rB_row, b_B_raw, mask=m_n & (i_h % heads_per_group == 0))
+        # Δ once per head, B once per group: by the head's first split only.
+        if P_SPLIT > 1:
+            tl.store(p_rdt + row_w * stride_rdt_row, dt, mask=i_s == 0)
+            tl.store(p_rB + row_w * stride_rB_row, b_B_raw,
+                     mask=m_n & (i_h % heads_per_group == 0) & (i_s == 0))
+        else:
+            tl.store(p_rdt + row_w * stride_rdt_row, dt)
+            tl.store(p_rB + row_w * stride_rB_row, b_B_raw,
+                     mask=m_n & (i_h % heads_per_group == 0))
 
 
 class LaunchConfig(NamedTuple):
@@ -444,6 +472,49 @@ def launch_config(P: int, N: int, R: int) -> LaunchConfig:
     block_l = triton.next_power_of_2(R)
     num_warps = 4 if triton.next_power_of_2(N) * block_p >= 1024 else 2
     return LaunchConfig(block_p, block_l, 4, num_warps, 1, not interpreting(), 0, 96)
+
+
+# The P-split's target: at least this many programs per SM (at the 96-register cap 5 CTAs of 4
+# warps fit an SM, so 4 per SM is about one resident wave). Fixed, not tuned on a GPU yet.
+SPLIT_PROGRAMS_PER_SM = 4
+
+
+def p_split_rule(n_tiles: int, heads: int, batch: int, sm_count: int | None) -> int:
+    """How many programs share one (row, head): the fixed small-batch rule (no autotune).
+
+    A launch of ``heads · batch`` programs that is short of ``SPLIT_PROGRAMS_PER_SM · sm_count``
+    splits each head's ``n_tiles`` P-tiles over ``s`` programs: the smallest ``s`` that reaches
+    the target (at most one tile per program) among the splits that leave no program empty
+    (``s = cdiv(n_tiles, k)``: ``k`` tiles per program, the last program possibly fewer).
+    Otherwise (and without an SM count, i.e. off CUDA) ``1``: the unsplit launch.
+    Nemotron-3-Nano-4B (96 heads, 5 tiles) on 132 SMs: batch 1 → 5, batch 2 → 3, batch 3-5 → 2,
+    batch >= 6 → 1.
+
+    Parameters
+    ----------
+    n_tiles : int
+        ``cdiv(P, BLOCK_P)``, the P-tiles of one head.
+    heads, batch : int
+        ``H`` and the launch's rows (padding rows included: they are programs too).
+    sm_count : int or None
+        Streaming multiprocessors of the device; ``None`` off CUDA.
+
+    Returns
+    -------
+    int
+        ``P_SPLIT`` in ``[1, n_tiles]``; a value ``cdiv(n_tiles, k)`` for some ``k``.
+    """
+    target = SPLIT_PROGRAMS_PER_SM * (sm_count or 0)
+    if heads * batch >= target:
+        return 1
+    want = min(n_tiles, triton.cdiv(target, heads * batch))
+    # k = 1 (one tile per program) gives n_tiles >= want, so the set is never empty.
+    return min(s for s in (triton.cdiv(n_tiles, k) for k in range(1, n_tiles + 1)) if s >= want)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def mamba2_replay_decode_fwd(
@@ -480,11 +551,14 @@ def mamba2_replay_decode_fwd(
     pipe: int | None = None,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    p_split: int | None = None,
 ) -> None:
     """Launch the kernel on validated arguments (no checks; see ``mamba2_replay_decode``).
 
-    ``block_p`` / ``block_l`` / ``fold_unroll`` / ``num_warps`` override ``launch_config`` (tests,
-    benchmarks and tuning only).
+    ``block_p`` / ``block_l`` / ``fold_unroll`` / ``num_warps`` override ``launch_config``, and
+    ``p_split`` overrides ``p_split_rule`` (tests, benchmarks and tuning only). ``p_split`` must
+    be ``cdiv(n_tiles, k)`` for some ``k`` (every program owns at least one tile), with
+    ``n_tiles = cdiv(P, block_p)``; otherwise ``ValueError``.
     """
     batch, H, P = x.shape
     N = state.shape[3]
@@ -506,7 +580,17 @@ def mamba2_replay_decode_fwd(
     z_strides = (z.stride(0), z.stride(1), z.stride(2)) if z is not None else (0, 0, 0)
     read_strides = read_state.stride() if read_state is not None else (0, 0, 0, 0)
     rs_strides = read_scale.stride() if read_scale is not None else (0, 0, 0)
-    grid = (H, batch)
+    n_tiles = triton.cdiv(P, block_p)
+    if p_split is None:
+        sms = _sm_count(state.device.index or 0) if state.device.type == "cuda" else None
+        p_split = p_split_rule(n_tiles, H, batch, sms)
+    tiles = triton.cdiv(n_tiles, p_split) if 1 <= p_split <= n_tiles else 0
+    if tiles == 0 or triton.cdiv(n_tiles, tiles) != p_split:
+        valid = sorted({triton.cdiv(n_tiles, k) for k in range(1, n_tiles + 1)})
+        raise ValueError(f"p_split: expected one of {valid} ({n_tiles} P-tiles of {block_p} "
+                         f"rows), got {p_split}")
+    rows_per_program = min(P, tiles * block_p)
+    grid = (H * p_split, batch)
     _mamba2_replay_decode_fwd_kernel[grid](
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, D, z, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, read_state, read_scale,
@@ -533,17 +617,18 @@ def mamba2_replay_decode_fwd(
         BLOCK_P=block_p,
         BLOCK_N=triton.next_power_of_2(N),
         BLOCK_L=block_l,
-        NUM_PT=triton.cdiv(P, block_p),
+        NUM_PT=tiles,
         FOLD_UNROLL=fold_unroll,
         S_PREFETCH=s_prefetch,
         PF_L1=bool(pf_l1),
-        PF_X=triton.next_power_of_2(triton.cdiv(P * x.element_size(), 128) + 1),
+        PF_X=triton.next_power_of_2(triton.cdiv(rows_per_program * x.element_size(), 128) + 1),
         PF_B=triton.next_power_of_2(triton.cdiv(N * B.element_size(), 128)),
         S_CACHE=s_cache,
         PIPE=pipe,
         HAS_READ=read_state is not None,
         READ_FP8=read_scale is not None,
         S_LATE=pipe != 0 or read_state is not None,
+        P_SPLIT=p_split,
         num_warps=num_warps,
         **extra,
     )

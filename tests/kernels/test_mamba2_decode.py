@@ -391,6 +391,131 @@ def test_kernel_small_tiles_several_chunks(monkeypatch):
     _check(rep, torch.float32, torch.bfloat16, "kernel")
 
 
+# --------------------------------------------------------------------------------------------
+# P-split: several programs share one (row, head) (small batches on the GPU; forced here)
+# --------------------------------------------------------------------------------------------
+
+
+def _shadow_split(monkeypatch, p_split: int, block_p: int | None = None) -> list[int]:
+    """Route every launch of the public wrapper through ``p_split`` programs per (row, head),
+    after running the unsplit launch (``p_split = 1``, same ``block_p``) on clones of every
+    in-place argument; assert both leave the same bits (pools, read copy, outputs: NaN
+    payloads of untouched rows included). Returns a list that grows by one per launch."""
+    import replayssm_kernels.mamba2_decode.kernel as k
+
+    orig = k.mamba2_replay_decode_fwd
+    calls: list[int] = []
+
+    def fwd(*args, **kw):
+        inplace = (0, 1, 2, 3, 9)  # state, ring_x, ring_dt, ring_B, out
+        twin = [a.clone() if i in inplace else a for i, a in enumerate(args)]
+        twin_kw = {n: (v.clone() if n in ("read_state", "read_scale") and v is not None else v)
+                   for n, v in kw.items()}
+        orig(*twin, **twin_kw, block_p=block_p, p_split=1)
+        orig(*args, **kw, block_p=block_p, p_split=p_split)
+        for i in inplace:
+            assert _bits_equal(args[i], twin[i]), f"arg {i}: split launch != unsplit launch"
+        for n in ("read_state", "read_scale"):
+            if kw.get(n) is not None:
+                assert _bits_equal(kw[n], twin_kw[n]), f"{n}: split launch != unsplit launch"
+        calls.append(p_split)
+
+    monkeypatch.setattr(k, "mamba2_replay_decode_fwd", fwd)
+    return calls
+
+
+# (shape, block_p, p_split, L): P = 20 / 12 / 24 are no multiple of the split's rows per
+# program, so the last program of each head holds a partial tile (D-bp8-s2: 2 + 1 tiles).
+SPLIT_CASES = {
+    "A-bp16-s2-L4": (CPU_SHAPE_A, 16, 2, 4),  # rows 0-15 | 16-19
+    "D-bp8-s3-L1": (CPU_SHAPE_D, 8, 3, 1),  # rows 0-7 | 8-15 | 16-19
+    "D-bp8-s2-L4": (CPU_SHAPE_D, 8, 2, 4),  # rows 0-15 | 16-19
+    "C-bp8-s2-L16": (CPU_SHAPE_C, 8, 2, 16),  # rows 0-7 | 8-11
+}
+
+
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_kernel_forced_split_cycles(monkeypatch, case):
+    """Forced P-split: >= 3 ring cycles (flush and non-flush rows mixed in every launch, padding
+    rows) vs float64, fp32 checkpoint bit-identical to SGLang after every flush, untouched bytes
+    bit-identical, and every launch bit-identical to the unsplit launch."""
+    shape, block_p, p_split, L = SPLIT_CASES[case]
+    calls = _shadow_split(monkeypatch, p_split, block_p)
+    rep = run_cycles("kernel", shape, L, torch.float32, torch.bfloat16, seed=40 + L, active=3,
+                     pads=2, variant=Variant(True, L == 4), force_p=0.2, sglang_check=True)
+    _check(rep, torch.float32, torch.bfloat16, "kernel")
+    assert len(calls) == rep.steps
+    if L > 1:
+        assert rep.nonflush_rows > 0
+
+
+@pytest.mark.parametrize(
+    "layout,variant,state_dtype",
+    [("permuted", Variant(False, True), torch.float32),
+     ("padded", Variant(True, True), torch.bfloat16)],
+    ids=["permuted-headform-z-S-fp32", "padded-broadcast-z-S-bf16"],
+)
+def test_kernel_forced_split_strided(monkeypatch, layout, variant, state_dtype):
+    """Forced P-split (P = 24 in three 8-row programs) on strided pools, with the gate, and a
+    16-bit checkpoint (rounded once per flush, per program's tile)."""
+    _shadow_split(monkeypatch, 3, 8)
+    rep = run_cycles("kernel", CPU_SHAPE_B, 4, state_dtype, torch.bfloat16, layout=layout,
+                     variant=variant, active=2, pads=2, seed=8)
+    _check(rep, state_dtype, torch.bfloat16, "kernel")
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("read", ["bf16", "fp8"])
+def test_kernel_forced_split_read_copy(monkeypatch, read):
+    """Forced P-split with the split-precision read copy (test_split_precision_mamba2's driver):
+    non-flush rows read the copy, flush rows refresh it tile by tile (fp8: per-row scales), bit
+    for bit as the unsplit launch."""
+    from test_split_precision_mamba2 import F8, SHAPE_P80, run_split_cycles
+    from test_split_precision_mamba2 import _check as check_split
+
+    read_dtype = {"bf16": torch.bfloat16, "fp8": F8}[read]
+    _shadow_split(monkeypatch, 3, 16)  # P = 80: tiles 0-1 | 2-3 | 4
+    rep = run_split_cycles("kernel", SHAPE_P80, 4, read_dtype, seed=31, active=2)
+    check_split(rep, read_dtype, L=4)
+
+
+def test_p_split_rule():
+    """The fixed rule: Nemotron-3-Nano-4B (96 heads, five 16-row tiles) on an H200 (132 SMs)
+    splits at batch < 6 only; batch >= 6 (so every batch >= 64) is the unsplit launch; off CUDA
+    (no SM count) it never splits. Every result is a split that leaves no program empty."""
+    from replayssm_kernels.mamba2_decode.kernel import SPLIT_PROGRAMS_PER_SM, p_split_rule
+
+    got = {b: p_split_rule(5, 96, b, 132) for b in (1, 2, 3, 4, 5, 6, 8, 64, 256, 512)}
+    assert got == {1: 5, 2: 3, 3: 2, 4: 2, 5: 2, 6: 1, 8: 1, 64: 1, 256: 1, 512: 1}
+    assert p_split_rule(5, 96, 1, None) == 1
+    for n_tiles in (1, 2, 3, 5, 7):
+        for heads in (1, 6, 96):
+            for batch in (1, 2, 3, 16):
+                s = p_split_rule(n_tiles, heads, batch, 132)
+                tiles = -(-n_tiles // s)
+                assert 1 <= s <= n_tiles and -(-n_tiles // tiles) == s
+                # Short of the target only when already at one tile per program.
+                assert heads * batch * s >= SPLIT_PROGRAMS_PER_SM * 132 or s == n_tiles
+                if s > 1:  # the smallest such split
+                    smaller = [-(-n_tiles // t) for t in range(1, n_tiles + 1)]
+                    assert all(heads * batch * v < SPLIT_PROGRAMS_PER_SM * 132
+                               for v in smaller if v < s)
+
+
+@pytest.mark.parametrize("p_split", [0, 4, 6])
+def test_p_split_override_refused(p_split):
+    """An override that would leave a program without a tile (or none at all) is refused,
+    naming the valid splits (P = 80, five 16-row tiles: 1, 2, 3, 5)."""
+    import replayssm_kernels.mamba2_decode.kernel as k
+
+    shape = Shape(H=2, G=1, P=80, N=16)
+    args, kw = _valid_args(shape)
+    dims = dict(stride_dt=(args["dt"].stride(0), args["dt"].stride(1)), stride_A_head=1,
+                stride_D=(1, 0), stride_dt_bias_head=1)
+    with pytest.raises(ValueError, match=r"p_split: expected one of \[1, 2, 3, 5\]"):
+        k.mamba2_replay_decode_fwd(*args.values(), **kw, **dims, p_split=p_split)
+
+
 def test_empty_batch_is_a_no_op():
     shape = CPU_SHAPE_A
     gen = torch.Generator().manual_seed(0)
@@ -544,33 +669,44 @@ sg = build(
     4,  # as SGLang's launcher for dstate = 128
 )
 cfg = ours.launch_config(P, N, R)
-mine = build(
-    ours._mamba2_replay_decode_fwd_kernel,
-    dict(state_ptr="*fp32", ring_x_ptr="*bf16", ring_dt_ptr="*fp32", ring_B_ptr="*bf16",
-         x_ptr="*bf16", dt_ptr="*bf16", A_ptr="*fp32", B_ptr="*bf16", C_ptr="*bf16",
-         D_ptr="*fp32", z_ptr="constexpr", dt_bias_ptr="*fp32", out_ptr="*bf16",
-         slot_idx_ptr="*i32", ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1",
-         read_ptr="constexpr", read_scale_ptr="constexpr"),
-    dict(P=P, N=N, R=R, heads_per_group=H // G,
-         stride_state_slot=H * P * N, stride_state_head=P * N, stride_state_p=N,
-         stride_state_n=1, stride_rx_slot=H * R * P, stride_rx_head=R * P, stride_rx_row=P,
-         stride_rx_p=1, stride_rdt_slot=H * R, stride_rdt_head=R, stride_rdt_row=1,
-         stride_rB_slot=G * R * N, stride_rB_group=R * N, stride_rB_row=N, stride_rB_n=1,
-         stride_x_batch=XBC, stride_x_head=P, stride_x_p=1, stride_dt_batch=DT,
-         stride_dt_head=1, stride_A_head=1, stride_B_batch=XBC, stride_B_group=N,
-         stride_B_n=1, stride_C_batch=XBC, stride_C_group=N, stride_C_n=1, stride_D_head=1,
-         stride_D_p=0, stride_z_batch=0, stride_z_head=0, stride_z_p=0,
-         stride_dt_bias_head=1, stride_out_batch=H * P, stride_out_head=P, stride_out_p=1,
-         stride_read_slot=0, stride_read_head=0, stride_read_p=0, stride_read_n=0,
-         stride_rs_slot=0, stride_rs_head=0, stride_rs_p=0),
-    dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_P=cfg.block_p,
-         BLOCK_N=128, BLOCK_L=cfg.block_l, NUM_PT=-(-P // cfg.block_p),
-         FOLD_UNROLL=cfg.fold_unroll, S_PREFETCH=cfg.s_prefetch, PF_L1=cfg.pf_l1, PF_X=4,
-         PF_B=4, S_CACHE="", PIPE=cfg.pipe, HAS_READ=False, READ_FP8=False,
-         S_LATE=cfg.pipe != 0),
-    cfg.num_warps,
-)
-json.dump(dict(sglang=sg, ours=mine), sys.stdout)
+n_tiles = -(-P // cfg.block_p)
+
+def build_ours(p_split):
+    tiles = -(-n_tiles // p_split)  # P-tiles per program, as the launcher
+    rows = min(P, tiles * cfg.block_p)
+    return build(
+        ours._mamba2_replay_decode_fwd_kernel,
+        dict(state_ptr="*fp32", ring_x_ptr="*bf16", ring_dt_ptr="*fp32", ring_B_ptr="*bf16",
+             x_ptr="*bf16", dt_ptr="*bf16", A_ptr="*fp32", B_ptr="*bf16", C_ptr="*bf16",
+             D_ptr="*fp32", z_ptr="constexpr", dt_bias_ptr="*fp32", out_ptr="*bf16",
+             slot_idx_ptr="*i32", ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1",
+             read_ptr="constexpr", read_scale_ptr="constexpr"),
+        dict(P=P, N=N, R=R, heads_per_group=H // G,
+             stride_state_slot=H * P * N, stride_state_head=P * N, stride_state_p=N,
+             stride_state_n=1, stride_rx_slot=H * R * P, stride_rx_head=R * P, stride_rx_row=P,
+             stride_rx_p=1, stride_rdt_slot=H * R, stride_rdt_head=R, stride_rdt_row=1,
+             stride_rB_slot=G * R * N, stride_rB_group=R * N, stride_rB_row=N, stride_rB_n=1,
+             stride_x_batch=XBC, stride_x_head=P, stride_x_p=1, stride_dt_batch=DT,
+             stride_dt_head=1, stride_A_head=1, stride_B_batch=XBC, stride_B_group=N,
+             stride_B_n=1, stride_C_batch=XBC, stride_C_group=N, stride_C_n=1, stride_D_head=1,
+             stride_D_p=0, stride_z_batch=0, stride_z_head=0, stride_z_p=0,
+             stride_dt_bias_head=1, stride_out_batch=H * P, stride_out_head=P, stride_out_p=1,
+             stride_read_slot=0, stride_read_head=0, stride_read_p=0, stride_read_n=0,
+             stride_rs_slot=0, stride_rs_head=0, stride_rs_p=0),
+        dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_P=cfg.block_p,
+             BLOCK_N=128, BLOCK_L=cfg.block_l, NUM_PT=tiles,
+             FOLD_UNROLL=cfg.fold_unroll, S_PREFETCH=cfg.s_prefetch, PF_L1=cfg.pf_l1,
+             PF_X=triton.next_power_of_2(-(-rows * 2 // 128) + 1),
+             PF_B=4, S_CACHE="", PIPE=cfg.pipe, HAS_READ=False, READ_FP8=False,
+             S_LATE=cfg.pipe != 0, P_SPLIT=p_split),
+        cfg.num_warps,
+    )
+
+# The unsplit launch (batch >= 6 at this shape on an H200) and the batch-1 split (one tile per
+# program), both as ours.p_split_rule picks them on 132 SMs.
+json.dump(dict(sglang=sg, **{f"ours_split{s}": build_ours(s)
+                             for s in (ours.p_split_rule(n_tiles, H, 64, 132),
+                                       ours.p_split_rule(n_tiles, H, 1, 132))}), sys.stdout)
 """
 
 
@@ -629,7 +765,8 @@ def test_fold_codegen_matches_sglang():
 
     The checkpoint is bitwise equal on the GPU only if each fold step compiles exactly as SGLang's
     ``state = state * dA + dB * x[:, None]``: one fma(state, exp(A·Δ), (Δ·B)·x), with the same
-    exp lowering. Both our sites (replayed records, current token) must match it.
+    exp lowering. All our sites (replayed records, current token) must match it, in the unsplit
+    launch and in the batch-1 P-split launch (five programs per (row, head)).
     """
     import inspect
     import json
@@ -661,9 +798,11 @@ def test_fold_codegen_matches_sglang():
     expected = {("fma.rn.f32", "a=state", ("ex2.approx.f32",), (("mul.f32",),),
                  (("mul.f32", ("cvt.f32.bf16", "mul.f32")),))}
     assert sg == expected, f"SGLang 0.5.17's update compiles differently now: {sg}"
-    for line in our_lines:
-        mine = _update_signatures(ptx["ours"], "kernel.py", {line})
-        assert mine == sg, f"kernel.py:{line} compiles to {mine}, SGLang to {sg}"
+    assert set(ptx) == {"sglang", "ours_split1", "ours_split5"}, list(ptx)
+    for launch in ("ours_split1", "ours_split5"):
+        for line in our_lines:
+            mine = _update_signatures(ptx[launch], "kernel.py", {line})
+            assert mine == sg, f"{launch}: kernel.py:{line} compiles to {mine}, SGLang to {sg}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -694,6 +833,20 @@ def test_gpu_nano4b_strided_and_gate():
                      variant=Variant(False, True), active=16, pads=4, seed=300)
     _check(rep, torch.float32, torch.bfloat16)
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("active,pads", [(1, 0), (3, 1)], ids=["batch1", "batch4"])
+def test_gpu_nano4b_small_batch_split(active, pads):
+    """Batch 1 and 4 take the P-split by the default rule on this GPU (5 and 2 programs per
+    (row, head) on 132 SMs): checkpoint bit-identical to ``selective_state_update`` after every
+    flush, outputs and checkpoint vs float64, untouched bytes bit-identical."""
+    from replayssm_kernels.mamba2_decode.kernel import _sm_count, p_split_rule
+
+    sms = _sm_count(torch.cuda.current_device())
+    assert p_split_rule(5, NANO_4B.H, active + pads, sms) > 1, f"no split on {sms} SMs"
+    rep = run_cycles("kernel", NANO_4B, 16, torch.float32, torch.bfloat16, active=active,
+                     pads=pads, seed=500 + active, sglang_check=True)
+    _check(rep, torch.float32, torch.bfloat16)
 
 @pytest.mark.gpu
 def test_gpu_nano4b_fp32_activations():
