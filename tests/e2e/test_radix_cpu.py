@@ -16,7 +16,8 @@ Greedy tokens must be identical; logprobs differ by fp32 rounding only (a hit re
 checkpoint instead of recomputing the prefix): measured max 3.7e-6 on Nemotron-H.
 
 Servers listen on 127.0.0.1 only and are killed (process group) at the end.  About 2-3 minutes per
-model on 2 cores.
+model on 2 cores.  ``test_default_strategy_on_cpu_is_refused_at_startup``: the default strategy
+(``extra_buffer``) is refused on a CPU by SGLang itself, before any model code runs.
 """
 
 from __future__ import annotations
@@ -131,3 +132,22 @@ def test_radix_cache_equals_no_cache(model_name: str, family: str, tmp_path: Pat
     assert max(c for _, _, c in radix["n3"]) > 0, "parallel sampling did not hit the prefix cache"
     assert radix["follow"][0][2] > radix["follow_prompt_len"], (
         f"follow-up hit {radix['follow'][0][2]} tokens, not past the {radix['follow_prompt_len']}-token prompt")
+
+
+def test_default_strategy_on_cpu_is_refused_at_startup(tmp_path: Path, tmp_path_factory):
+    """On a CPU, SGLang 0.5.17 resolves the default radix strategy (``auto``, overlap scheduling on)
+    to ``extra_buffer`` and refuses it while resolving the server arguments (FLA kernels): the
+    plug-in's CPU paths never see ``extra_buffer`` tracking; ``no_buffer`` (with
+    ``--disable-overlap-schedule``) is the CPU strategy."""
+    model = make_model.materialize("nemotron_h_tiny", tmp_path_factory.mktemp("models") / "nemotron_h_tiny")
+    flags = [f for f in srv.CPU_FLAGS if f not in ("--mamba-radix-cache-strategy", "no_buffer",
+                                                    "--disable-overlap-schedule")]
+    log = tmp_path / "refused.log"
+    proc = srv.launch(model, ["--ssm-backend", "replay"], log, port=srv.free_port(), base_flags=flags)
+    try:
+        rc = proc.wait(timeout=180)
+    finally:
+        srv.stop(proc)
+    text = log.read_text()
+    assert rc != 0, text[-3000:]
+    assert "extra_buffer needs CUDA" in text, text[-3000:]

@@ -15,8 +15,8 @@ CI: ``test_fuzz_ring_machine`` runs ``FUZZ_RING_EXAMPLES`` (default 2,000) deran
 sequences of up to 12 operations and a quarter as many GDN ones (hypothesis database off, so every
 run draws the same cases), and ``test_fuzz_ring_seeded`` 200 more per family from a plain seeded
 driver. ``pytest -s`` prints sequences (hypothesis also runs a few hundred it discards),
-operations by kind and sequences/s. CI time on 2 cores (shared with other jobs): ~75 s (3,016 +
-762 hypothesis sequences at ~60 / ~77 per second, 400 seeded at ~110-140 per second).
+operations by kind and sequences/s. CI time on 2 cores: 50-80 s (depending on other load; 2,945 +
+733 hypothesis sequences at ~60-95 / ~75-115 per second, 400 seeded at ~110-150 per second).
 
 More: ``FUZZ_RING_EXAMPLES=20000``, ``FUZZ_RING_SEED=<n>`` (a different, non-derandomised
 hypothesis run, and the driver's base seed), or ``-m slow`` (30-operation sequences on three more
