@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["reset_tree_slots", "check_extend_rows", "DonationStats"]
+__all__ = ["reset_tree_slots", "check_extend_rows", "startup_refusals", "DonationStats"]
 
 
 class DonationStats:
@@ -107,3 +107,27 @@ def check_extend_rows(
         empty.all(),
         "ReplaySSM: a slot resumed an extend forward with records in its ring (radix invariant E)",
     )
+
+
+def startup_refusals(server_args) -> list[str]:
+    """Radix-cache features whose slot traffic bypasses the pool's ``copy_from`` / the donation hook.
+
+    HiCache loads evicted mamba states back into freshly allocated slots without resetting their
+    cursors, and the int8 checkpoint pool stores tree states outside our pool; both would hand a
+    stale or incomplete ring to the next copy-on-write.
+
+    Returns
+    -------
+    list[str]
+        One message per refused flag (empty: nothing refused).
+    """
+    problems = []
+    if getattr(server_args, "disable_radix_cache", False):
+        return problems
+    if getattr(server_args, "enable_hierarchical_cache", False):
+        problems.append("--enable-hierarchical-cache (HiCache) is not supported with --ssm-backend replay; "
+                        "drop it, or run with --ssm-backend default")
+    if getattr(server_args, "enable_int8_mamba_checkpoint", False):
+        problems.append("--enable-int8-mamba-checkpoint is not supported with --ssm-backend replay; drop it, "
+                        "or run with --ssm-backend default")
+    return problems

@@ -9,7 +9,9 @@
     attribute is restored (EAGLE draft pools built later by ``clone_with_new_mamba`` stay stock) and
     the built pool is checked to be a ``ReplayMambaPool``, so a pool class that bypasses
     ``mamba_pool_cls`` (unified memory) fails closed.  Unsupported families are refused here with a
-    clear message.  Mamba-2 pools get each layer's ``A`` (``fold_A``) for radix materialisation.
+    clear message, and so are radix features that bypass the pool (``radix.startup_refusals``:
+    HiCache, the int8 mamba checkpoint pool).  Mamba-2 pools get each layer's ``A`` (``fold_A``) for
+    radix materialisation.
     Removal: when SGLang lets a plug-in choose the mamba pool class per server.
 
 ``KVCacheConfigurator._handle_max_mamba_cache`` (AROUND)
@@ -77,7 +79,12 @@ def around_build_hybrid_req_pool(original, self, *args, **kwargs):
 
     from sglang_replayssm.pool import ReplayMambaPool
 
+    from sglang_replayssm.radix import startup_refusals
+
     spec = _spec_for(self)
+    problems = startup_refusals(self.server_args)
+    if problems:
+        raise RuntimeError("ReplaySSM: " + "; ".join(problems))
     previous = HybridReqToTokenPool.__dict__.get("mamba_pool_cls")
     HybridReqToTokenPool.mamba_pool_cls = functools.partial(ReplayMambaPool, replay=spec)
     try:

@@ -196,3 +196,17 @@ def test_int8_checkpoint_pool_is_refused():
     with pytest.raises(RuntimeError, match="int8 mamba checkpoint pool"):
         around_prepare_for_caching_req(lambda *a: None, comp, _req(hp), SimpleNamespace(mamba_value=None),
                                        10, True)
+
+
+def test_startup_refuses_radix_features_that_bypass_the_pool():
+    from sglang_replayssm.radix import startup_refusals
+
+    ok = SimpleNamespace(disable_radix_cache=False, enable_hierarchical_cache=False,
+                         enable_int8_mamba_checkpoint=False)
+    assert startup_refusals(ok) == []
+    bad = SimpleNamespace(disable_radix_cache=False, enable_hierarchical_cache=True,
+                          enable_int8_mamba_checkpoint=True)
+    msgs = startup_refusals(bad)
+    assert len(msgs) == 2
+    assert "--enable-hierarchical-cache" in msgs[0] and "--enable-int8-mamba-checkpoint" in msgs[1]
+    assert startup_refusals(SimpleNamespace(**{**vars(bad), "disable_radix_cache": True})) == []
