@@ -582,7 +582,10 @@ def mamba2_replay_decode_fwd(
     rs_strides = read_scale.stride() if read_scale is not None else (0, 0, 0)
     n_tiles = triton.cdiv(P, block_p)
     if p_split is None:
-        sms = _sm_count(state.device.index or 0) if state.device.type == "cuda" else None
+        sms = None
+        if state.device.type == "cuda":
+            idx = state.device.index
+            sms = _sm_count(torch.cuda.current_device() if idx is None else idx)
         p_split = p_split_rule(n_tiles, H, batch, sms)
     tiles = triton.cdiv(n_tiles, p_split) if 1 <= p_split <= n_tiles else 0
     if tiles == 0 or triton.cdiv(n_tiles, tiles) != p_split:
