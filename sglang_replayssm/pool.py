@@ -34,6 +34,7 @@ from sglang.srt.mem_cache.memory_pool import MambaPool
 
 from sglang_replayssm.config import ReplaySSMConfig
 from sglang_replayssm.sizing import RingSpec, ring_spec
+from sglang_replayssm.tp import TPLayout
 
 __all__ = ["ReplayPoolSpec", "ReplayMambaPool"]
 
@@ -53,11 +54,15 @@ class ReplayPoolSpec:
         Decode window ``L``.
     act_dtype : torch.dtype
         Model activation dtype (ring records are stored in it).
+    layout : TPLayout or None
+        This rank's shard of SSM heads and groups (``sglang_replayssm.tp``); when given, SGLang's
+        per-rank cache shape must match it (``sizing.ring_spec``).
     """
 
     family: str
     window: int
     act_dtype: torch.dtype
+    layout: TPLayout | None = None
 
 
 class ReplayMambaPool(MambaPool):
@@ -115,6 +120,7 @@ class ReplayMambaPool(MambaPool):
             window=replay.window,
             act_dtype=replay.act_dtype,
             spec_tokens=self.spec_tokens,
+            layout=replay.layout,
         )
         num_slots = size + 1
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):

@@ -67,11 +67,16 @@ def replay_family(model_config) -> str:
 
 
 def _spec_for(configurator):
+    from sglang.srt.runtime_context import get_parallel
+
+    from sglang_replayssm import tp
     from sglang_replayssm.pool import ReplayPoolSpec
 
     cfg = ReplaySSMConfig.from_env()
     family = replay_family(configurator.model_config)
-    return ReplayPoolSpec(family=family, window=cfg.window, act_dtype=configurator.model_config.dtype)
+    layout = tp.model_layout(family, configurator.mambaish_config, get_parallel().attn_tp_size)
+    return ReplayPoolSpec(family=family, window=cfg.window, act_dtype=configurator.model_config.dtype,
+                          layout=layout)
 
 
 def around_build_hybrid_req_pool(original, self, *args, **kwargs):
@@ -113,6 +118,8 @@ def ring_bytes_per_slot(configurator) -> int:
         i for i in params.layers
         if configurator.layer_info.start_layer <= i < configurator.layer_info.end_layer
     ]
+    # As the pool: speculative rings hold R = max(L, T) + T rows (T = SGLang's draft-token maximum),
+    # sized from this rank's shard of heads and groups.
     return ring_spec(
         family=spec.family,
         temporal_shape=tuple(params.shape.temporal),
@@ -121,6 +128,8 @@ def ring_bytes_per_slot(configurator) -> int:
         num_layers=len(layers),
         window=spec.window,
         act_dtype=spec.act_dtype,
+        spec_tokens=int(configurator.server_args.max_speculative_num_draft_tokens or 0),
+        layout=spec.layout,
     ).bytes_per_slot
 
 
