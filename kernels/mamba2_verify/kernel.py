@@ -132,11 +132,13 @@ def _mamba2_replay_verify_fwd_kernel(
     HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr,
     BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_NK: tl.constexpr,
     BLOCK_L: tl.constexpr,
     BLOCK_T: tl.constexpr,
     NUM_PT: tl.constexpr,
     FOLD_UNROLL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     i_h = tl.program_id(0)
     i_b = tl.program_id(1)
@@ -148,14 +150,14 @@ def _mamba2_replay_verify_fwd_kernel(
     if slot < 0:
         return  # padding row: touches nothing, not even its output rows
     i_g = i_h // heads_per_group
+    i_b64 = i_b.to(tl.int64)  # row offsets in 64 bits: batch × row stride may pass 2^31
 
-    o_n = tl.arange(0, BLOCK_N)
-    m_n = o_n < N
+    o_k = tl.arange(0, BLOCK_K)  # one N-chunk: every [., N] operand is walked in BLOCK_K columns
     o_t = tl.arange(0, BLOCK_T)
     m_t = o_t < T
 
     # Window Δ exactly as selective_state_update's TIE_HDIM path, per token.
-    b_dw = tl.load(dt_ptr + i_b * stride_dt_batch + o_t * stride_dt_T + i_h * stride_dt_head,
+    b_dw = tl.load(dt_ptr + i_b64 * stride_dt_batch + o_t * stride_dt_T + i_h * stride_dt_head,
                    mask=m_t, other=0.0).to(tl.float32)
     if HAS_DT_BIAS:
         b_dw += tl.load(dt_bias_ptr + i_h * stride_dt_bias_head).to(tl.float32)
@@ -165,16 +167,14 @@ def _mamba2_replay_verify_fwd_kernel(
     A = tl.load(A_ptr + i_h * stride_A_head).to(tl.float32)
     b_cw = tl.cumsum(b_dw, axis=0)  # inclusive window prefix cw_s
 
-    p_C_row = C_ptr + i_b * stride_C_batch + i_g * stride_C_group + o_n * stride_C_n
-    p_Bw = (B_ptr + i_b * stride_B_batch + o_t[:, None] * stride_B_T + i_g * stride_B_group
-            + o_n[None, :] * stride_B_n)
-    m_tn = m_t[:, None] & m_n[None, :]
-    b_Bw_raw = tl.load(p_Bw, mask=m_tn, other=0.0)
-    b_Bw = b_Bw_raw.to(tl.float32)
-
     p_rx_head = ring_x_ptr + slot * stride_rx_slot + i_h * stride_rx_head
     p_rdt = ring_dt_ptr + slot * stride_rdt_slot + i_h * stride_rdt_head
     p_rB_grp = ring_B_ptr + slot * stride_rB_slot + i_g * stride_rB_group
+    # Q = Cᵀ [N, BLOCK_T] (one column per window token), read in [BLOCK_K, BLOCK_T] chunks.
+    p_Q = (C_ptr + i_b64 * stride_C_batch + i_g * stride_C_group + o_k[:, None] * stride_C_n
+           + o_t[None, :] * stride_C_T)
+    p_Bw = (B_ptr + i_b64 * stride_B_batch + i_g * stride_B_group + o_t[:, None] * stride_B_T
+            + o_k[None, :] * stride_B_n)
 
     # History read by the output terms: none for flush rows (their history is in the new S).
     hist = tl.where(do_flush, 0, length)
@@ -183,18 +183,28 @@ def _mamba2_replay_verify_fwd_kernel(
     m_l = j >= 0
     row_l = (start + tl.where(m_l, j, 0)) % R
     b_dh = tl.load(p_rdt + row_l * stride_rdt_row, mask=m_l, other=0.0)
-    b_Bh = tl.load(p_rB_grp + row_l[:, None] * stride_rB_row + o_n[None, :] * stride_rB_n,
-                   mask=m_l[:, None] & m_n[None, :], other=0.0).to(tl.float32)
     b_sh = tl.cumsum(b_dh, axis=0) - b_dh  # Δ-sum of the newer history records
     h_sum = tl.sum(b_dh, axis=0)
+    row_w = (start + length + o_t) % R  # physical rows of the window records
 
-    # KᵀQ (B_j·C_s) for history and window, one column per window token.
+    # KᵀQ (B_j·C_s) of history [BLOCK_L, BLOCK_T] and window [BLOCK_T, BLOCK_T], N-chunk by
+    # N-chunk; the group's first head appends the window's B records chunk by chunk.
     kq_h = tl.zeros([BLOCK_L, BLOCK_T], dtype=tl.float32)
     kq_w = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
-    for s in tl.static_range(BLOCK_T):
-        b_cs = tl.load(p_C_row + s * stride_C_T, mask=m_n & (s < T), other=0.0).to(tl.float32)
-        kq_h = tl.where(o_t[None, :] == s, tl.sum(b_Bh * b_cs[None, :], axis=1)[:, None], kq_h)
-        kq_w = tl.where(o_t[None, :] == s, tl.sum(b_Bw * b_cs[None, :], axis=1)[:, None], kq_w)
+    for kc in tl.static_range(NUM_NK):
+        m_k = kc * BLOCK_K + o_k < N
+        b_q = tl.load(p_Q + kc * BLOCK_K * stride_C_n, mask=m_k[:, None] & m_t[None, :],
+                      other=0.0).to(tl.float32)
+        b_Bh = tl.load(p_rB_grp + row_l[:, None] * stride_rB_row
+                       + (kc * BLOCK_K + o_k[None, :]) * stride_rB_n,
+                       mask=m_l[:, None] & m_k[None, :], other=0.0).to(tl.float32)
+        kq_h = tl.dot(b_Bh, b_q, acc=kq_h, input_precision=DOT_PRECISION)
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_Bw_raw = tl.load(p_Bw + kc * BLOCK_K * stride_B_n, mask=m_tk, other=0.0)
+        kq_w = tl.dot(b_Bw_raw.to(tl.float32), b_q, acc=kq_w, input_precision=DOT_PRECISION)
+        tl.store(p_rB_grp + row_w[:, None] * stride_rB_row
+                 + (kc * BLOCK_K + o_k[None, :]) * stride_rB_n, b_Bw_raw,
+                 mask=m_tk & (i_h % heads_per_group == 0))
     m_ht = m_l[:, None] & m_t[None, :]
     w_h = tl.where(m_ht, b_dh[:, None] * tl.exp(A * (b_sh[:, None] + b_cw[None, :])), 0.0)
     coef_h = w_h * kq_h  # [BLOCK_L, BLOCK_T]
@@ -203,80 +213,97 @@ def _mamba2_replay_verify_fwd_kernel(
     coef_w = tl.where(causal, b_dw[:, None] * tl.exp(A * e_w) * kq_w, 0.0)  # [BLOCK_T, BLOCK_T]
     d_g = tl.exp(A * (h_sum + b_cw))  # [BLOCK_T]
 
-    row_w = (start + length + o_t) % R  # physical rows of the window records
     p_s_head = state_ptr + slot * stride_state_slot + i_h * stride_state_head
-    p_rB = p_rB_grp + o_n * stride_rB_n
+    p_x_row = x_ptr + i_b64 * stride_x_batch + i_h * stride_x_head
+    p_o_row = out_ptr + i_b64 * stride_out_batch + i_h * stride_out_head
     n_full = (length // FOLD_UNROLL) * FOLD_UNROLL
     for pt in range(NUM_PT):
         o_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
         m_p = o_p < P
-        m_pn = m_p[:, None] & m_n[None, :]
-        p_s = p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
-        b_s = tl.load(p_s, mask=m_pn, other=0.0).to(tl.float32)
-        if do_flush:
-            # Exact fold of the committed history into this tile (decode kernel's order and
-            # expressions); the window is not folded. Stored once.
-            p_rx = p_rx_head + o_p * stride_rx_p
-            for c in range(0, n_full, FOLD_UNROLL):
-                for jj in tl.static_range(FOLD_UNROLL):
-                    b_s = _fold_record(b_s, p_rx, p_rdt, p_rB, (start + c + jj) % R, A, m_p, m_n,
-                                       stride_rx_row, stride_rdt_row, stride_rB_row)
-            for jr in range(n_full, length):
-                b_s = _fold_record(b_s, p_rx, p_rdt, p_rB, (start + jr) % R, A, m_p, m_n,
-                                   stride_rx_row, stride_rdt_row, stride_rB_row)
-            tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_pn)
-        # (S·Q) Dg: one column per window token.
+        p_rx = p_rx_head + o_p * stride_rx_p
+        # (S·Q) over N-chunks of the checkpoint tile, on tensor cores. A flush row first folds
+        # the committed history into the chunk (decode kernel's order and expressions, the same
+        # per element whatever the chunking) and stores it once; the window is not folded.
         b_y = tl.zeros([BLOCK_P, BLOCK_T], dtype=tl.float32)
-        for s in tl.static_range(BLOCK_T):
-            b_cq = tl.load(p_C_row + s * stride_C_T, mask=m_n & (s < T), other=0.0).to(tl.float32)
-            col = tl.sum(b_s * b_cq[None, :], axis=1)
-            b_y = tl.where(o_t[None, :] == s, col[:, None], b_y)
+        for kc in tl.static_range(NUM_NK):
+            o_n = kc * BLOCK_K + o_k
+            m_n = o_n < N
+            m_pn = m_p[:, None] & m_n[None, :]
+            p_s = p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
+            b_s = tl.load(p_s, mask=m_pn, other=0.0).to(tl.float32)
+            if do_flush:
+                p_rB = p_rB_grp + o_n * stride_rB_n
+                for c in range(0, n_full, FOLD_UNROLL):
+                    for jj in tl.static_range(FOLD_UNROLL):
+                        b_s = _fold_record(b_s, p_rx, p_rdt, p_rB, (start + c + jj) % R, A, m_p,
+                                           m_n, stride_rx_row, stride_rdt_row, stride_rB_row)
+                for jr in range(n_full, length):
+                    b_s = _fold_record(b_s, p_rx, p_rdt, p_rB, (start + jr) % R, A, m_p, m_n,
+                                       stride_rx_row, stride_rdt_row, stride_rB_row)
+                tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_pn)
+            b_q = tl.load(p_Q + kc * BLOCK_K * stride_C_n, mask=m_n[:, None] & m_t[None, :],
+                          other=0.0).to(tl.float32)
+            b_y = tl.dot(b_s, b_q, acc=b_y, input_precision=DOT_PRECISION)
+        # Outputs only (never fed back into a checkpoint):
+        # (S·Q) Dg + V_h (W_h ⊙ K_hᵀQ) + V_w (W_w ⊙ K_wᵀQ), V_h [BLOCK_P, BLOCK_L] and
+        # V_w [BLOCK_P, BLOCK_T] the tile's x columns of the history and window records.
         b_y = b_y * d_g[None, :]
-        # History: V_h (W_h ⊙ K_hᵀQ), V_h tile [BLOCK_P, BLOCK_L].
         b_xh = tl.load(p_rx_head + row_l[None, :] * stride_rx_row + o_p[:, None] * stride_rx_p,
                        mask=m_p[:, None] & m_l[None, :], other=0.0).to(tl.float32)
-        b_y += tl.sum(b_xh[:, :, None] * coef_h[None, :, :], axis=1)
-        # Window: V_w (W_w ⊙ K_wᵀQ), V_w tile [BLOCK_P, BLOCK_T].
+        b_y = tl.dot(b_xh, coef_h, acc=b_y, input_precision=DOT_PRECISION)
         m_pt = m_p[:, None] & m_t[None, :]
-        b_xw_raw = tl.load(x_ptr + i_b * stride_x_batch + o_t[None, :] * stride_x_T
-                           + i_h * stride_x_head + o_p[:, None] * stride_x_p, mask=m_pt,
-                           other=0.0)
+        b_xw_raw = tl.load(p_x_row + o_t[None, :] * stride_x_T + o_p[:, None] * stride_x_p,
+                           mask=m_pt, other=0.0)
         b_xw = b_xw_raw.to(tl.float32)
-        b_y += tl.sum(b_xw[:, :, None] * coef_w[None, :, :], axis=1)
+        b_y = tl.dot(b_xw, coef_w, acc=b_y, input_precision=DOT_PRECISION)
         if HAS_D:
             b_D = tl.load(D_ptr + i_h * stride_D_head + o_p * stride_D_p, mask=m_p,
                           other=0.0).to(tl.float32)
             b_y += b_xw * b_D[:, None]
         if HAS_Z:
-            b_z = tl.load(z_ptr + i_b * stride_z_batch + o_t[None, :] * stride_z_T
-                          + i_h * stride_z_head + o_p[:, None] * stride_z_p, mask=m_pt,
+            b_z = tl.load(z_ptr + i_b64 * stride_z_batch + i_h * stride_z_head
+                          + o_t[None, :] * stride_z_T + o_p[:, None] * stride_z_p, mask=m_pt,
                           other=0.0).to(tl.float32)
             b_y *= b_z * tl.sigmoid(b_z)
-        p_o = (out_ptr + i_b * stride_out_batch + o_t[None, :] * stride_out_T
-               + i_h * stride_out_head + o_p[:, None] * stride_out_p)
+        p_o = p_o_row + o_t[None, :] * stride_out_T + o_p[:, None] * stride_out_p
         tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=m_pt)
         # Append the window's x records (after this tile's history reads; disjoint rows anyway).
         tl.store(p_rx_head + row_w[None, :] * stride_rx_row + o_p[:, None] * stride_rx_p,
                  b_xw_raw, mask=m_pt)
     tl.store(p_rdt + row_w * stride_rdt_row, b_dw, mask=m_t)
-    tl.store(p_rB_grp + row_w[:, None] * stride_rB_row + o_n[None, :] * stride_rB_n, b_Bw_raw,
-             mask=m_tn & (i_h % heads_per_group == 0))
+
+
+#: Smallest tile edge of ``tl.dot`` (tensor-core products): window tokens, history rows, N and the
+#: P-tile are padded (masked) up to it.
+MIN_DOT = 16
+#: N columns per chunk: a ``tl.dot`` operand of ``[16, K]`` fp32 is held whole by each of the 4
+#: warps (an M = 16 product is not split across warps), so K bounds the registers.
+BLOCK_K_MAX = 32
 
 
 class LaunchConfig(NamedTuple):
-    block_p: int  # P rows per tile; a program loops over cdiv(P, block_p) tiles
+    block_p: int  # P rows per tile (>= MIN_DOT); a program loops over cdiv(P, block_p) tiles
     block_l: int  # history rows per (single) chunk, >= R
-    block_t: int  # window tokens, next_pow2(T)
+    block_t: int  # window tokens, next_pow2(T) (>= MIN_DOT)
+    block_k: int  # N columns per chunk of every [., N] operand (>= MIN_DOT)
     fold_unroll: int  # records per unrolled fold step (flush rows)
     num_warps: int
+    dot_precision: str  # tl.dot input_precision of the output products
 
 
-def launch_config(P: int, N: int, R: int, T: int) -> LaunchConfig:
-    """Fixed launch parameters (no autotune: the kernel writes the pool). Not tuned on a GPU yet."""
-    block_p = min(16, triton.next_power_of_2(P))
-    num_warps = 4 if triton.next_power_of_2(N) * block_p >= 1024 else 2
-    return LaunchConfig(block_p, triton.next_power_of_2(R), triton.next_power_of_2(T), 4,
-                        num_warps)
+def launch_config(P: int, N: int, R: int, T: int, out_dtype: torch.dtype) -> LaunchConfig:
+    """Fixed launch parameters (no autotune: the kernel writes the pool). Not tuned on a GPU yet.
+
+    The output products run on tensor cores: ``"tf32"`` (fp32 operands rounded to 10 mantissa
+    bits, fp32 accumulation) when ``out`` is bf16, whose store rounds to 8 bits; ``"tf32x3"``
+    (split operands, about fp32 accuracy) for fp16 and fp32 outputs. The flush fold into the
+    checkpoint never goes through ``tl.dot``.
+    """
+    block_k = max(MIN_DOT, min(BLOCK_K_MAX, triton.next_power_of_2(N)))
+    num_warps = 4 if triton.next_power_of_2(N) * MIN_DOT >= 1024 else 2
+    precision = "tf32" if out_dtype == torch.bfloat16 else "tf32x3"
+    return LaunchConfig(MIN_DOT, max(MIN_DOT, triton.next_power_of_2(R)),
+                        max(MIN_DOT, triton.next_power_of_2(T)), block_k, 4, num_warps, precision)
 
 
 def mamba2_replay_verify_fwd(
@@ -296,8 +323,10 @@ def mamba2_replay_verify_fwd(
     R = ring_x.shape[2]
     if batch == 0:
         return
-    cfg = launch_config(P, N, R, T)
+    cfg = launch_config(P, N, R, T, out.dtype)
     block_p = cfg.block_p if block_p is None else block_p
+    if block_p < MIN_DOT:
+        raise ValueError(f"block_p: expected >= {MIN_DOT} (tl.dot tile), got {block_p}")
     fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
     z_strides = tuple(z.stride()) if z is not None else (0, 0, 0, 0)
     _mamba2_replay_verify_fwd_kernel[(H, batch)](
@@ -322,11 +351,13 @@ def mamba2_replay_verify_fwd(
         HAS_D=D is not None,
         HAS_Z=z is not None,
         BLOCK_P=block_p,
-        BLOCK_N=triton.next_power_of_2(N),
+        BLOCK_K=cfg.block_k,
+        NUM_NK=triton.cdiv(N, cfg.block_k),
         BLOCK_L=cfg.block_l,
         BLOCK_T=cfg.block_t,
         NUM_PT=triton.cdiv(P, block_p),
         FOLD_UNROLL=fold_unroll,
+        DOT_PRECISION=cfg.dot_precision,
         num_warps=cfg.num_warps,
     )
 

@@ -312,6 +312,55 @@ def test_spec_fp32_activations(impl):
     _check(rep, torch.float32, torch.float32, 4)
 
 
+@pytest.fixture
+def interpreter_tf32_truncating(monkeypatch):
+    """Let the interpreter's ``tl.dot`` behave like sm_90's tf32 ``mma.sync`` on fp32 operands
+    while ``state["on"]``: the low 13 mantissa bits are dropped (truncation: the compiled kernel
+    feeds fp32 registers to ``mma...tf32`` with no ``cvt.rna.tf32``), products accumulated in
+    fp32. ``state["tf32"]`` counts the tf32 products seen."""
+    import numpy as np
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+
+    orig = interpreter.InterpreterBuilder.create_dot
+    state = {"on": False, "tf32": 0}
+
+    def trunc(h):
+        if h.data.dtype != np.float32:
+            return h
+        bits = h.data.view(np.uint32) & np.uint32(0xFFFFE000)
+        return interpreter.TensorHandle(bits.view(np.float32), h.dtype.scalar)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if input_precision == ir.INPUT_PRECISION.TF32:
+            state["tf32"] += 1
+            if state["on"]:
+                a, b = trunc(a), trunc(b)
+        return orig(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    return state
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="emulates the GPU's tf32 products under the interpreter")
+def test_spec_tf32_products_vs_f64(interpreter_tf32_truncating):
+    """bf16 outputs take their products in tf32 (launch_config): with the interpreter dropping the
+    low 13 operand bits as the GPU's tf32 mma does, the outputs still meet the bf16 tolerance
+    against float64 (printed next to the same run with exact products; N = 128 as Nano-4B).
+    The flushed checkpoints stay bit-identical to SGLang's (the fold never uses tl.dot)."""
+    tf32 = interpreter_tf32_truncating
+    shape = Shape(H=2, G=1, P=16, N=128)
+    kw = dict(seed=8, steps=12, active=2, sglang_check=True)
+    exact = run_spec("kernel", shape, 8, 12, torch.float32, torch.bfloat16, **kw)
+    assert tf32["tf32"] > 0, "bf16 outputs are expected to use tf32 products"
+    tf32["on"] = True
+    rep = run_spec("kernel", shape, 8, 12, torch.float32, torch.bfloat16, **kw)
+    print(f"\n[mamba2-verify] tf32 (truncated operands) products: |out-f64|/|f64| = "
+          f"{rep.out_rel:.2e}, exact products {exact.out_rel:.2e}")
+    assert rep.out_rel != exact.out_rel  # the truncation took effect
+    _check(rep, torch.float32, torch.bfloat16, 8)
+
+
 def test_kernel_vs_reference_outputs():
     """Kernel and reference on identical inputs and pools (fp32): outputs within fp32 rounding,
     records exact; checkpoints and Δ within an ulp or so (torch's exp/log vs the interpreter's
@@ -351,14 +400,14 @@ def test_kernel_vs_reference_outputs():
 
 
 def test_kernel_small_fold_unroll(monkeypatch):
-    """FOLD_UNROLL = 3 and BLOCK_P = 8 (P = 20: three tiles): fold chunk remainders and tile masks,
-    still bit-identical to SGLang."""
+    """FOLD_UNROLL = 3 and BLOCK_P = 16 at P = 40 (three tiles, the last half masked): fold chunk
+    remainders and tile masks, still bit-identical to SGLang."""
     import replayssm_kernels.mamba2_verify.kernel as k
 
     orig = k.mamba2_replay_verify_fwd
     monkeypatch.setattr(k, "mamba2_replay_verify_fwd",
-                        lambda *a, **kw: orig(*a, **kw, block_p=8, fold_unroll=3))
-    rep = run_spec("kernel", Shape(H=2, G=1, P=20, N=16), 2, 7, torch.float32, torch.bfloat16,
+                        lambda *a, **kw: orig(*a, **kw, block_p=16, fold_unroll=3))
+    rep = run_spec("kernel", Shape(H=2, G=1, P=40, N=16), 2, 7, torch.float32, torch.bfloat16,
                    seed=21, steps=16, active=2, sglang_check=True)
     _check(rep, torch.float32, torch.bfloat16, 2)
 
@@ -581,6 +630,7 @@ def test_gpu_nano4b_spec_cycles(state_dtype):
 
 _CODEGEN_SCRIPT = r"""
 import json, sys
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -588,15 +638,16 @@ from replayssm_kernels.mamba2_verify import kernel as mk
 
 H, P, N, G, T = 96, 80, 128, 8, 4  # Nemotron-3-Nano-4B, L = 16, R = 20
 R = 16 + T
-cfg = mk.launch_config(P, N, R, T)
+cfg = mk.launch_config(P, N, R, T, torch.bfloat16)
 K = mk._mamba2_replay_verify_fwd_kernel
 ptrs = dict(state_ptr="*fp32", ring_x_ptr="*bf16", ring_dt_ptr="*fp32", ring_B_ptr="*bf16",
             x_ptr="*bf16", dt_ptr="*bf16", A_ptr="*fp32", B_ptr="*bf16", C_ptr="*bf16",
             D_ptr="*fp32", z_ptr="*bf16", dt_bias_ptr="*fp32", out_ptr="*bf16",
             slot_idx_ptr="*i32", ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1")
 const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_P=cfg.block_p,
-             BLOCK_N=128, BLOCK_L=cfg.block_l, BLOCK_T=cfg.block_t, NUM_PT=-(-P // cfg.block_p),
-             FOLD_UNROLL=cfg.fold_unroll)
+             BLOCK_K=cfg.block_k, NUM_NK=-(-N // cfg.block_k), BLOCK_L=cfg.block_l, BLOCK_T=cfg.block_t,
+             NUM_PT=-(-P // cfg.block_p), FOLD_UNROLL=cfg.fold_unroll,
+             DOT_PRECISION=cfg.dot_precision)
 # Unit strides of contiguous pools become constexpr 1, as the JIT specialises them.
 ones = {"stride_state_n", "stride_rx_p", "stride_rdt_row", "stride_rB_n", "stride_x_p",
         "stride_B_n", "stride_C_n", "stride_out_p", "stride_dt_head", "stride_A_head",
