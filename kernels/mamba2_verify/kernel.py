@@ -3,25 +3,26 @@
 Layers (fla style): ``_mamba2_replay_verify_fwd_kernel`` (jit) → ``mamba2_replay_verify_fwd``
 (launcher, no checks) → ``mamba2_replay_verify`` (public, validated).
 
-Launch layout: grid ``(H, batch)``, as the decode kernel; one program per (row, head) computes the
-per-head coefficient matrices once, then walks the head's checkpoint in ``[BLOCK_P, N]`` tiles,
+Launch layout: grid ``(H, batch)``, as the decode kernel; one program per (row, head) forms the
+per-head coefficient matrix once, then walks the head's checkpoint in ``[BLOCK_P, N]`` tiles,
 reading each once. Per head (math.md §5.1), with ``h`` committed records, window tokens
 ``s = 0..T-1``, ``cw_s`` the inclusive Δ prefix of the window and ``sh_j`` the Δ-sum of the
 history records newer than ``j``::
 
-    O = (S0·Q) Dg + V_h (W_h ⊙ K_hᵀQ) + V_w (W_w ⊙ K_wᵀQ) + D x
-    Dg[s]      = exp(A (Σ_hist Δ + cw_s))
-    W_h[j, s]  = Δ_j exp(A (sh_j + cw_s))
-    W_w[t, s]  = Δ_t exp(A (cw_s − cw_t)) · 1[t <= s]
+    O = (S0·Q) Dg + V (W ⊙ KᵀQ) + D x
+    Dg[s]    = exp(A (Σ_hist Δ + cw_s))
+    W[j, s]  = Δ_j exp(A (cw_s + e_j)),  e_j = sh_j (history j), −cw_t · 1[t <= s] (window t)
 
-``K_hᵀQ [BLOCK_L, BLOCK_T]`` and ``K_wᵀQ [BLOCK_T, BLOCK_T]`` (B_j·C_s) are formed once per
-(row, head) (the group's heads each recompute them: they are O(L·T·N), small next to the state);
-per P-tile the three products are ``[BLOCK_P, N]×[N, T]`` and two small ``[BLOCK_P, ·]×[·, T]``.
-No per-draft state is formed.
+with one record index space ``J`` (``BLOCK_J = next_pow2(R)`` rows: the ``T`` window tokens, then
+the history newest first; ``len + T <= R``). Every product runs on tensor cores (``tl.dot``,
+tf32 for bf16 outputs, tf32x3 otherwise; operands padded to 16): ``KᵀQ [BLOCK_J, BLOCK_T]`` once
+per (row, head) (the group's heads each recompute it: O(R·T·N), small next to the state), and per
+P-tile ``[BLOCK_P, N]×[N, BLOCK_T]`` (N in ``BLOCK_K`` chunks, which bounds the registers of the
+operands every warp holds) plus ``[BLOCK_P, BLOCK_J]×[BLOCK_J, BLOCK_T]``. No per-draft state.
 
 - Padding row (``slot < 0``): returns before touching memory.
 - Non-flush row: ``S0`` + history ``[0, len)`` + window; no state write.
-- Flush row: each P-tile first folds the history ``[0, len)`` into the tile in
+- Flush row: each ``[BLOCK_P, BLOCK_K]`` chunk first folds the history ``[0, len)`` in
   ``selective_state_update``'s op order (``fma(S, exp(A·Δ), (B·Δ)·x)``, as the decode kernel's
   fold, hence bit-identical to it and to SGLang), stores it once, then uses it with ``h = 0``
   (only the intra-window term).
@@ -40,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels._checks import check_launch_device
+from replayssm_kernels._checks import check_launch_device, interpreting
 from replayssm_kernels.mamba2_decode._fold import record_factors
 from replayssm_kernels.mamba2_decode.kernel import _softplus
 from replayssm_kernels.mamba2_verify._validate import validate_mamba2_verify
@@ -55,6 +56,18 @@ def _fold_record(b_s, p_rx, p_rdt, p_rB, row, A, m_p, m_n, stride_rx_row, stride
     b_xj, dA, dB = record_factors(p_rx, p_rdt, p_rB, row, A, m_p, m_n, stride_rx_row,
                                   stride_rdt_row, stride_rB_row)
     return tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
+
+
+@triton.jit
+def _window_delta(p_dt_row, o_t, m_t, stride_dt_T, dt_bias_ptr, i_h, stride_dt_bias_head,
+                  DT_SOFTPLUS: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
+    # Window Δ of tokens o_t exactly as selective_state_update's TIE_HDIM path; 0 where masked.
+    b_dw = tl.load(p_dt_row + o_t * stride_dt_T, mask=m_t, other=0.0).to(tl.float32)
+    if HAS_DT_BIAS:
+        b_dw += tl.load(dt_bias_ptr + i_h * stride_dt_bias_head).to(tl.float32)
+    if DT_SOFTPLUS:
+        b_dw = _softplus(b_dw)
+    return tl.where(m_t, b_dw, 0.0)
 
 
 @triton.jit
@@ -134,7 +147,7 @@ def _mamba2_replay_verify_fwd_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_NK: tl.constexpr,
-    BLOCK_L: tl.constexpr,
+    BLOCK_J: tl.constexpr,
     BLOCK_T: tl.constexpr,
     NUM_PT: tl.constexpr,
     FOLD_UNROLL: tl.constexpr,
@@ -155,66 +168,60 @@ def _mamba2_replay_verify_fwd_kernel(
     o_k = tl.arange(0, BLOCK_K)  # one N-chunk: every [., N] operand is walked in BLOCK_K columns
     o_t = tl.arange(0, BLOCK_T)
     m_t = o_t < T
-
-    # Window Δ exactly as selective_state_update's TIE_HDIM path, per token.
-    b_dw = tl.load(dt_ptr + i_b64 * stride_dt_batch + o_t * stride_dt_T + i_h * stride_dt_head,
-                   mask=m_t, other=0.0).to(tl.float32)
-    if HAS_DT_BIAS:
-        b_dw += tl.load(dt_bias_ptr + i_h * stride_dt_bias_head).to(tl.float32)
-    if DT_SOFTPLUS:
-        b_dw = _softplus(b_dw)
-    b_dw = tl.where(m_t, b_dw, 0.0)
     A = tl.load(A_ptr + i_h * stride_A_head).to(tl.float32)
+    p_dt_row = dt_ptr + i_b64 * stride_dt_batch + i_h * stride_dt_head
+    b_dw = _window_delta(p_dt_row, o_t, m_t, stride_dt_T, dt_bias_ptr, i_h, stride_dt_bias_head,
+                         DT_SOFTPLUS, HAS_DT_BIAS)
     b_cw = tl.cumsum(b_dw, axis=0)  # inclusive window prefix cw_s
 
     p_rx_head = ring_x_ptr + slot * stride_rx_slot + i_h * stride_rx_head
     p_rdt = ring_dt_ptr + slot * stride_rdt_slot + i_h * stride_rdt_head
     p_rB_grp = ring_B_ptr + slot * stride_rB_slot + i_g * stride_rB_group
+    p_x_row = x_ptr + i_b64 * stride_x_batch + i_h * stride_x_head
+    p_B_row = B_ptr + i_b64 * stride_B_batch + i_g * stride_B_group
     # Q = Cᵀ [N, BLOCK_T] (one column per window token), read in [BLOCK_K, BLOCK_T] chunks.
     p_Q = (C_ptr + i_b64 * stride_C_batch + i_g * stride_C_group + o_k[:, None] * stride_C_n
            + o_t[None, :] * stride_C_T)
-    p_Bw = (B_ptr + i_b64 * stride_B_batch + i_g * stride_B_group + o_t[:, None] * stride_B_T
-            + o_k[None, :] * stride_B_n)
 
-    # History read by the output terms: none for flush rows (their history is in the new S).
+    # The records that feed the outputs, one index space J: J < T the window tokens, then the
+    # committed history newest first (none for flush rows: it is in the new S). len + T <= R.
     hist = tl.where(do_flush, 0, length)
-    o_l = tl.arange(0, BLOCK_L)
-    j = hist - 1 - o_l  # logical rows, newest first
-    m_l = j >= 0
-    row_l = (start + tl.where(m_l, j, 0)) % R
-    b_dh = tl.load(p_rdt + row_l * stride_rdt_row, mask=m_l, other=0.0)
-    b_sh = tl.cumsum(b_dh, axis=0) - b_dh  # Δ-sum of the newer history records
-    h_sum = tl.sum(b_dh, axis=0)
-    row_w = (start + length + o_t) % R  # physical rows of the window records
+    o_j = tl.arange(0, BLOCK_J)
+    is_w = o_j < T
+    is_h = (o_j >= T) & (o_j < T + hist)
+    row_j = (start + tl.where(is_h, hist - 1 - (o_j - T), 0)) % R  # physical history rows
+    d_j = tl.where(is_w, _window_delta(p_dt_row, o_j, is_w, stride_dt_T, dt_bias_ptr, i_h,
+                                       stride_dt_bias_head, DT_SOFTPLUS, HAS_DT_BIAS),
+                   tl.load(p_rdt + row_j * stride_rdt_row, mask=is_h, other=0.0))
+    d_h = tl.where(is_h, d_j, 0.0)
+    # e_j: -cw_t for window token t, the Δ-sum of the newer history records for history j, so
+    # W[j, s] = Δ_j exp(A (cw_s + e_j)) is math.md's W_w (t <= s) and W_h in one matrix.
+    e_j = tl.where(is_w, -tl.cumsum(tl.where(is_w, d_j, 0.0), axis=0),
+                   tl.cumsum(d_h, axis=0) - d_h)
+    h_sum = tl.sum(d_h, axis=0)
+    m_js = (is_h[:, None] | (is_w[:, None] & (o_j[:, None] <= o_t[None, :]))) & m_t[None, :]
 
-    # KᵀQ (B_j·C_s) of history [BLOCK_L, BLOCK_T] and window [BLOCK_T, BLOCK_T], N-chunk by
-    # N-chunk; the group's first head appends the window's B records chunk by chunk.
-    kq_h = tl.zeros([BLOCK_L, BLOCK_T], dtype=tl.float32)
-    kq_w = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
+    # KᵀQ (B_j·C_s) [BLOCK_J, BLOCK_T], N-chunk by N-chunk; the group's first head appends the
+    # window's B records from the same loads.
+    row_w = (start + length + o_j) % R  # physical rows of the window records (J < T)
+    m_jn_w = is_w & (i_h % heads_per_group == 0)
+    kq = tl.zeros([BLOCK_J, BLOCK_T], dtype=tl.float32)
     for kc in tl.static_range(NUM_NK):
-        m_k = kc * BLOCK_K + o_k < N
-        b_q = tl.load(p_Q + kc * BLOCK_K * stride_C_n, mask=m_k[:, None] & m_t[None, :],
+        o_n = kc * BLOCK_K + o_k
+        m_n = o_n < N
+        p_Bj = tl.where(is_w[:, None], p_B_row + o_j[:, None] * stride_B_T
+                        + o_n[None, :] * stride_B_n,
+                        p_rB_grp + row_j[:, None] * stride_rB_row + o_n[None, :] * stride_rB_n)
+        b_Bj = tl.load(p_Bj, mask=(is_w | is_h)[:, None] & m_n[None, :], other=0.0)
+        b_q = tl.load(p_Q + kc * BLOCK_K * stride_C_n, mask=m_n[:, None] & m_t[None, :],
                       other=0.0).to(tl.float32)
-        b_Bh = tl.load(p_rB_grp + row_l[:, None] * stride_rB_row
-                       + (kc * BLOCK_K + o_k[None, :]) * stride_rB_n,
-                       mask=m_l[:, None] & m_k[None, :], other=0.0).to(tl.float32)
-        kq_h = tl.dot(b_Bh, b_q, acc=kq_h, input_precision=DOT_PRECISION)
-        m_tk = m_t[:, None] & m_k[None, :]
-        b_Bw_raw = tl.load(p_Bw + kc * BLOCK_K * stride_B_n, mask=m_tk, other=0.0)
-        kq_w = tl.dot(b_Bw_raw.to(tl.float32), b_q, acc=kq_w, input_precision=DOT_PRECISION)
-        tl.store(p_rB_grp + row_w[:, None] * stride_rB_row
-                 + (kc * BLOCK_K + o_k[None, :]) * stride_rB_n, b_Bw_raw,
-                 mask=m_tk & (i_h % heads_per_group == 0))
-    m_ht = m_l[:, None] & m_t[None, :]
-    w_h = tl.where(m_ht, b_dh[:, None] * tl.exp(A * (b_sh[:, None] + b_cw[None, :])), 0.0)
-    coef_h = w_h * kq_h  # [BLOCK_L, BLOCK_T]
-    causal = (o_t[:, None] <= o_t[None, :]) & m_t[:, None] & m_t[None, :]  # [t, s]
-    e_w = tl.where(causal, b_cw[None, :] - b_cw[:, None], 0.0)
-    coef_w = tl.where(causal, b_dw[:, None] * tl.exp(A * e_w) * kq_w, 0.0)  # [BLOCK_T, BLOCK_T]
+        kq = tl.dot(b_Bj.to(tl.float32), b_q, acc=kq, input_precision=DOT_PRECISION)
+        tl.store(p_rB_grp + row_w[:, None] * stride_rB_row + o_n[None, :] * stride_rB_n, b_Bj,
+                 mask=m_jn_w[:, None] & m_n[None, :])
+    coef = tl.where(m_js, d_j[:, None] * tl.exp(A * (b_cw[None, :] + e_j[:, None])) * kq, 0.0)
     d_g = tl.exp(A * (h_sum + b_cw))  # [BLOCK_T]
 
     p_s_head = state_ptr + slot * stride_state_slot + i_h * stride_state_head
-    p_x_row = x_ptr + i_b64 * stride_x_batch + i_h * stride_x_head
     p_o_row = out_ptr + i_b64 * stride_out_batch + i_h * stride_out_head
     n_full = (length // FOLD_UNROLL) * FOLD_UNROLL
     for pt in range(NUM_PT):
@@ -244,21 +251,23 @@ def _mamba2_replay_verify_fwd_kernel(
             b_q = tl.load(p_Q + kc * BLOCK_K * stride_C_n, mask=m_n[:, None] & m_t[None, :],
                           other=0.0).to(tl.float32)
             b_y = tl.dot(b_s, b_q, acc=b_y, input_precision=DOT_PRECISION)
-        # Outputs only (never fed back into a checkpoint):
-        # (S·Q) Dg + V_h (W_h ⊙ K_hᵀQ) + V_w (W_w ⊙ K_wᵀQ), V_h [BLOCK_P, BLOCK_L] and
-        # V_w [BLOCK_P, BLOCK_T] the tile's x columns of the history and window records.
+        # Outputs only (never fed back into a checkpoint): (S·Q) Dg + V (W ⊙ KᵀQ), V [BLOCK_P,
+        # BLOCK_J] the tile's x columns of the window tokens and the history records.
         b_y = b_y * d_g[None, :]
-        b_xh = tl.load(p_rx_head + row_l[None, :] * stride_rx_row + o_p[:, None] * stride_rx_p,
-                       mask=m_p[:, None] & m_l[None, :], other=0.0).to(tl.float32)
-        b_y = tl.dot(b_xh, coef_h, acc=b_y, input_precision=DOT_PRECISION)
+        p_v = tl.where(is_w[None, :], p_x_row + o_j[None, :] * stride_x_T
+                       + o_p[:, None] * stride_x_p,
+                       p_rx_head + row_j[None, :] * stride_rx_row + o_p[:, None] * stride_rx_p)
+        b_v = tl.load(p_v, mask=m_p[:, None] & (is_w | is_h)[None, :], other=0.0)
+        b_y = tl.dot(b_v.to(tl.float32), coef, acc=b_y, input_precision=DOT_PRECISION)
+        # Append the window's x records (after this tile's history reads; disjoint rows anyway).
+        tl.store(p_rx_head + row_w[None, :] * stride_rx_row + o_p[:, None] * stride_rx_p, b_v,
+                 mask=m_p[:, None] & is_w[None, :])
         m_pt = m_p[:, None] & m_t[None, :]
-        b_xw_raw = tl.load(p_x_row + o_t[None, :] * stride_x_T + o_p[:, None] * stride_x_p,
-                           mask=m_pt, other=0.0)
-        b_xw = b_xw_raw.to(tl.float32)
-        b_y = tl.dot(b_xw, coef_w, acc=b_y, input_precision=DOT_PRECISION)
         if HAS_D:
             b_D = tl.load(D_ptr + i_h * stride_D_head + o_p * stride_D_p, mask=m_p,
                           other=0.0).to(tl.float32)
+            b_xw = tl.load(p_x_row + o_t[None, :] * stride_x_T + o_p[:, None] * stride_x_p,
+                           mask=m_pt, other=0.0).to(tl.float32)
             b_y += b_xw * b_D[:, None]
         if HAS_Z:
             b_z = tl.load(z_ptr + i_b64 * stride_z_batch + i_h * stride_z_head
@@ -267,10 +276,7 @@ def _mamba2_replay_verify_fwd_kernel(
             b_y *= b_z * tl.sigmoid(b_z)
         p_o = p_o_row + o_t[None, :] * stride_out_T + o_p[:, None] * stride_out_p
         tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=m_pt)
-        # Append the window's x records (after this tile's history reads; disjoint rows anyway).
-        tl.store(p_rx_head + row_w[None, :] * stride_rx_row + o_p[:, None] * stride_rx_p,
-                 b_xw_raw, mask=m_pt)
-    tl.store(p_rdt + row_w * stride_rdt_row, b_dw, mask=m_t)
+    tl.store(p_rdt + row_w * stride_rdt_row, d_j, mask=is_w)
 
 
 #: Smallest tile edge of ``tl.dot`` (tensor-core products): window tokens, history rows, N and the
@@ -283,16 +289,21 @@ BLOCK_K_MAX = 32
 
 class LaunchConfig(NamedTuple):
     block_p: int  # P rows per tile (>= MIN_DOT); a program loops over cdiv(P, block_p) tiles
-    block_l: int  # history rows per (single) chunk, >= R
+    block_j: int  # output records per row (window + history), next_pow2(R) (>= MIN_DOT)
     block_t: int  # window tokens, next_pow2(T) (>= MIN_DOT)
     block_k: int  # N columns per chunk of every [., N] operand (>= MIN_DOT)
     fold_unroll: int  # records per unrolled fold step (flush rows)
     num_warps: int
     dot_precision: str  # tl.dot input_precision of the output products
+    num_stages: int  # software pipelining of the P-tile loop (1: none)
+    maxnreg: int | None  # register cap per thread (ptxas), None: the compiler's choice
 
 
 def launch_config(P: int, N: int, R: int, T: int, out_dtype: torch.dtype) -> LaunchConfig:
-    """Fixed launch parameters (no autotune: the kernel writes the pool). Not tuned on a GPU yet.
+    """Fixed launch parameters (no autotune: the kernel writes the pool). Not timed on a GPU yet:
+    chosen offline from ptxas' register counts (sm_90a, Nano-4B shape, T = 8; see
+    benchmarks/notes/verify.md): ``BLOCK_K = 32``, no pipelining and a 128-register cap give 128
+    registers with a 4-byte spill (4 CTAs of 4 warps per SM); pipelining takes 226-250 registers.
 
     The output products run on tensor cores: ``"tf32"`` (fp32 operands rounded to 10 mantissa
     bits, fp32 accumulation) when ``out`` is bf16, whose store rounds to 8 bits; ``"tf32x3"``
@@ -303,7 +314,8 @@ def launch_config(P: int, N: int, R: int, T: int, out_dtype: torch.dtype) -> Lau
     num_warps = 4 if triton.next_power_of_2(N) * MIN_DOT >= 1024 else 2
     precision = "tf32" if out_dtype == torch.bfloat16 else "tf32x3"
     return LaunchConfig(MIN_DOT, max(MIN_DOT, triton.next_power_of_2(R)),
-                        max(MIN_DOT, triton.next_power_of_2(T)), block_k, 4, num_warps, precision)
+                        max(MIN_DOT, triton.next_power_of_2(T)), block_k, 4, num_warps, precision,
+                        1, 128)
 
 
 def mamba2_replay_verify_fwd(
@@ -329,6 +341,7 @@ def mamba2_replay_verify_fwd(
         raise ValueError(f"block_p: expected >= {MIN_DOT} (tl.dot tile), got {block_p}")
     fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
     z_strides = tuple(z.stride()) if z is not None else (0, 0, 0, 0)
+    extra = {} if cfg.maxnreg is None or interpreting() else {"maxnreg": cfg.maxnreg}
     _mamba2_replay_verify_fwd_kernel[(H, batch)](
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, D, z, dt_bias, out,
         slot_idx, ring_start, ring_len, flush,
@@ -353,12 +366,14 @@ def mamba2_replay_verify_fwd(
         BLOCK_P=block_p,
         BLOCK_K=cfg.block_k,
         NUM_NK=triton.cdiv(N, cfg.block_k),
-        BLOCK_L=cfg.block_l,
+        BLOCK_J=cfg.block_j,
         BLOCK_T=cfg.block_t,
         NUM_PT=triton.cdiv(P, block_p),
         FOLD_UNROLL=fold_unroll,
         DOT_PRECISION=cfg.dot_precision,
         num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **extra,
     )
 
 

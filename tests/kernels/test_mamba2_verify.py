@@ -645,7 +645,8 @@ ptrs = dict(state_ptr="*fp32", ring_x_ptr="*bf16", ring_dt_ptr="*fp32", ring_B_p
             D_ptr="*fp32", z_ptr="*bf16", dt_bias_ptr="*fp32", out_ptr="*bf16",
             slot_idx_ptr="*i32", ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1")
 const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_P=cfg.block_p,
-             BLOCK_K=cfg.block_k, NUM_NK=-(-N // cfg.block_k), BLOCK_L=cfg.block_l, BLOCK_T=cfg.block_t,
+             BLOCK_K=cfg.block_k, NUM_NK=-(-N // cfg.block_k), BLOCK_J=cfg.block_j,
+             BLOCK_T=cfg.block_t,
              NUM_PT=-(-P // cfg.block_p), FOLD_UNROLL=cfg.fold_unroll,
              DOT_PRECISION=cfg.dot_precision)
 # Unit strides of contiguous pools become constexpr 1, as the JIT specialises them.
