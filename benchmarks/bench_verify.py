@@ -470,27 +470,42 @@ def format_markdown(rows: list[Row], meta: dict) -> str:
 # ==================================================================================================
 
 
+def _sync(cfg: Config) -> None:
+    if cfg.device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
 def _first_call(case: VCase, cfg: Config) -> str | None:
-    """Run every phase once (compiles) with a NaN-poisoned output; None if all is well."""
+    """Run every phase and the mixed set once (compiles), each synchronised, with a NaN-poisoned
+    output; None if all is well. A device fault raises here, naming this kernel and series."""
     import torch
 
-    for i in range(len(case.phases)) if case.phased else [None]:
-        if i is not None:
-            case.set_phase(i)
+    series = [("phase", i) for i in range(len(case.phases))] if case.phased else [("step",)]
+    if case.set_mixed is not None:
+        series.append(("mixed",))
+    for sid in series:
+        _set_series(case, sid)
         if case.out is not None:
             try:
                 case.out().fill_(float("nan"))
             except KeyError:  # an output the first call allocates
                 pass
-        case.fn()
-        if cfg.device == "cuda":
-            torch.cuda.synchronize()
+        _launch_synced(case, case.fn, sid, cfg, "first call")
         if case.out is not None and not torch.isfinite(case.out().float()).all():
-            return f"non-finite output at phase {i}"
-    if case.set_mixed is not None:
-        case.set_mixed()
-        case.fn()
+            return f"non-finite output at {'/'.join(map(str, sid))}"
     return None
+
+
+def _launch_synced(case: VCase, run, sid: tuple, cfg: Config, what: str) -> None:
+    """One launch, then a device sync; a fault is re-raised naming the kernel and series."""
+    try:
+        run()
+        _sync(cfg)
+    except Exception as e:
+        raise RuntimeError(f"{LABELS[case.key]}, series {'/'.join(map(str, sid))} ({what}): "
+                           f"{type(e).__name__}: {e}") from e
 
 
 def run_point(cfg: Config, fam, timer: bd.Timer, T: int, batch: int, dead: dict,
@@ -504,6 +519,10 @@ def run_point(cfg: Config, fam, timer: bd.Timer, T: int, batch: int, dead: dict,
     ready = []
     for case in cases:
         if (case.key, T) in dead:
+            continue
+        if case.skip is not None:
+            status[f"{fam.name}/{case.key}/T{T}/b{batch}"] = case.skip
+            bd._log(f"  [{fam.name}] {LABELS[case.key]} T{T} b{batch}: {case.skip}")
             continue
         try:
             err = _first_call(case, cfg)
@@ -534,12 +553,12 @@ def run_point(cfg: Config, fam, timer: bd.Timer, T: int, batch: int, dead: dict,
         else:
             series.append((case, run, ("step",)))
     samples: dict = {id(c): {} for c, _ in ready}
+    for case, run, sid in series:  # each series' first replay synchronised: a fault names it
+        _set_series(case, sid)
+        _launch_synced(case, run, sid, cfg, "first replay")
     for _ in range(cfg.passes):
         for case, run, sid in series:
-            if sid[0] == "phase":
-                case.set_phase(sid[1])
-            elif sid[0] == "mixed":
-                case.set_mixed()
+            _set_series(case, sid)
             samples[id(case)].setdefault(sid, []).append(
                 timer.measure(run, cfg.repeats, cfg.warmup))
     rows = []
@@ -547,6 +566,13 @@ def run_point(cfg: Config, fam, timer: bd.Timer, T: int, batch: int, dead: dict,
         rows += summarize(case, T, a, batch, models[case.key], samples[id(case)])
         case._graph = None
     return rows
+
+
+def _set_series(case: VCase, sid: tuple) -> None:
+    if sid[0] == "phase":
+        case.set_phase(sid[1])
+    elif sid[0] == "mixed":
+        case.set_mixed()
 
 
 def time_cursors(cfg: Config, timer: bd.Timer) -> dict:

@@ -46,10 +46,32 @@ class VCase:
     set_mixed: Callable[[], None] | None = None
     mixed_rows: list[tuple[int, bool]] | None = None
     note: str = ""
+    skip: str | None = None  # why this kernel is not launched at this point (reported, not timed)
 
     @property
     def phased(self) -> bool:
         return bool(self.phases)
+
+
+INT32_MAX = 2**31 - 1
+
+
+def scatter_offset_overflow(batch: int, T: int, entry_elems: int) -> str | None:
+    """Why SGLang 0.5.17's ``fused_mamba_state_scatter_with_mask`` cannot run at this point, or None.
+
+    Its kernel forms the source offset ``pid_req * src_req_stride`` in 32 bits (``pid_req`` is the
+    int32 program id; a stride below 2^31 is passed as i32; sm_90a PTX ``mul.lo.s32``) and only
+    then widens it, so when ``(batch - 1) · T · entry_elems`` passes 2^31 - 1 the offset wraps
+    and the launch reads outside the source buffer (CUDA illegal memory access): at the
+    Nano-4B shape (``entry_elems`` = 96·80·128) from batch 275 at T = 8, 548 at T = 4.
+    ``src`` is the snapshot buffer ``[1, batch, T, *state]``, so ``src_req_stride = T·entry``.
+    """
+    stride = T * entry_elems
+    if stride <= INT32_MAX and (batch - 1) * stride > INT32_MAX:
+        return (f"not launched: SGLang's fused_mamba_state_scatter_with_mask computes "
+                f"pid_req * src_req_stride in int32; (batch-1)·T·H·P·N = "
+                f"{(batch - 1) * stride:,} > 2^31-1 would fault (illegal memory access)")
+    return None
 
 
 class _VerifyCursors:
@@ -188,7 +210,8 @@ class Mamba2Verify:
             steps = torch.full((batch,), a - 1, dtype=torch.int32, device=cfg.device)
             dst, src = self.state[None], buf[None]
             out.append(VCase("mamba2", "commit",
-                             lambda: scatter(dst, src, inp["slot_idx"], steps), None))
+                             lambda: scatter(dst, src, inp["slot_idx"], steps), None,
+                             skip=scatter_offset_overflow(batch, T, buf[0, 0].numel())))
         d_out = torch.empty(batch, self.sh.H, self.sh.P, dtype=self.adt, device=cfg.device)
         A, dt_bias, D = self._tied()
 
