@@ -1,6 +1,7 @@
 """The one ReplaySSM configuration of a server, and how every process of that server reads it.
 
-The command line (``--ssm-backend``, ``--replayssm-window``, ``--replayssm-verify``; see ``hooks/args.py``) or the user sets
+The command line (``--ssm-backend``, ``--replayssm-window``, ``--replayssm-verify``,
+``--replayssm-read-dtype``; see ``hooks/args.py``) or the user sets
 one environment variable, ``SGLANG_REPLAYSSM_CONFIG``, holding this configuration as JSON.  SGLang
 spawns its scheduler and TP worker processes with the ``spawn`` start method; they inherit the
 environment (the pickled ``ServerArgs`` carries SGLang's own fields only), and the plug-in's
@@ -9,7 +10,7 @@ the same answer in every process of one server.
 
 | variable | value | unset |
 |---|---|---|
-| ``SGLANG_REPLAYSSM_CONFIG`` | JSON object with any of the keys ``backend``, ``window``, ``verify`` | ``ReplaySSMConfig()`` |
+| ``SGLANG_REPLAYSSM_CONFIG`` | JSON object with any of the keys ``backend``, ``window``, ``verify``, ``read_dtype`` | ``ReplaySSMConfig()`` |
 
 Example: ``SGLANG_REPLAYSSM_CONFIG='{"backend": "replay", "window": 8}'`` (the way to configure an
 in-process ``sglang.Engine(**kwargs)``, which has no command line).
@@ -23,11 +24,12 @@ import os
 from collections.abc import Mapping, MutableMapping
 from typing import Self
 
-__all__ = ["BACKENDS", "ENV_VAR", "VERIFY_MODES", "ReplaySSMConfig"]
+__all__ = ["BACKENDS", "ENV_VAR", "READ_DTYPES", "VERIFY_MODES", "ReplaySSMConfig"]
 
 ENV_VAR = "SGLANG_REPLAYSSM_CONFIG"
 BACKENDS: tuple[str, ...] = ("default", "replay")
 VERIFY_MODES: tuple[str, ...] = ("auto", "replay", "snapshot")
+READ_DTYPES: tuple[str, ...] = ("same", "bf16", "fp16", "fp8")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,16 +47,23 @@ class ReplaySSMConfig:
     verify : str
         Speculative verify path: ``"auto"`` (per batch bucket and draft length, ``heuristic.py``),
         ``"replay"`` or ``"snapshot"`` (SGLang's own).  Ignored without speculative decoding.
+    read_dtype : str
+        Split precision: ``"same"`` (decode reads the checkpoint itself) or the dtype of a read copy
+        kept beside the checkpoint, ``"bf16"``, ``"fp16"`` or ``"fp8"`` (e4m3 with per-row scales),
+        which non-flush decode rows read instead (``kernels/README.md``, "Split precision").
+        Needs ``backend="replay"``.
 
     Raises
     ------
     ValueError
-        On an unknown backend or a window that is not an integer ``>= 1``.
+        On an unknown backend, verify mode or read dtype, a window that is not an integer ``>= 1``,
+        or a read copy with ``backend="default"``.
     """
 
     backend: str = "default"
     window: int = 16
     verify: str = "auto"
+    read_dtype: str = "same"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -69,6 +78,22 @@ class ReplaySSMConfig:
             raise ValueError(
                 f"replayssm verify: expected one of {', '.join(VERIFY_MODES)}, got {self.verify!r}"
             )
+        if self.read_dtype not in READ_DTYPES:
+            raise ValueError(
+                f"replayssm read dtype: expected one of {', '.join(READ_DTYPES)}, got {self.read_dtype!r}"
+            )
+        if self.read_dtype != "same" and self.backend != "replay":
+            raise ValueError(
+                f"replayssm read dtype {self.read_dtype!r} needs --ssm-backend replay (got {self.backend!r}); "
+                "use --replayssm-read-dtype same or --ssm-backend replay"
+            )
+
+    def read_torch_dtype(self):
+        """The read copy's ``torch.dtype``, or ``None`` for ``read_dtype="same"`` (no copy)."""
+        import torch
+
+        return {"same": None, "bf16": torch.bfloat16, "fp16": torch.float16,
+                "fp8": torch.float8_e4m3fn}[self.read_dtype]
 
     def to_env(self) -> str:
         """Return the JSON value of ``SGLANG_REPLAYSSM_CONFIG`` for this configuration."""
@@ -81,7 +106,8 @@ class ReplaySSMConfig:
         Parameters
         ----------
         value : str
-            A JSON object with any of the keys ``backend``, ``window`` and ``verify``; missing keys take their
+            A JSON object with any of the keys ``backend``, ``window``, ``verify`` and ``read_dtype``; missing
+            keys take their
             defaults.
 
         Returns

@@ -16,6 +16,8 @@ Installed by class REPLACE (``hooks/backends.py``).  What changes:
   SGLang's verify unchanged (``spec.py``).
 - **Mixed chunks** (``--enable-mixed-chunk``) are refused: SGLang runs the decode rows of a MIXED
   forward through ``chunk_gated_delta_rule`` on ``temporal``, which would ignore a non-empty ring.
+- **Split precision** (``--replayssm-read-dtype``): as in ``mamba2.py``: decode passes the layer's
+  read copy to ``gdn_replay_decode``; after each layer's extend its rows' copies are refreshed.
 - **CPU**: ``forward_extend`` / ``forward_decode`` run ``cpu.gdn`` for CPU tensors (torch conv with
   the conv state, fp32 delta rule for extend, ring decode through ``gdn_replay_decode_ref``); the
   model-layer Triton pieces SGLang runs outside the backend are routed to torch by ``hooks/cpu.py``.
@@ -23,6 +25,7 @@ Installed by class REPLACE (``hooks/backends.py``).  What changes:
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -126,13 +129,15 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         if forward_batch.forward_mode.is_target_verify():
             return self._forward_verify(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         if not (isinstance(mixed_qkv, torch.Tensor) and mixed_qkv.device.type == "cpu"):
-            return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+            result = super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+            self._refresh_extend_rows(layer.layer_id)
+            return result
         from sglang_replayssm.cpu.gdn import gdn_extend_cpu
 
         if self.forward_metadata.has_mamba_track_mask:
             raise NotImplementedError("ReplaySSM CPU GDN: mamba radix tracking (extra_buffer)")
         layer_cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
-        return gdn_extend_cpu(
+        result = gdn_extend_cpu(
             layer,
             mixed_qkv=mixed_qkv,
             a=a,
@@ -143,6 +148,14 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
             query_start_loc=self.forward_metadata.query_start_loc,
             has_initial_state=forward_batch.extend_prefix_lens > 0,
         )
+        self._refresh_extend_rows(layer.layer_id)
+        return result
+
+    def _refresh_extend_rows(self, layer_id: int) -> None:
+        """Split precision: the extend wrote every row's checkpoint in this layer; refresh their read copy."""
+        if self.pool.read_state is not None:
+            pool_layer = self.req_to_token_pool.mamba_map[layer_id]
+            self.pool.refresh_read(self.forward_metadata.mamba_cache_indices, pool_layer)
 
     def _forward_verify(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         """TARGET_VERIFY of ``T`` tokens per request: SGLang's verify conv (which fills
@@ -240,7 +253,12 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         conv_states = layer_cache.conv[0]
         ssm_states = layer_cache.temporal
         cache_indices = self.forward_metadata.mamba_cache_indices
-        rings = self.pool.layer_rings(self.req_to_token_pool.mamba_map[layer.layer_id])
+        pool_layer = self.req_to_token_pool.mamba_map[layer.layer_id]
+        rings = self.pool.layer_rings(pool_layer)
+        decode = self._decode
+        read = self.pool.layer_read_copy(pool_layer)
+        if read:  # split precision: non-flush rows read the copy, flush rows refresh it
+            decode = functools.partial(self._decode, **read)
         if mixed_qkv.device.type == "cpu":
             from sglang_replayssm.cpu.gdn import gdn_decode_cpu
 
@@ -255,7 +273,7 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
                 ssm_state=ssm_states,
                 rings=rings,
                 step=step,
-                decode_fn=self._decode,
+                decode_fn=decode,
             )
 
         mixed_qkv = causal_conv1d_update(
@@ -272,7 +290,7 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         k = k.view(bs, layer.num_k_heads, layer.head_k_dim)
         v = v.view(bs, layer.num_v_heads, layer.head_v_dim)
         out = mixed_qkv.new_empty(bs, layer.num_v_heads, layer.head_v_dim)
-        self._decode(
+        decode(
             ssm_states,
             rings["u"],
             rings["k"],
@@ -282,8 +300,8 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
             q,
             k,
             v,
-            a_w,
-            b_w,
+            a,
+            b,
             layer.A_log,
             layer.dt_bias,
             out,

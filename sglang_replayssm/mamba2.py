@@ -25,11 +25,16 @@ Installed by class REPLACE (``hooks/backends.py``), so NemotronH / Falcon-H1 / G
   reference with the same signature), because stock SGLang cannot run Mamba-2 layers on a CPU.
 - **Radix tracking.** Rows in ``forward_batch.mamba_track_mask`` force-flush, so the stock
   track-copy after the layer reads a current checkpoint.
+- **Split precision** (``--replayssm-read-dtype``): decode passes the layer's read copy
+  (``pool.layer_read_copy``) to the decode kernel, which reads it on non-flush rows and refreshes it
+  on flush rows; after each layer's extend rows the copy of those slots is refreshed from the new
+  checkpoint (``pool.refresh_read``).  Speculative decoding with a copy is refused at startup.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -209,7 +214,12 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
     ):
         global _ACTIVE
         md = self.forward_metadata
-        rings = self.pool.layer_rings(self.req_to_token_pool.mamba_map[layer_id])
+        pool_layer = self.req_to_token_pool.mamba_map[layer_id]
+        rings = self.pool.layer_rings(pool_layer)
+        decode = self._decode
+        read = self.pool.layer_read_copy(pool_layer)
+        if read:  # split precision: non-flush decode rows read the copy
+            decode = functools.partial(self._decode, **read)
         if hidden_states.device.type == "cpu":
             from sglang_replayssm.cpu.mamba2_mixer import mamba2_mixer_forward_cpu
 
@@ -219,7 +229,7 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
             if forward_batch.mamba_track_mask is not None:
                 raise NotImplementedError("ReplaySSM CPU path: mamba radix tracking (extra_buffer)")
             layer_cache = self.req_to_token_pool.mamba2_layer_cache(layer_id)
-            return mamba2_mixer_forward_cpu(
+            result = mamba2_mixer_forward_cpu(
                 mixer,
                 hidden_states=hidden_states,
                 output=output,
@@ -227,16 +237,20 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
                 metadata=md,
                 rings=rings,
                 step=self._step if md.num_decodes else None,
-                decode_fn=self._verify if md.is_target_verify else self._decode,
+                decode_fn=self._verify if md.is_target_verify else decode,
                 mup_vector=mup_vector,
             )
+            self._refresh_extend_rows(pool_layer)
+            return result
         if not md.num_decodes:
-            return super().forward(
+            result = super().forward(
                 mixer, hidden_states, output, layer_id, forward_batch, mup_vector, use_triton_causal_conv
             )
+            self._refresh_extend_rows(pool_layer)
+            return result
         if self._step is None:
             raise RuntimeError("ReplaySSM: decode rows without a cursor snapshot")
-        kernel = self._verify if isinstance(self._step, VerifyStep) else self._decode
+        kernel = self._verify if isinstance(self._step, VerifyStep) else decode
         ctx = _LayerContext(rings=rings, step=self._step, decode=kernel)
         _ACTIVE = ctx
         try:
@@ -250,4 +264,12 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
                 f"ReplaySSM: the Mamba-2 mixer called selective_state_update {ctx.calls} times for its "
                 "decode / verify rows (expected 1); the selective_state_update hook is not in effect"
             )
+        self._refresh_extend_rows(pool_layer)
         return result
+
+    def _refresh_extend_rows(self, pool_layer: int) -> None:
+        """Split precision: the extend rows' checkpoints were just written by the chunked scan (extend
+        rows come first in ``mamba_cache_indices``); refresh their read copy in this layer."""
+        md = self.forward_metadata
+        if md.num_prefills and self.pool.read_state is not None:
+            self.pool.refresh_read(md.mamba_cache_indices[: md.num_prefills], pool_layer)

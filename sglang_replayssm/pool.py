@@ -19,6 +19,15 @@ checkpoint is written from outside the ring protocol:
 - offload / reload (``get_cpu_copy`` / ``load_cpu_copy``, PD decode retraction): the rings and
   cursors travel with the checkpoint, so a reloaded slot continues exactly.
 
+Split precision (``--replayssm-read-dtype``): per layer a read copy ``read_state`` of the checkpoint
+(``[layers, slots, ...]`` as ``temporal``, bf16 / fp16 / fp8 e4m3) and for fp8 its per-row scales
+``read_scale`` (``[layers, slots, ...]`` as ``temporal`` without the last dim).  Invariant: for every
+slot the copy is ``quantize_rows`` of the checkpoint as stored.  The decode kernels keep it on flush
+rows; everything else that writes a checkpoint refreshes it with ``refresh_read``: extend forwards
+(the backends, per layer), ``clear_slots``, ``copy_from`` (the destination is refreshed from its new
+checkpoint, so a source written by SGLang's radix track-copy is never carried stale), reload and
+radix materialisation.
+
 The rings are attributes of the pool, not fields of ``MambaPool.State``: PD transfer iterates the
 state's fields, and the rings must not be sent.
 """
@@ -32,11 +41,13 @@ import torch
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import MambaPool
 
+from replayssm_kernels.mamba2_decode.read_copy import quantize_rows
+
 from sglang_replayssm.config import ReplaySSMConfig
 from sglang_replayssm.sizing import RingSpec, ring_spec
 from sglang_replayssm.tp import TPLayout
 
-__all__ = ["ReplayPoolSpec", "ReplayMambaPool"]
+__all__ = ["ReplayPoolSpec", "ReplayMambaPool", "read_copy_bytes_per_slot"]
 
 logger = logging.getLogger(__name__)
 _GB = 1 << 30
@@ -57,12 +68,40 @@ class ReplayPoolSpec:
     layout : TPLayout or None
         This rank's shard of SSM heads and groups (``sglang_replayssm.tp``); when given, SGLang's
         per-rank cache shape must match it (``sizing.ring_spec``).
+    read_dtype : torch.dtype or None
+        Split precision: the read copy's dtype (bf16, fp16, fp8 e4m3), or None for no copy.
     """
 
     family: str
     window: int
     act_dtype: torch.dtype
     layout: TPLayout | None = None
+    read_dtype: torch.dtype | None = None
+
+
+def read_copy_bytes_per_slot(
+    temporal_shape: tuple[int, ...], num_layers: int, read_dtype: torch.dtype | None
+) -> int:
+    """Bytes of one slot's read copy over ``num_layers`` layers (fp8: plus its fp32 row scales).
+
+    Parameters
+    ----------
+    temporal_shape : tuple of int
+        One slot's checkpoint shape in one layer (SGLang's ``cache_params.shape.temporal``).
+    num_layers : int
+        SSM layers on this rank.
+    read_dtype : torch.dtype or None
+        The copy's dtype; None gives 0.
+    """
+    if read_dtype is None:
+        return 0
+    elems = 1
+    for d in temporal_shape:
+        elems *= int(d)
+    per_layer = elems * torch.empty((), dtype=read_dtype).element_size()
+    if read_dtype == torch.float8_e4m3fn:
+        per_layer += elems // int(temporal_shape[-1]) * 4
+    return num_layers * per_layer
 
 
 class ReplayMambaPool(MambaPool):
@@ -89,6 +128,10 @@ class ReplayMambaPool(MambaPool):
     fold_A : list[torch.Tensor] or None
         Mamba-2: each layer's ``A`` (``[H]``), set by ``hooks/pool.py``; read by
         ``radix_materialise.materialise_slot``.  None for GDN (its records carry their gates).
+    read_state : torch.Tensor or None
+        Split precision: ``[layers, slots, ...]`` read copy of ``temporal`` in ``replay.read_dtype``.
+    read_scale : torch.Tensor or None
+        fp8 copies: ``[layers, slots, ...]`` fp32 row scales (``temporal``'s shape without the last dim).
     """
 
     def __init__(self, *, replay: ReplayPoolSpec, **kwargs):
@@ -132,10 +175,26 @@ class ReplayMambaPool(MambaPool):
         # SGLang resets / reads this name on alloc and finished-request donation.
         self.replayssm_write_pos = self.cursors[:, 1]
         self.fold_A: list[torch.Tensor] | None = None
+        self.read_state, self.read_scale = self._alloc_read_copy(replay.read_dtype)
         ring_bytes = sum(t.numel() * t.element_size() for t in self.rings.values())
         ring_bytes += self.cursors.numel() * self.cursors.element_size()
         self.replay_ring_bytes = ring_bytes
         self.mem_usage += ring_bytes / _GB
+        if self.read_state is not None:
+            read_bytes = sum(
+                t.numel() * t.element_size() for t in (self.read_state, self.read_scale) if t is not None
+            )
+            self.replay_read_bytes = read_bytes
+            self.mem_usage += read_bytes / _GB
+            logger.info(
+                "ReplaySSM read copy is allocated. read_state=%s %s%s, size: %.3fGB (%d B per slot) beside the "
+                "%s checkpoint",
+                tuple(self.read_state.shape), self.read_state.dtype,
+                "" if self.read_scale is None else f", read_scale={tuple(self.read_scale.shape)} {self.read_scale.dtype}",
+                read_bytes / _GB, read_bytes // num_slots, self.mamba_cache.temporal.dtype,
+            )
+        else:
+            self.replay_read_bytes = 0
         logger.info(
             "ReplaySSM rings are allocated. family=%s, window L=%d, rows R=%d, slots=%d, "
             "layers=%d, %s, ring size: %.3fGB (%d B per slot), mamba cache total: %.3fGB",
@@ -168,7 +227,66 @@ class ReplayMambaPool(MambaPool):
         self.mem_usage -= freed / _GB
         logger.info("ReplaySSM: released SGLang's per-draft SSM buffer intermediate_ssm (%.3fGB)", freed / _GB)
 
+    def _alloc_read_copy(self, dtype: torch.dtype | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Allocate the split-precision read copy (and fp8 scales), filled from the checkpoint."""
+        if dtype is None:
+            return None, None
+        temporal = self.mamba_cache.temporal
+        if dtype == temporal.dtype:
+            raise ValueError(
+                f"ReplaySSM: --replayssm-read-dtype gives the checkpoint's own dtype {dtype} (--mamba-ssm-dtype); "
+                "use --replayssm-read-dtype same, or a narrower read dtype"
+            )
+        with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
+            read_state = torch.empty(temporal.shape, dtype=dtype, device=temporal.device)
+            read_scale = (
+                torch.empty(temporal.shape[:-1], dtype=torch.float32, device=temporal.device)
+                if dtype == torch.float8_e4m3fn else None
+            )
+        q, scale = quantize_rows(temporal, dtype)
+        read_state.copy_(q)
+        if read_scale is not None:
+            read_scale.copy_(scale)
+        return read_state, read_scale
+
     # ------------------------------------------------------------------ views for the kernels
+
+    def layer_read_copy(self, layer_idx: int) -> dict[str, torch.Tensor | None]:
+        """Decode-kernel keywords for one layer: ``{}`` without a copy, else ``read_state`` / ``read_scale``
+        views ``[slots, ...]`` (pool layer index)."""
+        if self.read_state is None:
+            return {}
+        return {
+            "read_state": self.read_state[layer_idx],
+            "read_scale": None if self.read_scale is None else self.read_scale[layer_idx],
+        }
+
+    def refresh_read(self, indices: torch.Tensor, layer_idx: int | None = None) -> None:
+        """Rewrite the read copy of ``indices`` from their checkpoints (no-op without a copy).
+
+        Parameters
+        ----------
+        indices : torch.Tensor
+            ``[k]`` integer slots; ``-1`` (padding) goes to the null slot 0.  No host sync.
+        layer_idx : int, optional
+            One pool layer (after that layer's extend), or every layer when None.
+        """
+        if self.read_state is None:
+            return
+        idx = indices.to(device=self.read_state.device, dtype=torch.long).reshape(-1).clamp(min=0)
+        if idx.numel() == 0:
+            return
+        temporal = self.mamba_cache.temporal
+        if layer_idx is None:
+            q, scale = quantize_rows(temporal[:, idx], self.read_state.dtype)
+            self.read_state[:, idx] = q
+            if scale is not None:
+                self.read_scale[:, idx] = scale
+        else:
+            q, scale = quantize_rows(temporal[layer_idx, idx], self.read_state.dtype)
+            self.read_state[layer_idx, idx] = q
+            if scale is not None:
+                self.read_scale[layer_idx, idx] = scale
 
     def layer_rings(self, layer_idx: int) -> dict[str, torch.Tensor]:
         """Per-layer ring views ``name -> [slots, heads, R, ...]`` (pool layer index)."""
@@ -186,6 +304,7 @@ class ReplayMambaPool(MambaPool):
     def clear_slots(self, indices: torch.Tensor):
         super().clear_slots(indices)
         self.reset_slots(indices)
+        self.refresh_read(indices)
 
     def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
         """Fork: copy checkpoint, conv state, ring rows and cursors of ``src`` into ``dst``.
@@ -194,7 +313,8 @@ class ReplayMambaPool(MambaPool):
         source's ``len``: a source with a pending ring is carried, never dropped (SGLang's own
         ``copy_from`` copies ``temporal`` only and assumes a flushed source).  Radix-tree slots
         have empty rings (``radix.py``, invariant T), so a copy-on-write from the tree starts with
-        an empty ring.  In place; no host sync.
+        an empty ring.  A read copy is refreshed from the destination's new checkpoint.  In place; no
+        host sync.
 
         Parameters
         ----------
@@ -212,6 +332,7 @@ class ReplayMambaPool(MambaPool):
         for t in self.rings.values():
             t[:, dst] = t[:, src]
         self.cursors[dst] = self.cursors[src]
+        self.refresh_read(dst)
 
     def get_cpu_copy(self, indices):
         conv_cpu, temporal_cpu = super().get_cpu_copy(indices)[:2]
@@ -236,6 +357,8 @@ class ReplayMambaPool(MambaPool):
         for name, t in self.rings.items():
             t[:, indices] = ring_copy.rings[name].to(t.device)
         self.cursors[indices] = ring_copy.cursors.to(self.cursors.device)
+        # The copy is a function of the checkpoint: recomputed on reload, not carried.
+        self.refresh_read(torch.as_tensor(indices, device=self.cursors.device))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -84,7 +84,8 @@ def materialise_slot(pool, slot: int | torch.Tensor) -> int:
     Parameters
     ----------
     pool : ReplayMambaPool
-        The pool (``temporal`` and rings written in place for ``slot`` only; cursors reset).
+        The pool (``temporal``, rings and a read copy written in place for ``slot`` only; cursors
+        reset).
     slot : int or torch.Tensor
         One slot in ``[1, slots)`` (a 0-d or 1-element tensor, as SGLang passes it).
 
@@ -116,4 +117,5 @@ def materialise_slot(pool, slot: int | torch.Tensor) -> int:
     for layer in range(pool.mamba_cache.temporal.shape[0]):
         fold(pool, layer, idx, st, ln)
     cursors[s] = torch.tensor([(start + length) % pool.ring_spec.rows, 0], dtype=cursors.dtype, device=dev)
+    pool.refresh_read(idx)  # split precision: the copy follows the folded checkpoint
     return length

@@ -1,4 +1,5 @@
-"""The plug-in's server flags, ``--ssm-backend``, ``--replayssm-window`` and ``--replayssm-verify``.
+"""The plug-in's server flags, ``--ssm-backend``, ``--replayssm-window``, ``--replayssm-verify`` and
+``--replayssm-read-dtype``.
 
 SGLang's ``ServerArgs`` is a dataclass that a plug-in cannot add fields to, and
 ``ServerArgs.from_cli_args`` keeps only its own fields.  So the flags live beside it:
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_replayssm import patching
-from sglang_replayssm.config import BACKENDS, VERIFY_MODES, ReplaySSMConfig
+from sglang_replayssm.config import BACKENDS, READ_DTYPES, VERIFY_MODES, ReplaySSMConfig
 from sglang_replayssm.errors import ReplaySSMStartupError
 from sglang_replayssm.hooks import HookSpec
 
@@ -86,6 +87,16 @@ def add_flags(result: None, parser: argparse.ArgumentParser) -> None:
         "snapshot; tree drafts (--speculative-eagle-topk > 1) always use snapshot. 'replay' / "
         "'snapshot' force one path. Default: %(default)s.",
     )
+    group.add_argument(
+        "--replayssm-read-dtype",
+        choices=READ_DTYPES,
+        default=defaults.read_dtype,
+        help="Split precision with --ssm-backend replay: keep a read copy of each SSM state checkpoint in "
+        "this dtype ('fp8': e4m3 with one scale per state row), refreshed from the checkpoint at every "
+        "flush and prefill; decode reads the copy, the recurrence keeps the checkpoint's precision. "
+        "Costs the copy's bytes per mamba slot. Not with speculative decoding. 'same': no copy. "
+        "Default: %(default)s.",
+    )
 
 
 def config_from_namespace(args: argparse.Namespace) -> ReplaySSMConfig | None:
@@ -120,6 +131,7 @@ def config_from_namespace(args: argparse.Namespace) -> ReplaySSMConfig | None:
             window=args.replayssm_window,
             # absent from a namespace built by hand before this flag existed: keep the env/default
             verify=getattr(args, "replayssm_verify", None) or _env_config().verify,
+            read_dtype=getattr(args, "replayssm_read_dtype", None) or _env_config().read_dtype,
         )
     except ValueError as exc:
         raise ReplaySSMStartupError(str(exc)) from None

@@ -23,7 +23,8 @@
     backend hook fires for it), and some server options conflict with the rings.
     How: refuses to start (``ReplaySSMStartupError``) unless the target model is a supported Mamba-2
     or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, speculative decoding on
-    ``--device cpu`` and ``--replayssm-verify replay`` with tree drafts (``spec_plan``), tensor-parallel
+    ``--device cpu`` and ``--replayssm-verify replay`` with tree drafts (``spec_plan``), a split-precision
+    read copy (``--replayssm-read-dtype``) with speculative decoding, tensor-parallel
     layouts that cannot shard the SSM heads and groups (``tp.startup_refusal``), unified memory, PD disaggregation, and for GDN ``--enable-mixed-chunk`` and Qwen3.5 on ``--device cpu``;
     draft model configs are not checked.  Runs during ``ServerArgs`` resolution, in the launching process,
     before anything is loaded (and again in each scheduler).
@@ -57,7 +58,13 @@ def _refusals(model_config, server_args) -> list[str]:
             "SGLang's built-in --enable-linear-replayssm / --enable-linear-replayssm-spec cannot be combined "
             "with --ssm-backend replay; use one of them"
         )
-    problems += startup_refusals(server_args, ReplaySSMConfig.from_env().verify)
+    config = ReplaySSMConfig.from_env()
+    problems += startup_refusals(server_args, config.verify)
+    if config.read_dtype != "same" and getattr(server_args, "speculative_algorithm", None):
+        problems.append(
+            f"--replayssm-read-dtype {config.read_dtype} with speculative decoding: the verify kernels do not read "
+            "the read copy yet; use --replayssm-read-dtype same or run without --speculative-algorithm"
+        )
     tp_problem = tp.startup_refusal(family, model_config, server_args)
     if tp_problem:
         problems.append(tp_problem)
@@ -83,7 +90,8 @@ def validate_startup(result, *args, **kwargs):
     """AFTER ``ModelConfig.from_server_args(server_args, ..., is_draft_model=...)``: refuse bad setups.
 
     Refused with ``ReplaySSMStartupError``: an unsupported model family, SGLang's built-in ReplaySSM
-    flags, speculative setups that cannot run (``spec_plan.startup_refusals``), TP layouts that cannot
+    flags, speculative setups that cannot run (``spec_plan.startup_refusals``), a read copy with
+    speculative decoding, TP layouts that cannot
     shard the SSM heads and groups (``tp.startup_refusal``), unified memory,
     PD disaggregation, and (GDN)
     ``--enable-mixed-chunk`` or Qwen3.5 on ``--device cpu``.  Draft model configs are not checked.

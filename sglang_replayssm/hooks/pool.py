@@ -15,8 +15,8 @@
     Removal: when SGLang lets a plug-in choose the mamba pool class per server.
 
 ``KVCacheConfigurator._handle_max_mamba_cache`` (AROUND)
-    Why: the rings are not part of ``mamba_cache_per_req``, so without this ``--mem-fraction-static``
-    would be exceeded by ``(K+1) * ring_bytes_per_slot``.
+    Why: the rings (and a split-precision read copy) are not part of ``mamba_cache_per_req``, so
+    without this ``--mem-fraction-static`` would be exceeded by ``(K+1) * ring_bytes_per_slot``.
     How: the original solves ``K`` slots; if ``K`` was derived from the memory budget we republish
     ``K' = floor((K+1) * per_req / (per_req + ring)) - 1`` (same bytes), otherwise (explicit
     ``--max-mamba-cache-size`` / ``--max-running-requests``) we keep ``K``; either way the returned
@@ -76,7 +76,7 @@ def _spec_for(configurator):
     family = replay_family(configurator.model_config)
     layout = tp.model_layout(family, configurator.mambaish_config, get_parallel().attn_tp_size)
     return ReplayPoolSpec(family=family, window=cfg.window, act_dtype=configurator.model_config.dtype,
-                          layout=layout)
+                          layout=layout, read_dtype=cfg.read_torch_dtype())
 
 
 def around_build_hybrid_req_pool(original, self, *args, **kwargs):
@@ -111,7 +111,9 @@ def around_build_hybrid_req_pool(original, self, *args, **kwargs):
 
 
 def ring_bytes_per_slot(configurator) -> int:
-    """Ring + cursor bytes of one mamba slot on this rank (the same numbers ``ReplayMambaPool`` allocates)."""
+    """Ring + cursor (+ read copy) bytes of one mamba slot on this rank (what ``ReplayMambaPool`` allocates)."""
+    from sglang_replayssm.pool import read_copy_bytes_per_slot
+
     spec = _spec_for(configurator)
     params = configurator.mambaish_config.mamba2_cache_params
     layers = [
@@ -130,7 +132,7 @@ def ring_bytes_per_slot(configurator) -> int:
         act_dtype=spec.act_dtype,
         spec_tokens=int(configurator.server_args.max_speculative_num_draft_tokens or 0),
         layout=spec.layout,
-    ).bytes_per_slot
+    ).bytes_per_slot + read_copy_bytes_per_slot(tuple(params.shape.temporal), len(layers), spec.read_dtype)
 
 
 def around_handle_max_mamba_cache(original, self, total_rest_memory):
@@ -159,7 +161,8 @@ def around_handle_max_mamba_cache(original, self, total_rest_memory):
         rest += (k + 1) * per_req / gib - (k_new + 1) * per_req / gib
     rest -= (k_new + 1) * ring / gib
     logger.info(
-        "ReplaySSM memory: %d B of ring per mamba slot (state %d B per slot); max_mamba_cache_size %d -> %d "
+        "ReplaySSM memory: %d B of ring (+ read copy) per mamba slot (state %d B per slot); "
+        "max_mamba_cache_size %d -> %d "
         "(%s); rings charged %.3f GB",
         ring, per_req, k, k_new, "explicit size kept" if explicit else "budget re-solved",
         (k_new + 1) * ring / gib,

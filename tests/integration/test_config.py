@@ -30,6 +30,9 @@ def test_defaults() -> None:
         ({"window": "8"}, "window L: expected an integer >= 1, got str '8'"),
         ({"window": 8.0}, "window L: expected an integer >= 1, got float 8.0"),
         ({"verify": "fast"}, "replayssm verify: expected one of auto, replay, snapshot, got 'fast'"),
+        ({"backend": "replay", "read_dtype": "int8"},
+         "replayssm read dtype: expected one of same, bf16, fp16, fp8, got 'int8'"),
+        ({"read_dtype": "bf16"}, "replayssm read dtype 'bf16' needs --ssm-backend replay"),
     ],
 )
 def test_invalid_fields_are_rejected_with_expected_and_actual(fields: dict, message: str) -> None:
@@ -64,7 +67,7 @@ def test_partial_env_value_keeps_other_defaults() -> None:
     [
         ("{oops", "expected a JSON object, got '{oops'"),
         ("[1, 2]", "expected a JSON object, got list"),
-        ('{"L": 3}', r"expected keys among \['backend', 'verify', 'window'\], got unknown \['L'\]"),
+        ('{"L": 3}', r"expected keys among \['backend', 'read_dtype', 'verify', 'window'\], got unknown \['L'\]"),
         ('{"window": 0}', "window L: expected an integer >= 1, got 0"),
     ],
 )
@@ -168,3 +171,39 @@ def test_default_on_the_command_line_after_replay_from_env_is_refused(
     args = _server_parser().parse_args(["--model-path", "m", "--ssm-backend", "default"])
     with pytest.raises(ReplaySSMStartupError, match="--ssm-backend default conflicts with the replay hooks"):
         ServerArgs.from_cli_args(args)
+
+
+def test_read_dtype_maps_to_torch_and_round_trips() -> None:
+    import torch
+
+    expected = {"same": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+    for name, dtype in expected.items():
+        config = ReplaySSMConfig(backend="replay", read_dtype=name)
+        assert config.read_torch_dtype() == dtype
+        environ: dict[str, str] = {}
+        config.export(environ)
+        assert ReplaySSMConfig.from_env(environ) == config
+    assert ReplaySSMConfig().read_dtype == "same"
+
+
+def test_read_dtype_flag_reaches_the_config(stock_sglang: None, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from sglang.srt.plugins import load_plugins
+
+    from sglang_replayssm.hooks.args import config_from_namespace
+
+    load_plugins()
+    args = _server_parser().parse_args(["--model-path", "m"])
+    assert config_from_namespace(args).read_dtype == "same"
+    args = _server_parser().parse_args(
+        ["--model-path", "m", "--ssm-backend", "replay", "--replayssm-read-dtype", "fp8"]
+    )
+    assert config_from_namespace(args) == ReplaySSMConfig(backend="replay", read_dtype="fp8")
+    args = _server_parser().parse_args(["--model-path", "m", "--replayssm-read-dtype", "bf16"])
+    with pytest.raises(ReplaySSMStartupError, match="needs --ssm-backend replay"):
+        config_from_namespace(args)
+    monkeypatch.setenv(ENV_VAR, '{"backend": "replay", "read_dtype": "fp16"}')
+    assert _server_parser().parse_args(["--model-path", "m"]).replayssm_read_dtype == "fp16"
+    with pytest.raises(SystemExit):
+        _server_parser().parse_args(["--model-path", "m", "--replayssm-read-dtype", "int4"])
+    assert "argument --replayssm-read-dtype: invalid choice: 'int4'" in capsys.readouterr().err

@@ -114,7 +114,7 @@ def test_default_backend_leaves_sglang_stock(stock_sglang: None, monkeypatch: py
         assert target not in HookRegistry._patched
     hooked_parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(hooked_parser)
-    ours = {"ssm_backend", "replayssm_window", "replayssm_verify"}
+    ours = {"ssm_backend", "replayssm_window", "replayssm_verify", "replayssm_read_dtype"}
     assert [view for view in _parser_view(hooked_parser) if view[1] not in ours] == _parser_view(stock_parser)
 
     namespace = hooked_parser.parse_args(["--model-path", "m"])
