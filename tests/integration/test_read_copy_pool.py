@@ -167,3 +167,27 @@ def test_radix_materialise_refreshes_the_copy():
     assert not torch.equal(pool.mamba_cache.temporal[:, 2], before_state)  # the fold wrote the checkpoint
     _assert_copy_follows(pool, [2])
     _assert_untouched(pool, before, [2])
+
+
+@pytest.mark.parametrize("read_dtype", READ)
+def test_memory_budget_charges_what_the_pool_allocates(read_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch):
+    """``hooks/pool.ring_bytes_per_slot`` (the per-slot bytes the budget hook charges) grows by exactly
+    the copy's bytes per slot that the pool allocates."""
+    from types import SimpleNamespace
+
+    from sglang_replayssm.hooks import pool as pool_hooks
+
+    params = _params("mamba2")
+    configurator = SimpleNamespace(
+        mambaish_config=SimpleNamespace(mamba2_cache_params=params),
+        layer_info=SimpleNamespace(start_layer=0, end_layer=5),
+        server_args=SimpleNamespace(max_speculative_num_draft_tokens=None),
+    )
+    charged = {}
+    for dtype in (None, read_dtype):
+        spec = ReplayPoolSpec(family="mamba2", window=4, act_dtype=torch.bfloat16, read_dtype=dtype)
+        monkeypatch.setattr(pool_hooks, "_spec_for", lambda _c, spec=spec: spec)
+        charged[dtype] = pool_hooks.ring_bytes_per_slot(configurator)
+    pool = _pool(read_dtype)
+    assert charged[read_dtype] - charged[None] == pool.replay_read_bytes // (SIZE + 1) > 0
+    assert charged[None] == pool.ring_spec.bytes_per_slot
