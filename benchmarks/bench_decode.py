@@ -118,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Mamba-2 only: split precision, non-flush rows read a read copy of this "
                         "dtype (fp8: e4m3 + per-row scales) beside the --state-dtype checkpoint "
                         "(default same: no copy)")
-    p.add_argument("--gdn-u-dtype", choices=("act", "fp32"), default="act",
-                   help="dtype of our GDN ring_u (activation dtype by default)")
+    p.add_argument("--gdn-u-dtype", choices=("act", "fp32"), default="fp32",
+                   help="dtype of our GDN ring_u (fp32 by default, as the server allocates it)")
     p.add_argument("--mamba2-shape", choices=tuple(MAMBA2_SHAPES), default=None,
                    help="default nano-4b on cuda, mamba2-tiny on cpu")
     p.add_argument("--gdn-shape", choices=tuple(GDN_SHAPES), default=None,

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default ceil(T/2))")
     p.add_argument("--state-dtype", choices=tuple(DTYPE_BYTES), default="fp32")
     p.add_argument("--act-dtype", choices=("bf16", "fp16"), default="bf16")
-    p.add_argument("--gdn-u-dtype", choices=("act", "fp32"), default="act")
+    p.add_argument("--gdn-u-dtype", choices=("act", "fp32"), default="fp32")
     p.add_argument("--mamba2-shape", choices=tuple(MAMBA2_SHAPES), default=None)
     p.add_argument("--gdn-shape", choices=tuple(GDN_SHAPES), default=None)
     p.add_argument("--slots", type=int, default=None,

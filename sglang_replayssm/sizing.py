@@ -131,7 +131,7 @@ def ring_spec(
     window : int
         Decode window ``L >= 1``.
     act_dtype : torch.dtype
-        Activation dtype (model dtype): x / B / u / k / v records are stored in it.
+        Activation dtype (model dtype): x / B / k / v records are stored in it; GDN's u is fp32.
     spec_tokens : int
         Extra rows for speculative verify (0 for plain decode).
     layout : TPLayout or None
@@ -170,7 +170,7 @@ def ring_spec(
             )
         heads, groups = hv, num_k_heads
         tensors = {
-            "u": ((hv, rows, v), act_dtype),
+            "u": ((hv, rows, v), fp32),  # fp32: the conventional update never rounds u
             "k": ((num_k_heads, rows, k), act_dtype),
             "v": ((hv, rows, v), act_dtype),
             "g": ((hv, rows), fp32),

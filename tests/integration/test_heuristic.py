@@ -56,8 +56,8 @@ def test_byte_model_matches_math_md() -> None:
 def test_gdn_shape_uses_the_ring_record() -> None:
     shape = h.verify_shape(family="gdn", temporal_shape=(32, 128, 128), conv_dim=0, num_k_heads=16,
                            num_layers=24, window=16, state_dtype=torch.float32, act_dtype=torch.bfloat16)
-    # record: u, v [HV, V] bf16, k [Hk, K] bf16, g, beta [HV] fp32
-    assert shape.record_bytes == 32 * 128 * 2 * 2 + 16 * 128 * 2 + 32 * 4 * 2
+    # record: u [HV, V] fp32, v [HV, V] bf16, k [Hk, K] bf16, g, beta [HV] fp32
+    assert shape.record_bytes == 32 * 128 * (4 + 2) + 16 * 128 * 2 + 32 * 4 * 2
     assert shape.state_bytes == 32 * 128 * 128 * 4
 
 
