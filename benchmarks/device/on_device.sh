@@ -17,13 +17,20 @@ if [ ! -f "$archive" ]; then
   echo "on_device.sh: $archive missing: run benchmarks/device/payload.sh first and carry .device" >&2
   exit 2
 fi
-sum=$(md5sum "$archive" | cut -d' ' -f1)
-if [ "$(cat /tmp/sgl/.archive-md5 2>/dev/null)" != "$sum" ]; then
-  rm -rf /tmp/sgl && mkdir -p /tmp/sgl
-  tar -C /tmp/sgl -xJf "$archive"
-  echo "$sum" > /tmp/sgl/.archive-md5
-fi
 export PYTHONPATH=/tmp/sgl/site${PYTHONPATH:+:$PYTHONPATH}
 export SGLANG_PLUGINS=replayssm
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >&2
+# Unpack and install under a lock: several on_device.sh may start at once in one call.
+(
+  flock 9
+  sum=$(md5sum "$archive" | cut -d' ' -f1)
+  if [ "$(cat /tmp/sgl/.archive-md5 2>/dev/null)" != "$sum" ]; then
+    rm -rf /tmp/sgl && mkdir -p /tmp/sgl
+    tar -C /tmp/sgl -xJf "$archive"
+    echo "$sum" > /tmp/sgl/.archive-md5
+  fi
+  if [ "$(cat /tmp/sgl/.installed-from 2>/dev/null)" != "$PWD" ]; then
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >&2
+    echo "$PWD" > /tmp/sgl/.installed-from
+  fi
+) 9>/tmp/sgl.lock
 "$@"

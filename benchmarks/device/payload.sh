@@ -11,8 +11,10 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 # Extra wheels beyond the builder's list: `sglang.bench_serving` imports `datasets` at start-up
-# (through its MMMU loader), and the H200 image has neither it nor `multiprocess`.
-extras=(datasets==5.2.0 multiprocess==0.70.19)
+# (through its MMMU loader), and the H200 image has neither it nor `multiprocess`. SGLang's EAGLE v2
+# worker (STANDALONE speculative decoding) imports the DSA attention backend, which imports `deep_gemm`,
+# when it captures the draft's CUDA graphs, whatever the model.
+extras=(datasets==5.2.0 multiprocess==0.70.19 sgl-deep-gemm==0.1.5.post1)
 archive="$repo/.device/sgl517-bench.tar.xz"
 if [ -s "$archive" ] && xz -t "$archive" 2>/dev/null; then
   echo "$archive"
