@@ -162,10 +162,12 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         ``intermediate_conv_window`` for the commit's rollback), then ``gdn_replay_verify`` on the
         forward's ``VerifyStep``.  Returns ``[1, bs*T, HV, V]`` as SGLang's verify does.
 
-        Snapshot-path forward (``spec.py``, "Snapshot fallback"): the same conv and kernel with every
-        row flushing and a one-token window fold the ring into the checkpoint (outputs discarded),
-        then SGLang's own verify runs (its conv again: it reads the conv state and rewrites the same
-        windows)."""
+        Snapshot-path forward (``spec.py``, "Snapshot fallback"): the kernel with every row flushing
+        and a one-token window folds the committed ring into the checkpoint (outputs discarded; the
+        appended record is dropped when the commit empties the ring), then SGLang's own verify runs.
+        The conv runs only there: SGLang's conv update shifts the conv state in place, so a second
+        conv would read a state already advanced by ``T`` tokens.  The one-token window takes the
+        pre-conv inputs: the fold reads committed records only."""
         from sglang.srt.layers.attention.linear.gdn_backend import causal_conv1d_update
 
         step = self._step
@@ -184,11 +186,12 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         windows = layer_cache.intermediate_conv_window[0]
         rings = self.pool.layer_rings(self.req_to_token_pool.mamba_map[layer.layer_id])
         x = mixed_qkv.view(bs, T, -1)
-        if mixed_qkv.device.type == "cpu":
-            from sglang_replayssm.cpu.gdn import gdn_verify_conv_cpu
-
-            if step.snapshot:
+        if step.snapshot:
+            if mixed_qkv.device.type == "cpu":
                 raise NotImplementedError("ReplaySSM CPU GDN: SGLang's snapshot verify has no CPU path")
+            xc = x
+        elif mixed_qkv.device.type == "cpu":
+            from sglang_replayssm.cpu.gdn import gdn_verify_conv_cpu
 
             xc = gdn_verify_conv_cpu(layer, x, conv_states, step.slot_idx, windows[:bs])
         else:
