@@ -15,7 +15,7 @@ history records newer than ``j``::
 
 with one record index space ``J`` (``BLOCK_J = next_pow2(R)`` rows: the ``T`` window tokens, then
 the history newest first; ``len + T <= R``). Every product runs on tensor cores (``tl.dot``,
-tf32 for bf16 outputs, tf32x3 otherwise; operands padded to 16): ``KᵀQ [BLOCK_J, BLOCK_T]`` once
+tf32x3, about fp32 accuracy; operands padded to 16): ``KᵀQ [BLOCK_J, BLOCK_T]`` once
 per (row, head) (the group's heads each recompute it: O(R·T·N), small next to the state), and per
 P-tile ``[BLOCK_P, N]×[N, BLOCK_T]`` (N in ``BLOCK_K`` chunks, which bounds the registers of the
 operands every warp holds) plus ``[BLOCK_P, BLOCK_J]×[BLOCK_J, BLOCK_T]``. No per-draft state.
@@ -305,16 +305,18 @@ def launch_config(P: int, N: int, R: int, T: int, out_dtype: torch.dtype) -> Lau
     benchmarks/notes/verify.md): ``BLOCK_K = 32``, no pipelining and a 128-register cap give 128
     registers with a 4-byte spill (4 CTAs of 4 warps per SM); pipelining takes 226-250 registers.
 
-    The output products run on tensor cores: ``"tf32"`` (fp32 operands rounded to 10 mantissa
-    bits, fp32 accumulation) when ``out`` is bf16, whose store rounds to 8 bits; ``"tf32x3"``
-    (split operands, about fp32 accuracy) for fp16 and fp32 outputs. The flush fold into the
-    checkpoint never goes through ``tl.dot``.
+    The output products run on tensor cores in ``"tf32x3"`` (split operands, about fp32 accuracy)
+    for every output dtype. Plain ``"tf32"`` (10 mantissa bits) for bf16 outputs was run on the
+    H200 at commit f114327: bf16 outputs 1.1e-3 from the torch reference at T = 4 (1.3e-5 with
+    the fp32 products of 7050b4b), i.e. many bf16 roundings flipped, and in the same session
+    greedy speculative decoding on the tiny Nemotron-H parted from stock SGLang's snapshot verify
+    at token 3 of one request (benchmarks/RESULTS.md). tf32x3 has not been timed. The flush fold
+    into the checkpoint never goes through ``tl.dot``.
     """
     block_k = max(MIN_DOT, min(BLOCK_K_MAX, triton.next_power_of_2(N)))
     num_warps = 4 if triton.next_power_of_2(N) * MIN_DOT >= 1024 else 2
-    precision = "tf32" if out_dtype == torch.bfloat16 else "tf32x3"
     return LaunchConfig(MIN_DOT, max(MIN_DOT, triton.next_power_of_2(R)),
-                        max(MIN_DOT, triton.next_power_of_2(T)), block_k, 4, num_warps, precision,
+                        max(MIN_DOT, triton.next_power_of_2(T)), block_k, 4, num_warps, "tf32x3",
                         1, 128)
 
 
