@@ -11,9 +11,9 @@ Servers, all started at once: replay + spec (``--replayssm-verify replay``, CUDA
 graphs of every bucket), replay + spec eager, replay + spec ``auto`` (every bucket of the tiny models goes
 to the snapshot fallback), replay without spec, stock + spec.
 Checked one request at a time (concurrent runs are printed only): replay + spec with graphs gives
-the same tokens as without graphs; against replay without
-spec and against stock + spec the greedy paths may part only late (bf16: verify and decode kernels sum
-in different orders, as stock spec vs stock decode do; the table is printed);
+the same tokens as without graphs; ``auto`` (snapshot fallback) gives exactly stock + spec's tokens;
+replay + spec parts from stock + spec only late, if at all (bf16: the verify kernels sum in another
+order than SGLang's); spec vs no spec is printed only (stock + spec parts from no spec early too);
 requests run long enough for > 3 ring cycles at L = 16.  Radix tracking is off (``no_buffer``): the
 replay verify refuses ``extra_buffer``.
 """
@@ -134,8 +134,13 @@ def test_replay_spec_matches_no_spec_and_stock_spec(results):
     # noise, as in test_serve_gpu.py), so only the sequential pass is compared.
     toks = {run: [t for t, _ in out[model_name, run, "seq"]] for run in _runs(Path("d"))}
     assert toks["replay_spec"] == toks["replay_spec_eager"]
-    for run, base in (("replay_spec", "replay_nospec"), ("replay_spec", "stock_spec"),
-                      ("replay_spec_auto", "stock_spec"), ("replay_spec_auto", "replay_nospec")):
-        for x, y in zip(toks[run], toks[base]):
-            first = _first_diff(x, y)
-            assert first is None or first >= MIN_COMMON, f"{model_name}: {run} parts from {base} at {first}"
+    # auto sends every bucket of the tiny models to SGLang's snapshot verify behind an exact fold:
+    # the same kernels and states as stock + spec.
+    assert toks["replay_spec_auto"] == toks["stock_spec"]
+    # Replay verify vs stock's snapshot verify: the same forward shapes, only the SSM verify differs.
+    # (Spec vs no spec is printed, not asserted: a verify forward runs other attention and GEMM
+    # shapes than decode, and stock + spec itself parted from no spec at tokens 4-5 on the random
+    # tiny Nemotron-H in bf16, benchmarks/RESULTS.md.)
+    for x, y in zip(toks["replay_spec"], toks["stock_spec"]):
+        first = _first_diff(x, y)
+        assert first is None or first >= MIN_COMMON, f"{model_name}: replay_spec parts from stock_spec at {first}"
