@@ -10,8 +10,9 @@ noise floor of bf16 serving).  Prompts of 230+ tokens decode across the default 
 (256) under the ``extra_buffer`` strategy SGLang picks on a GPU, so the force-flush of tracked rows
 is exercised, and the repeated-prefix request reads a tracked state.
 
-All eleven servers (ten, plus SGLang's built-in GDN ReplaySSM as a noise floor) start at once (one cold compile in wall time; the device is lent by the minute) on
-127.0.0.1, each with explicitly sized pools so that they fit side by side.
+All eleven servers (ten, plus SGLang's built-in GDN ReplaySSM as a noise floor) start at once (one
+cold compile in wall time; the device is lent by the minute) on 127.0.0.1, each with explicitly sized
+pools so that they fit side by side.
 """
 
 from __future__ import annotations
