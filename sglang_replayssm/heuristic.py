@@ -23,9 +23,11 @@ size ``bs``) and ``T``:
    - else replay iff ``t_replay * MIN_SPEEDUP <= t_snap`` (``MIN_SPEEDUP = 1.05``); else snapshot.
 
    The times come from a short timed probe on CUDA (``probe(bs, T) -> Timing``, supplied by the
-   integration).  Without a probe (CPU), or when the probe fails or returns unusable numbers, the
-   times are predicted from the byte model alone: ``t = layers · launch_s + B / peak`` (the log
-   line says ``source=byte-model`` and why).
+   integration: ``verify_probe.VerifyProbe``, which times one layer of each path on the server's own
+   pool, both commits once per forward, scales by the SSM layers, measures a few anchor buckets and
+   interpolates the others, logging which).  Without a probe (CPU), or when the probe fails or
+   returns unusable numbers, the times are predicted from the byte model alone:
+   ``t = layers · launch_s + B / peak`` (the log line says ``source=byte-model`` and why).
 
 Every decision is logged, one line per bucket, with the numbers behind it, and cached in a JSON
 file keyed by device, shape, ``T``, bucket and versions (SGLang, sglang-replayssm, this rule), so a

@@ -1,10 +1,12 @@
 """Which verify path each CUDA-graph batch bucket takes, decided once per server start.
 
 ``plan_verify`` runs ``heuristic.decide_buckets``: one log line per bucket with its numbers, tree
-drafts (snapshot) and ``--replayssm-verify`` overrides included.  The backends then route each
-verify forward by its batch size (``spec.VerifyMetadataMixin._snapshot_path``): replay verify, or
-SGLang's snapshot verify after folding the ring into the checkpoint (``spec.py``, "Snapshot
-fallback"; CUDA only).
+drafts (snapshot) and ``--replayssm-verify`` overrides included.  In ``auto`` mode on CUDA (linear
+drafts) ``plan_for_server`` hands it the timed probe of ``verify_probe`` (both paths on the server's
+own pool); a probe that fails falls back to the byte model for that bucket, logged.  The backends
+then route each verify forward by its batch size (``spec.VerifyMetadataMixin._snapshot_path``):
+replay verify, or SGLang's snapshot verify after folding the ring into the checkpoint (``spec.py``,
+"Snapshot fallback"; CUDA only).
 
 ``startup_refusals`` holds the speculative-decoding checks of ``hooks/backends.validate_startup``
 (they need only ``ServerArgs`` and the plug-in config).
@@ -51,6 +53,7 @@ def plan_verify(
     shape: heuristic.VerifyShape,
     profile: heuristic.DeviceProfile,
     cache: heuristic.DecisionCache | None = None,
+    probe: heuristic.Probe | None = None,
     log: logging.Logger = logger,
 ) -> dict[int, heuristic.Decision]:
     """Decide every bucket's verify path (one log line each); returns ``{bucket: Decision}``.
@@ -71,14 +74,16 @@ def plan_verify(
         The device (``heuristic.cuda_device_profile``: measured copy bandwidth; or the CPU profile).
     cache : heuristic.DecisionCache, optional
         Re-used and filled in ``auto`` mode.
+    probe : heuristic.Probe, optional
+        Times both paths of a bucket (``auto`` on CUDA only; ``verify_probe.make_probe``).
 
     Raises
     ------
     ReplaySSMStartupError
         ``--replayssm-verify replay`` with tree drafts, or an unknown mode.
     """
-    return heuristic.decide_buckets(buckets, num_tokens, shape, profile, mode=mode, topk=topk, cache=cache,
-                                    log=log)
+    return heuristic.decide_buckets(buckets, num_tokens, shape, profile, mode=mode, topk=topk, probe=probe,
+                                    cache=cache, log=log)
 
 
 def pool_verify_shape(pool) -> heuristic.VerifyShape:
@@ -101,6 +106,16 @@ def _profile(device: torch.device) -> heuristic.DeviceProfile:
     return heuristic.cuda_device_profile(device.index, probe_bytes=256 << 20)
 
 
+def _probe(pool, buckets: list[int], mode: str, topk: int, device: torch.device) -> heuristic.Probe | None:
+    """The timed probe where it is used: ``auto`` mode, linear drafts, CUDA; else None (overrides and
+    tree drafts need no timing, and a CPU decides from the byte model)."""
+    if mode != "auto" or topk > 1 or device.type != "cuda":
+        return None
+    from sglang_replayssm.verify_probe import make_probe
+
+    return make_probe(pool, buckets, device)
+
+
 def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuristic.Decision]:
     """``plan_verify`` for a target backend: buckets, ``T``, ``topk`` and mode from the server's settings.
 
@@ -120,11 +135,13 @@ def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuris
         buckets = list(graph.decode.bs)
     else:
         buckets = [server_args.max_running_requests or 1]
+    topk = server_args.speculative_eagle_topk or 1
+    mode = ReplaySSMConfig.from_env().verify
     plan = plan_verify(
-        buckets=buckets, num_tokens=pool.spec_tokens, topk=server_args.speculative_eagle_topk or 1,
-        mode=ReplaySSMConfig.from_env().verify, shape=pool_verify_shape(pool),
+        buckets=buckets, num_tokens=pool.spec_tokens, topk=topk, mode=mode, shape=pool_verify_shape(pool),
         profile=_profile(device),
         cache=heuristic.DecisionCache(heuristic.default_cache_path()),
+        probe=_probe(pool, buckets, mode, topk, device),
     )
     snap = sorted(bs for bs, d in plan.items() if d.path == "snapshot")
     if snap and device.type != "cuda":
