@@ -1,7 +1,11 @@
 """Gated DeltaNet ReplaySSM speculative verify: one Triton launch for a mixed flush/non-flush batch.
 
-Layers (fla style): ``gdn_replay_verify_fwd_kernel`` (Triton jit), ``gdn_replay_verify_fwd``
-(launcher, no checks), ``gdn_replay_verify`` (validated public function).
+Layers (fla style): ``gdn_replay_verify_fwd_kernel`` (Triton jit, the chunkwise form below),
+``gdn_replay_verify_fwd`` (its launcher, no checks), ``gdn_replay_verify`` (validated public
+function, which launches the **recurrent form** of ``recurrent.py``).  The chunkwise form was timed
+on the H200 at 4.2x slower than SGLang's snapshot verify (T = 4, batch 256, commit f114327); it is
+kept, reachable through its launcher (``benchmarks/bench_verify.py --gdn-verify-form chunkwise``,
+``benchmarks/sweep_gdn_verify.py``), until the recurrent form has been timed against it.
 
 Each row verifies a linear chain of ``T`` tokens (the last accepted token plus ``T - 1`` drafts) on
 the ring protocol of ``gdn_decode`` (same ring tensors, same cursors; ``../README.md``).
@@ -43,6 +47,7 @@ import triton.language as tl
 
 from replayssm_kernels.gdn_decode._fold import fold_records
 from replayssm_kernels.gdn_decode._validate import validate_gdn_verify
+from replayssm_kernels.gdn_verify.recurrent import gdn_replay_verify_recurrent_fwd
 
 __all__ = ["gdn_replay_verify", "gdn_replay_verify_fwd", "gdn_replay_verify_fwd_kernel"]
 
@@ -400,9 +405,9 @@ def gdn_replay_verify(
     untouched) and cursor snapshot ``(ring_start[b], ring_len[b], flush[b])``:
 
     * non-flush: ``out[b, t]`` for every window token from the checkpoint ``state[s]``, the
-      committed records ``[0, ring_len[b])`` (inner-product form, math.md §4) and the window
-      (chunked delta rule, one T×T forward substitution, math.md §5.2).  ``state[s]`` is not
-      written.
+      committed records ``[0, ring_len[b])`` and the window, in registers (the recurrent form,
+      ``recurrent.py``: the history's stored updates, then the window's delta-rule steps).
+      ``state[s]`` is not written.
     * flush: the committed records ``[0, ring_len[b])`` are folded sequentially into ``state[s]``
       from the raw inputs in the conventional packed-decode op order (``gdn_replay_decode``'s fold)
       and ``state[s]`` is written once; the window then runs from the folded checkpoint.
@@ -452,7 +457,7 @@ def gdn_replay_verify(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale,
     )  # fmt: skip
-    gdn_replay_verify_fwd(
+    gdn_replay_verify_recurrent_fwd(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
     )  # fmt: skip

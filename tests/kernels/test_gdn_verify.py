@@ -679,8 +679,10 @@ import inspect, json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from replayssm_kernels.gdn_verify.kernel import gdn_replay_verify_fwd_kernel as our_kernel
+from replayssm_kernels.gdn_verify.kernel import gdn_replay_verify_fwd_kernel as chunkwise_kernel
+from replayssm_kernels.gdn_verify.recurrent import gdn_replay_verify_recurrent_fwd_kernel
 H, HV, K, V, R, T = 16, 32, 128, 128, 24, int(sys.argv[1])
+FORM = sys.argv[2]
 TARGET = GPUTarget("cuda", 90, 32)
 def build(kern, ptrs, ints, const, num_stages, nw=1):
     names = list(inspect.signature(kern.fn).parameters)
@@ -714,14 +716,15 @@ strides = dict(
     stride_b_b=T * 2 * HV, stride_b_t=2 * HV, stride_b_h=1,
     stride_o_b=T * HV * V, stride_o_t=HV * V, stride_o_h=V, stride_o_v=1,
 )
-k = build(our_kernel,
-    dict(state="*fp32", ring_u="*bf16", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
+const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True)
+if FORM == "chunkwise":
+    const.update(BT=max(triton.next_power_of_2(T), 2), BR=16)
+k = build(chunkwise_kernel if FORM == "chunkwise" else gdn_replay_verify_recurrent_fwd_kernel,
+    dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
          ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
          A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
          ring_len="*i32", flush="*i1", scale="fp32"),
-    strides,
-    dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, BT=max(triton.next_power_of_2(T), 2), BR=16,
-         SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True), 1)
+    strides, const, 1)
 
 from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_fwd_kernel as dec_kernel
 dstr = {n: v for n, v in strides.items() if not n.endswith("_t")}
@@ -761,7 +764,8 @@ json.dump(dict(verify=ours, decode=dec), sys.stdout)
 '''
 
 
-def test_fold_codegen_matches_decode():
+@pytest.mark.parametrize("form", ["recurrent", "chunkwise"])
+def test_fold_codegen_matches_decode(form):
     """Compile both kernels for sm_90a on any machine and compare the fold loop's TTGIR.
 
     ``test_gdn_decode.py::test_fold_codegen_matches_sglang`` shows the decode kernel's replayed
@@ -777,7 +781,7 @@ def test_fold_codegen_matches_decode():
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-c", _CODEGEN_SCRIPT, "2"],
+        [sys.executable, "-c", _CODEGEN_SCRIPT, "2", form],
         env=env,
         capture_output=True,
         text=True,

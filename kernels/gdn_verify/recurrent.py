@@ -1,0 +1,230 @@
+"""Gated DeltaNet ReplaySSM speculative verify, recurrent form: the window in registers.
+
+Layers (fla style): ``gdn_replay_verify_recurrent_fwd_kernel`` (Triton jit),
+``gdn_replay_verify_recurrent_fwd`` (launcher, no checks); ``gdn_replay_verify`` (``kernel.py``)
+validates and launches this form.
+
+Why a second form: the chunkwise form (``kernel.py``: inner products with the history, a T×T
+forward substitution) was timed on the H200 at 2966 us for T = 4, batch 256 (Qwen3.5-4B shape),
+4.2x slower than SGLang's snapshot verify (712 us) and at 6% of copy bandwidth: latency-bound
+(benchmarks/RESULTS.md, commit f114327). SGLang's snapshot kernel runs the window as T sequential
+delta-rule steps on a ``[BV, K]`` register tile and reaches 92% of copy bandwidth while writing T
+states. This form does the same steps without the per-draft state stores, from the checkpoint
+and the ring. It has **not been timed** yet; ``kernel.py``'s launcher stays for that comparison.
+
+Launch layout: grid ``(cdiv(V, BV), HV, batch)``, one warp per program, ``BV = 32`` (the tile and
+warp count of ``gdn_replay_decode`` and SGLang's packed decode). A program owns one ``[BV, K]``
+tile of one value head's checkpoint, loaded once:
+
+* flush row: the exact fold of the committed records ``[0, len)`` from the raw inputs
+  (``fold_records``, the decode kernel's fold), stored once; the window runs from the stored tile.
+* non-flush row: the committed history is applied to the tile in registers from the stored
+  corrected updates, oldest first: ``S ← e^{g_j} S + u_j k̂_jᵀ`` (no reduction per record; u_j is
+  the value the recurrence added at that step). The checkpoint is not written.
+* window, both kinds: for each token ``s`` the conventional packed-decode step, in its op order:
+  ``S ← e^{g_s} S``, ``u_s = β_s (v_s − S k̂_s)``, ``S ← S + u_s k̂_sᵀ``, ``y_s = S q̃_s``. No state
+  leaves registers.
+
+The records ``(u_s, raw k_s, raw v_s, g_s, β_s)`` of all T tokens are written at logical rows
+``len .. len + T − 1`` (physical ``(start + len + s) % R``), accepted or not; g and β use the
+decode kernel's expressions, β rounded to ``b.dtype``. Not autotuned (writes the checkpoint).
+No host sync; CUDA-graph safe.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replayssm_kernels.gdn_decode._fold import fold_records
+
+__all__ = ["gdn_replay_verify_recurrent_fwd", "gdn_replay_verify_recurrent_fwd_kernel"]
+
+
+@triton.jit
+def _replay_updates(b_h, p_rk, p_ru, p_rg, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
+                    stride_rk_r, stride_rk_k, stride_u_r, stride_u_v, stride_g_r,
+                    USE_QK_L2NORM: tl.constexpr):
+    """``S ← e^{g_j} S + u_j k̂_jᵀ`` for the records at logical rows ``[0, r_len)``, oldest first,
+    on the fp32 tile ``b_h [BV, BK]``; the next record's loads are in flight during each update."""
+    row = r_start % R
+    pf = r_len > 0
+    n_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
+    n_u = tl.load(p_ru + row * stride_u_r + o_v * stride_u_v, mask=mask_v & pf, other=0)
+    n_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
+    for i_r in range(0, r_len):
+        b_k = n_k.to(tl.float32)
+        b_u = n_u.to(tl.float32)
+        b_g = n_g
+        row = (r_start + i_r + 1) % R
+        pf = i_r + 1 < r_len
+        n_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
+        n_u = tl.load(p_ru + row * stride_u_r + o_v * stride_u_v, mask=mask_v & pf, other=0)
+        n_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
+        if USE_QK_L2NORM:
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_h *= tl.exp(b_g)
+        b_h += b_u[:, None] * b_k[None, :]
+    return b_h
+
+
+@triton.jit
+def gdn_replay_verify_recurrent_fwd_kernel(
+    # Pointers
+    state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
+    slot_idx, ring_start, ring_len, flush, scale,
+    # Matrix dimensions
+    R,
+    # Strides
+    stride_s_n, stride_s_h, stride_s_v, stride_s_k,
+    stride_u_n, stride_u_h, stride_u_r, stride_u_v,
+    stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
+    stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+    stride_g_n, stride_g_h, stride_g_r,
+    stride_beta_n, stride_beta_h, stride_beta_r,
+    stride_q_b, stride_q_t, stride_q_h, stride_q_k,
+    stride_k_b, stride_k_t, stride_k_h, stride_k_k,
+    stride_v_b, stride_v_t, stride_v_h, stride_v_v,
+    stride_a_b, stride_a_t, stride_a_h,
+    stride_b_b, stride_b_t, stride_b_h,
+    stride_o_b, stride_o_t, stride_o_h, stride_o_v,
+    # Meta-parameters
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+):  # fmt: skip
+    i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+
+    i_s = tl.load(slot_idx + i_n).to(tl.int64)
+    r_start = tl.load(ring_start + i_n).to(tl.int32)
+    r_len = tl.load(ring_len + i_n).to(tl.int32)
+    is_flush = tl.load(flush + i_n).to(tl.int32) != 0
+    A_log_val = tl.load(A_log + i_hv).to(tl.float32)
+    dt_bias_val = tl.load(dt_bias + i_hv).to(tl.float32)
+    # Padding row: touches nothing, not even its output rows.
+    if i_s < 0:
+        return
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_h = mask_v[:, None] & mask_k[None, :]
+
+    p_s = (state + i_s * stride_s_n + i_hv * stride_s_h + o_v[:, None] * stride_s_v
+           + o_k[None, :] * stride_s_k)
+    p_q = q + i_n * stride_q_b + i_h * stride_q_h + o_k * stride_q_k
+    p_k = k + i_n * stride_k_b + i_h * stride_k_h + o_k * stride_k_k
+    p_v = v + i_n * stride_v_b + i_hv * stride_v_h + o_v * stride_v_v
+    p_a = a + i_n * stride_a_b + i_hv * stride_a_h
+    p_b = b + i_n * stride_b_b + i_hv * stride_b_h
+    p_o = o + i_n * stride_o_b + i_hv * stride_o_h + o_v * stride_o_v
+    p_rk = ring_k + i_s * stride_rk_n + i_h * stride_rk_h
+    p_rv = ring_v + i_s * stride_rv_n + i_hv * stride_rv_h
+    p_ru = ring_u + i_s * stride_u_n + i_hv * stride_u_h
+    p_rg = ring_g + i_s * stride_g_n + i_hv * stride_g_h
+    p_rb = ring_beta + i_s * stride_beta_n + i_hv * stride_beta_h
+
+    b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
+    if is_flush:
+        b_h = fold_records(
+            b_h, p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
+            stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r,
+            USE_QK_L2NORM,
+        )
+        b_h = b_h.to(state.dtype.element_ty)
+        tl.store(p_s, b_h, mask=mask_h)
+        # The window runs from the stored (possibly 16-bit) checkpoint: what later steps read.
+        b_h = b_h.to(tl.float32)
+    else:
+        b_h = _replay_updates(
+            b_h, p_rk, p_ru, p_rg, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
+            stride_rk_r, stride_rk_k, stride_u_r, stride_u_v, stride_g_r, USE_QK_L2NORM,
+        )
+
+    for s in tl.static_range(T):
+        # Gates: the decode kernel's expressions, so the ring's g and β carry the bits a later
+        # fold replays.
+        x_g = tl.load(p_a + s * stride_a_t).to(tl.float32) + dt_bias_val
+        softplus_x = tl.where(x_g <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x_g)), x_g)
+        g_val = -tl.exp(A_log_val) * softplus_x
+        b_in = tl.load(p_b + s * stride_b_t)
+        beta_val = tl.sigmoid(b_in.to(tl.float32)).to(b.dtype.element_ty).to(tl.float32)
+        b_q = tl.load(p_q + s * stride_q_t, mask=mask_k, other=0).to(tl.float32)
+        b_k_raw = tl.load(p_k + s * stride_k_t, mask=mask_k, other=0)
+        b_v_raw = tl.load(p_v + s * stride_v_t, mask=mask_v, other=0)
+        b_k = b_k_raw.to(tl.float32)
+        b_v = b_v_raw.to(tl.float32)
+        if USE_QK_L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * scale
+        b_h *= tl.exp(g_val)
+        b_v -= tl.sum(b_h * b_k[None, :], 1)
+        b_v *= beta_val
+        b_h += b_v[:, None] * b_k[None, :]
+        b_o = tl.sum(b_h * b_q[None, :], 1)
+        tl.store(p_o + s * stride_o_t, b_o.to(o.dtype.element_ty), mask=mask_v)
+        # The window record at logical row len + s.
+        w_row = (r_start + r_len + s) % R
+        tl.store(p_ru + w_row * stride_u_r + o_v * stride_u_v, b_v.to(ring_u.dtype.element_ty),
+                 mask=mask_v)
+        tl.store(p_rv + w_row * stride_rv_r + o_v * stride_rv_v,
+                 b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)
+        if i_v == 0:
+            tl.store(p_rg + w_row * stride_g_r, g_val)
+            tl.store(p_rb + w_row * stride_beta_r, beta_val)
+            if i_hv % (HV // H) == 0:
+                tl.store(p_rk + w_row * stride_rk_r + o_k * stride_rk_k,
+                         b_k_raw.to(ring_k.dtype.element_ty), mask=mask_k)
+
+
+def gdn_replay_verify_recurrent_fwd(
+    state: torch.Tensor,
+    ring_u: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    ring_g: torch.Tensor,
+    ring_beta: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    out: torch.Tensor,
+    slot_idx: torch.Tensor,
+    ring_start: torch.Tensor,
+    ring_len: torch.Tensor,
+    flush: torch.Tensor,
+    *,
+    scale: float,
+    use_qk_l2norm: bool = True,
+    block_v: int = 32,
+    num_warps: int = 1,
+) -> None:
+    """Launch the recurrent-form kernel without checks (callers: ``gdn_replay_verify``, benchmarks).
+
+    ``block_v=32, num_warps=1`` is the tile and warp count of ``gdn_replay_decode``'s fold and of
+    SGLang's packed decode; the bitwise checkpoint claim is made for this configuration only.
+    """
+    batch, T, Hk, K = q.shape
+    HV, V = state.shape[1], state.shape[2]
+    R = ring_k.shape[2]
+    if batch == 0:
+        return
+    BK = triton.next_power_of_2(K)
+    BV = min(triton.next_power_of_2(V), block_v)
+    grid = (triton.cdiv(V, BV), HV, batch)
+    gdn_replay_verify_recurrent_fwd_kernel[grid](
+        state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
+        slot_idx, ring_start, ring_len, flush, float(scale), R,
+        *state.stride(), *ring_u.stride(), *ring_k.stride(), *ring_v.stride(),
+        *ring_g.stride(), *ring_beta.stride(), *q.stride(), *k.stride(), *v.stride(),
+        *a.stride(), *b.stride(), *out.stride(),
+        H=Hk, HV=HV, K=K, V=V, T=T, BK=BK, BV=BV, SOFTPLUS_THRESHOLD=20.0,
+        USE_QK_L2NORM=use_qk_l2norm, num_warps=num_warps, num_stages=1,
+    )  # fmt: skip
