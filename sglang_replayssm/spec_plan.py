@@ -14,7 +14,9 @@ replay verify, or SGLang's snapshot verify after folding the ring into the check
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from collections.abc import Iterable
 
 import torch
@@ -22,7 +24,7 @@ import torch
 from sglang_replayssm import heuristic
 from sglang_replayssm.errors import ReplaySSMStartupError
 
-__all__ = ["plan_for_server", "plan_verify", "pool_verify_shape", "startup_refusals"]
+__all__ = ["plan_for_server", "plan_verify", "pool_verify_shape", "snapshot_batch_limit", "startup_refusals"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,11 +118,54 @@ def _probe(pool, buckets: list[int], mode: str, topk: int, device: torch.device)
     return make_probe(pool, buckets, device)
 
 
+#: SGLang 0.5.17's post-verify commit scatter (``fused_mamba_state_scatter_with_mask``) forms the source
+#: offset ``pid_req * src_req_stride`` in int32; it wraps (illegal memory access) once
+#: ``(batch - 1) * T * state_elems`` passes this.
+INT32_MAX = 2**31 - 1
+
+
+def snapshot_batch_limit(num_tokens: int, state_elems: int) -> int:
+    """Largest batch whose snapshot commit offsets fit SGLang 0.5.17's int32 arithmetic.
+
+    ``state_elems`` is one layer's per-request state (``H·P·N`` or ``HV·V·K``); the per-draft buffer's
+    request stride is ``T·state_elems`` (Nano-4B shape: 274 at T = 8, 547 at T = 4). Read from
+    SGLang's Triton source and its sm_90a PTX (``mul.lo.s32``); a batch of 512 at T = 8 faulted
+    on the H200 at that commit (benchmarks/RESULTS.md, run of 7050b4b); the cause is read, not
+    confirmed on the GPU.
+    """
+    stride = num_tokens * state_elems
+    return INT32_MAX // stride + 1
+
+
+def _guard_snapshot_overflow(plan: dict[int, heuristic.Decision], num_tokens: int, state_elems: int,
+                             log: logging.Logger = logger) -> dict[int, heuristic.Decision]:
+    """Buckets above ``snapshot_batch_limit`` must not take the snapshot verify: ``auto`` decisions
+    move to replay (logged); an override or tree drafts there are refused (what to change is named)."""
+    limit = snapshot_batch_limit(num_tokens, state_elems)
+    bad = sorted(bs for bs, d in plan.items() if d.path == "snapshot" and bs > limit)
+    forced = [bs for bs in bad if plan[bs].source in ("override", "tree")]
+    if forced:
+        raise ReplaySSMStartupError(
+            f"--ssm-backend replay: batch buckets {forced} go to SGLang's snapshot verify ({plan[forced[0]].source}), "
+            f"whose commit scatter overflows int32 offsets above batch {limit} at T={num_tokens} (SGLang 0.5.17); "
+            f"cap --cuda-graph-max-bs / --max-running-requests at {limit}, or use --replayssm-verify replay "
+            "with linear drafts"
+        )
+    out = dict(plan)
+    for bs in bad:
+        out[bs] = dataclasses.replace(
+            plan[bs], path="replay",
+            reason=f"snapshot commit would overflow SGLang 0.5.17's int32 offsets above batch {limit}")
+        log.info(out[bs].log_line())
+    return out
+
+
 def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuristic.Decision]:
     """``plan_verify`` for a target backend: buckets, ``T``, ``topk`` and mode from the server's settings.
 
     Also refuses mamba radix tracking (``extra_buffer``) with speculative decoding: its post-verify
-    track copy reads per-draft states that the replay verify does not keep.  On a non-CUDA device
+    track copy reads per-draft states that the replay verify does not keep; and keeps buckets above
+    ``snapshot_batch_limit`` off the snapshot verify (``_guard_snapshot_overflow``).  On a non-CUDA device
     every bucket must take the replay path (SGLang's snapshot verify is CUDA-only).
     """
     from sglang_replayssm.config import ReplaySSMConfig
@@ -143,6 +188,7 @@ def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuris
         cache=heuristic.DecisionCache(heuristic.default_cache_path()),
         probe=_probe(pool, buckets, mode, topk, device),
     )
+    plan = _guard_snapshot_overflow(plan, pool.spec_tokens, math.prod(pool.mamba_cache.temporal.shape[2:]))
     snap = sorted(bs for bs, d in plan.items() if d.path == "snapshot")
     if snap and device.type != "cuda":
         raise ReplaySSMStartupError(

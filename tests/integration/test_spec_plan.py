@@ -115,3 +115,36 @@ def test_cuda_profile_is_asked_for_by_device_index(monkeypatch):
     assert spec_plan._profile(torch.device("cuda", 1)) is GPU and spec_plan._profile(torch.device("cuda")) is GPU
     assert calls == [(1, {"probe_bytes": 256 << 20}), (None, {"probe_bytes": 256 << 20})]
     assert spec_plan._profile(CPU).kind == "cpu"
+
+
+def test_snapshot_batch_limit_matches_the_int32_wrap():
+    from sglang_replayssm.spec_plan import snapshot_batch_limit
+
+    nano = 96 * 80 * 128
+    assert snapshot_batch_limit(8, nano) == 274 and snapshot_batch_limit(4, nano) == 547
+    for T in (2, 4, 8):
+        n = snapshot_batch_limit(T, nano)
+        assert (n - 1) * T * nano <= 2**31 - 1 < n * T * nano
+
+
+def test_snapshot_buckets_past_the_scatter_limit_go_to_replay_or_are_refused(caplog):
+    from sglang_replayssm.spec_plan import _guard_snapshot_overflow
+
+    caplog.set_level(logging.INFO)
+    elems = 64 * 64 * 128  # SHAPE's state: limit at T = 4 is 1024
+    auto = plan_verify(buckets=[1, 1024, 1025], num_tokens=4, topk=1, mode="auto", shape=SHAPE,
+                       profile=h.DeviceProfile(name="cuda:slow", kind="cuda", peak_bytes_per_s=1e20,
+                                               launch_s=1.0, peak_source="synthetic"))
+    assert {d.path for d in auto.values()} == {"snapshot"}  # launch-bound everywhere: all snapshot
+    caplog.clear()
+    guarded = _guard_snapshot_overflow(auto, 4, elems)
+    assert guarded[1].path == "snapshot" and guarded[1024].path == "snapshot"
+    assert guarded[1025].path == "replay" and "int32" in guarded[1025].reason
+    assert _lines(caplog) == [guarded[1025].log_line()]
+    forced = plan_verify(buckets=[8, 1025], num_tokens=4, topk=1, mode="snapshot", shape=SHAPE, profile=GPU)
+    with pytest.raises(ReplaySSMStartupError, match=r"\[1025\].*above batch 1024.*--cuda-graph-max-bs"):
+        _guard_snapshot_overflow(forced, 4, elems)
+    tree = plan_verify(buckets=[2048], num_tokens=4, topk=2, mode="auto", shape=SHAPE, profile=GPU)
+    with pytest.raises(ReplaySSMStartupError, match=r"tree"):
+        _guard_snapshot_overflow(tree, 4, elems)
+    assert _guard_snapshot_overflow(forced, 2, elems) == forced  # T = 2: limit 2048
