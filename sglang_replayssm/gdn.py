@@ -162,8 +162,8 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         ``intermediate_conv_window`` for the commit's rollback), then ``gdn_replay_verify`` on the
         forward's ``VerifyStep``.  Returns ``[1, bs*T, HV, V]`` as SGLang's verify does.
 
-        Snapshot-path forward (``spec.py``, "Snapshot fallback"): the kernel with every row flushing
-        and a one-token window folds the committed ring into the checkpoint (outputs discarded; the
+        Snapshot-path forward (``spec.py``, "Snapshot fallback"): the kernel with every row that has
+        records flushing and a one-token window folds the committed ring into the checkpoint (outputs discarded; the
         appended record is dropped when the commit empties the ring), then SGLang's own verify runs.
         The conv runs only there: SGLang's conv update shifts the conv state in place, so a second
         conv would read a state already advanced by ``T`` tokens.  The one-token window takes the

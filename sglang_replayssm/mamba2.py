@@ -116,7 +116,7 @@ def replay_selective_state_update(original: Callable[..., Any], *args: Any, **kw
     ctx.calls += 1
     if isinstance(step, VerifyStep) and step.snapshot:
         # SGLang's snapshot verify reads the checkpoint alone: fold the committed ring into it first
-        # (every row flushes; a one-token window whose outputs are discarded), then run it unchanged.
+        # (rows with records flush; a one-token window whose outputs are discarded), then run it unchanged.
         ctx.decode(
             bound["state"], ctx.rings["x"], ctx.rings["dt"], ctx.rings["B"], bound["x"][:, :1],
             bound["dt"][:, :1], bound["A"], bound["B"][:, :1], bound["C"][:, :1], torch.empty_like(out[:, :1]),

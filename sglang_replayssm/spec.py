@@ -17,8 +17,9 @@ chains only) uses the same slots, records and cursor pair ``(start, len)`` as de
 **Snapshot fallback** (batch buckets the verify plan sends to SGLang's own verify: tree drafts,
 ``--replayssm-verify snapshot``, or ``auto`` where replay does not pay; CUDA only).  SGLang's verify
 reads the checkpoint alone, so each layer first **materialises** the forward's rows: the family's
-verify kernel runs with every row flushing and a one-token window (outputs discarded), which folds
-the committed ring into the checkpoint exactly as any flush does; then SGLang's verify runs
+verify kernel runs with every row whose ring holds records flushing and a one-token window (outputs
+discarded), which folds the committed ring into the checkpoint exactly as any flush does (rows with
+an empty ring are not flushed: nothing to fold, no checkpoint write); then SGLang's verify runs
 unchanged (per-draft states into ``intermediate_ssm``).  SGLang's commit then writes the accepted
 state into the checkpoint, after which the rows' rings are emptied (cursors ``(0, 0)``).
 
@@ -62,7 +63,7 @@ class VerifyStep:
     num_tokens : int
         ``T``, tokens verified per request (1 for a snapshot-path forward: the materialising fold).
     snapshot : bool
-        The forward takes SGLang's snapshot verify: every valid row flushes (materialise), then the
+        The forward takes SGLang's snapshot verify: every valid row with records flushes (materialise), then the
         stock verify and commit run, then the rows' rings are emptied.
     """
 
@@ -95,6 +96,13 @@ def verify_kernel(family: str, device: torch.device) -> Callable[..., None]:
         ) from None
 
 
+def _materialise_rows(cursors: torch.Tensor, slot_idx: torch.Tensor) -> torch.Tensor:
+    """Rows a snapshot-path forward must fold first: valid rows whose ring holds records. An empty
+    ring already has its whole state in the checkpoint; not flushing it spares the checkpoint
+    write (in steady snapshot operation every ring is empty: the commit empties it)."""
+    return (slot_idx >= 0) & (cursors[slot_idx.clamp(min=0).long(), 1] > 0)
+
+
 def build_verify_eager(
     *, cursors: torch.Tensor, slot_idx: torch.Tensor, window: int, rows: int, num_tokens: int,
     snapshot: bool = False,
@@ -110,7 +118,8 @@ def build_verify_eager(
     window, rows, num_tokens : int
         ``L``, ``R`` and ``T``; ``R >= max(L, T) + T`` (``ValueError`` otherwise).
     snapshot : bool
-        A snapshot-path forward: every valid row flushes, one-token window (``num_tokens`` ignored).
+        A snapshot-path forward: every valid row with a non-empty ring flushes, one-token window
+        (``num_tokens`` ignored).
     """
     n = slot_idx.shape[0]
     dev = slot_idx.device
@@ -118,7 +127,7 @@ def build_verify_eager(
     out_len = torch.empty(n, dtype=torch.int32, device=dev)
     out_flush = torch.empty(n, dtype=torch.bool, device=dev)
     t = 1 if snapshot else num_tokens
-    force = slot_idx >= 0 if snapshot else None
+    force = _materialise_rows(cursors, slot_idx) if snapshot else None
     verify_cursor_step(cursors, slot_idx, force, window, rows, t, out_start, out_len, out_flush)
     return VerifyStep(slot_idx=slot_idx, ring_start=out_start, ring_len=out_len, flush=out_flush,
                       num_tokens=t, snapshot=snapshot)
@@ -154,7 +163,7 @@ class VerifyGraphBuffers:
     def fill(self, bs: int, *, cursors: torch.Tensor, slots: torch.Tensor, window: int, rows: int,
              snapshot: bool = False) -> None:
         i = self._check(bs, slots)
-        force = slots >= 0 if snapshot else None
+        force = _materialise_rows(cursors, slots) if snapshot else None
         verify_cursor_step(cursors, slots, force, window, rows, 1 if snapshot else self.num_tokens,
                            self.ring_start[i], self.ring_len[i], self.flush[i])
 

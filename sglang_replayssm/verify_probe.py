@@ -9,20 +9,21 @@ unit                        what is timed (``spec.py``, ``mamba2.py``, ``gdn.py`
 ==========================  ========================================================================
 replay, per layer           our verify kernel (``mamba2_replay_verify`` / ``gdn_replay_verify``)
 replay, per forward         ``verify_cursor_step`` + ``verify_commit`` (once, not per layer)
-snapshot, per layer         the materialising fold (our verify kernel, every row flushing, one-token
-                            window) + SGLang's verify writing ``T`` per-draft states
+snapshot, per layer         the materialise call (our verify kernel, one-token window; rows with an
+                            empty ring do not flush) + SGLang's verify writing ``T`` per-draft states
                             (``selective_state_update`` / ``fused_sigmoid_gating_delta_rule_update``,
                             ``disable_state_update=True``, ``intermediate_states_buffer``,
                             ``cache_steps=T``)
-snapshot, per forward       the forced-flush cursor snapshot + SGLang's commit
+snapshot, per forward       the materialise cursor snapshot + SGLang's commit
                             (``fused_mamba_state_scatter_with_mask`` over all layers: one launch, as
                             ``scatter_mamba_states_after_mtp_verify`` runs it) + the ring reset
 ==========================  ========================================================================
 
 ``Timing = layers · per-layer + per-forward`` for each path.  The conv rollback is left out: both paths
-run the same one.  The snapshot side includes our materialising fold because the server runs it on
-every snapshot-path forward (in steady state the ring is empty then, ``len = 0``, but the fold still
-reads and writes the checkpoint); it is the cost of *our* snapshot fallback, not of stock SGLang.
+run the same one.  The snapshot side includes our materialise call because the server runs it on
+every snapshot-path forward (in steady state the ring is empty then, ``len = 0``: no row flushes, but
+the kernel still reads the checkpoint for its discarded outputs); it is the cost of *our* snapshot
+fallback, not of stock SGLang.
 
 **Ring fill (the byte model's assumptions).**  ``heuristic.replay_verify_bytes`` assumes every draft
 accepted (``a = T``): a flush leaves ``len = a``, the history grows by ``a`` while ``len + T <= L`` and
@@ -411,8 +412,9 @@ class VerifyProbe:
         k, L, R = self.kernels, self.window, self.rows
         temporal, interm = self.pool.mamba_cache.temporal, self._interm()
 
-        def call() -> None:  # forced-flush snapshot; SGLang's scatter (all layers); pool.reset_slots
-            k.cursor_step(r.cursors, r.slot_idx, r.slot_idx >= 0, L, R, 1, r.out_start, r.out_len, r.out_flush)
+        def call() -> None:  # spec._materialise_rows snapshot; SGLang's scatter (all layers); pool.reset_slots
+            force = (r.slot_idx >= 0) & (r.cursors[r.slot_idx.clamp(min=0).long(), 1] > 0)
+            k.cursor_step(r.cursors, r.slot_idx, force, L, R, 1, r.out_start, r.out_len, r.out_flush)
             k.snapshot_commit(temporal, interm, r.slot_idx, r.last_step)
             r.cursors.index_fill_(0, r.slot_idx.long().clamp(min=0), 0)
 
@@ -458,7 +460,7 @@ class _Rows:
             self.variants.append((torch.tensor([h for h, _ in phase], **i32),
                                   torch.tensor([f for _, f in phase], dtype=torch.bool, device=dev)))
         self.empty_len = torch.zeros(bs, **i32)  # snapshot path: rings emptied after every commit
-        self.all_flush = torch.ones(bs, dtype=torch.bool, device=dev)
+        self.no_flush = torch.zeros(bs, dtype=torch.bool, device=dev)  # empty rings are not folded
         self.interm_idx = torch.arange(bs, **i32)
         self.accepted = torch.full((bs,), T, **i32)
         self.last_step = torch.full((bs,), T - 1, **i32)
@@ -524,7 +526,7 @@ class _Mamba2:
 
         def call() -> None:  # mamba2.replay_selective_state_update, snapshot-path branch
             l = self.layer()
-            self._ours(l, slice(0, 1), self.out1, r.empty_len, r.all_flush)
+            self._ours(l, slice(0, 1), self.out1, r.empty_len, r.no_flush)
             self.kernels.snapshot_verify(
                 self.pool.mamba_cache.temporal[l], self.x, self.dt, self.A, self.B, self.C, self.D, z=None,
                 dt_bias=self.dt_bias, dt_softplus=True, state_batch_indices=r.slot_idx, out=self.out,
@@ -580,7 +582,7 @@ class _GDN:
 
         def call() -> None:  # gdn._forward_verify, snapshot branch, then TritonGDNKernel.target_verify
             l = self.layer()
-            self._ours(l, slice(0, 1), self.out1, r.empty_len, r.all_flush)
+            self._ours(l, slice(0, 1), self.out1, r.empty_len, r.no_flush)
             self.kernels.snapshot_verify(
                 A_log=self.A_log, dt_bias=self.dt_bias, q=self.q_tok[None], k=self.k_tok[None], v=self.v_tok[None],
                 a=self.a_tok, b=self.b_tok, initial_state_source=self.pool.mamba_cache.temporal[l],

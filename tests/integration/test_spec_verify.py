@@ -344,3 +344,20 @@ def test_snapshot_path_folds_the_ring_then_runs_and_commits_stock(monkeypatch):
     hybrid = SimpleNamespace(linear_attn_backend=be)
     around_update_after_verify(lambda *a: committed.append(a), hybrid, torch.tensor([0, 2]), None, None, None, None)
     assert len(committed) == 1 and pool.cursors[list(SLOTS)].tolist() == [[0, 0], [0, 0]]
+
+
+def test_snapshot_materialise_flushes_only_rings_with_records():
+    """A snapshot-path forward folds (and writes the checkpoint of) only rows whose ring holds
+    records; empty rings (the steady state: the stock commit empties them) and padding rows do not
+    flush. Eager and graph-buffer snapshots agree."""
+    from sglang_replayssm.spec import VerifyGraphBuffers, build_verify_eager
+
+    cursors = torch.tensor([[0, 0], [4, 0], [2, 3], [7, 1]], dtype=torch.int32)
+    slots = torch.tensor([1, 2, -1, 3], dtype=torch.int32)
+    step = build_verify_eager(cursors=cursors, slot_idx=slots, window=4, rows=8, num_tokens=2, snapshot=True)
+    assert step.flush.tolist() == [False, True, False, True] and step.num_tokens == 1
+    bufs = VerifyGraphBuffers(4, 2, "cpu")
+    bufs.fill(4, cursors=cursors, slots=slots, window=4, rows=8, snapshot=True)
+    view = bufs.view(4, slots, snapshot=True)
+    assert view.flush.tolist() == step.flush.tolist() and view.ring_len.tolist() == step.ring_len.tolist()
+    assert cursors.tolist() == [[0, 0], [4, 0], [2, 3], [7, 1]]  # read only
