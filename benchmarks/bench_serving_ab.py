@@ -12,7 +12,7 @@ One command, bounded in time end to end (``--time-budget``):
 3. a greedy probe (temperature 0, ``input_ids`` prompts, > 3 ring cycles of decode) on both servers:
    token matches and the largest logprob difference, reported, not asserted;
 4. a short warm-up at the largest concurrency on both servers (prefill shapes, big decode batches);
-5. ``python -m sglang.bench_serving --backend sglang --dataset-name random-ids`` against each
+5. ``python -m sglang.bench_serving --backend sglang --dataset-name <--dataset>`` against each
    server in turn, for every ``--concurrency``, the two servers back to back (order alternating);
 6. writes ``results.md`` (the table), ``results.json`` (everything), ``bench_raw.jsonl`` (every
    bench_serving result line), ``bench_stdout.log``, ``server_stock.log``, ``server_replay.log``
@@ -20,16 +20,55 @@ One command, bounded in time end to end (``--time-budget``):
 
 Both servers are killed (process groups) in every case: normal end, error, timeout, SIGTERM.
 
+Datasets (``--dataset``):
+
+- ``random-ids`` (default): random token ids, ``--input-len`` / ``--output-len``, range ratio 1.0,
+  radix cache off (``--disable-radix-cache``).  Table: output throughput, median TPOT, median ITL.
+- ``generated-shared-prefix`` (gsp): bench_serving's shared-system-prompt dataset, radix cache **on**
+  for both servers with SGLang's default mamba radix strategy (``extra_buffer`` on a GPU; nothing is
+  forced).  Per concurrency ``--gsp-num-groups`` system prompts of ``--gsp-system-prompt-len`` tokens,
+  ``--gsp-prompts-per-group`` questions of ``--gsp-question-len`` tokens each, ``--gsp-output-len``
+  new tokens (bench_serving 0.5.17 flags ``--gsp-num-groups --gsp-prompts-per-group
+  --gsp-system-prompt-len --gsp-question-len --gsp-output-len --gsp-range-ratio``; the request count
+  is groups x prompts per group, ``--num-prompts`` does not apply).  Before each run the radix cache
+  is flushed (``POST /flush_cache?timeout=60``, which waits for the server to be idle), so every run
+  starts cold and runs at one concurrency do not feed the next; bench_serving then runs with
+  ``--warmup-requests 0`` (its warm-up request would cache one group's prefix, and its own
+  ``--flush-cache`` right after it is a single attempt that fails if the server has not yet retired
+  that request) and ``--cache-report``.  Table: output throughput,
+  mean/median TTFT, median TPOT and the cache hit rate, with the replay/stock ratios and the issue's
+  targets (TTFT x <= 1.05, same hit rate: |replay - stock| <= 1 point).
+
+  **Cache hit rate**, two ways, both recorded.  (a) The table's: bench_serving's ``--cache-report``
+  sums the ``cached_tokens`` that the server returns in each request's ``meta_info`` (SGLang's
+  ``Req.cached_tokens``, counted once per request, chunked-prefill continuations excluded) over the
+  prompt tokens of the completed requests: ``cache_report.cache_hit_rate_pct`` of the result line.
+  (b) A cross-check from the server's own log: SGLang prints ``Prefill batch, #new-seq: ..,
+  #new-token: N, #cached-token: C, ..`` per prefill batch; over the part of ``server_<v>.log``
+  written during the run, after the flush's ``Cache flushed successfully!``, hit rate = sum C / sum
+  (N + C) (``server_log_cache`` per run in ``results.json``; it counts a chunked prefill's earlier
+  chunks as cached, so it reads higher when prompts are chunked).  Not used: ``/metrics``'s
+  ``sglang:cache_hit_rate`` needs ``--enable-metrics`` and is a gauge of the last prefill batch
+  only; ``/server_info`` carries no hit rate in 0.5.17.
+  bench_serving caches the generated gsp prompts under ``~/.cache/sglang/benchmark`` keyed by the
+  lengths and the tokenizer *class* only (every preset has the same class), so its ``HOME`` is a
+  folder of this run (``PYTHONUSERBASE`` kept, for ``--user`` installs): both servers get the same
+  prompts, never another model's.
+
 Memory: SGLang 0.5.17 takes ``--mem-fraction-static`` of the memory that is free when each server
 starts, and the two start together, so the fraction does not split the GPU between them.  Instead
 every pool is sized explicitly (``--max-running-requests`` = ``--cuda-graph-max-bs-decode`` = the largest
-concurrency, ``--max-total-tokens`` for that many requests, radix cache off so each request holds
-exactly one mamba slot) and the fraction only has to leave room for them whichever server
-allocates first; 0.70 does (see ``benchmarks/README.md``).
+concurrency, ``--max-total-tokens`` for that many requests; random-ids: radix cache off so each
+request holds exactly one mamba slot; gsp: ``--max-mamba-cache-size`` = 5 slots per running request,
+the 3 + 2 that SGLang 0.5.17 budgets under ``extra_buffer`` with the overlap scheduler, plus 2 per
+group for the cached prefixes) and the fraction only has to leave room for them whichever server
+allocates first; 0.70 does (see ``benchmarks/README.md``).  The 5 slots per request make gsp's mamba
+pool 5x random-ids' at one concurrency: c=64 is ~29 GB of fp32 state per Nano-4B server, c=256
+would not fit two servers, hence gsp's default concurrencies 1, 16, 64.
 
 ``--device cpu`` is a smoke mode for machines without a GPU: the tiny Nemotron-H, SGLang's CPU
-flags (``tests/e2e/server.py``), small lengths.  It exercises the whole orchestration; its numbers
-mean nothing.
+flags (``tests/e2e/server.py``, which use the ``no_buffer`` strategy), small lengths.  It exercises
+the whole orchestration; its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -65,6 +104,8 @@ __all__ = [
     "variant_args",
     "bench_cmd",
     "read_bench_jsonl",
+    "parse_prefill_log",
+    "hit_rate_pct",
     "compare_greedy",
     "build_table",
     "main",
@@ -76,8 +117,17 @@ FAMILY_MODELS = {"mamba2": "nemotron_h_nano4b", "gdn": "qwen3_next_4b"}
 CPU_FAMILY_MODELS = {"mamba2": "nemotron_h_tiny", "gdn": "qwen3_next_tiny"}
 #: order matters: "stock" is the baseline of every ratio
 VARIANTS = ("stock", "replay")
-#: issue 4's targets on the shape-faithful Mamba-2 model (replay/stock output throughput)
+#: issue 4's targets on the shape-faithful Mamba-2 model (replay/stock output throughput, random-ids)
 TARGETS = {"mamba2": {256: 1.30, 1: 0.98}}
+DATASETS = ("random-ids", "generated-shared-prefix")
+#: the generated-shared-prefix issue's targets (every GPU run): replay/stock TTFT (mean and median) at
+#: most this, and the replay hit rate within this many percentage points of stock's
+GSP_TTFT_X_MAX = 1.05
+GSP_HIT_DIFF_PP_MAX = 1.0
+#: mamba slots per running request that SGLang 0.5.17 budgets with the radix cache on: 3, plus 2
+#: for the extra_buffer ping-pong under the overlap scheduler (kv_cache_configurator.py)
+MAMBA_SLOTS_PER_REQ_RADIX = 5
+FLUSH_LOG_MARK = "Cache flushed successfully!"
 REPLAY_LOG_MARK = "ReplaySSM rings are allocated"
 SHARD_BYTES = 2 << 30
 TEARDOWN_RESERVE_S = 25.0
@@ -108,11 +158,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "qwen3_5_4b is the dense Qwen3.5 variant; tiny presets in --device cpu)")
     p.add_argument("--model-dir", default=None,
                    help="where the model is written (default /tmp/replayssm_bench_models/<model>); reused if complete")
-    p.add_argument("--concurrency", type=_int_list, default=None, help="comma list (default 1,64,256; cpu: 1,4)")
+    p.add_argument("--dataset", choices=DATASETS, default="random-ids",
+                   help="bench_serving dataset; generated-shared-prefix keeps the radix cache on (see the docstring)")
+    p.add_argument("--concurrency", type=_int_list, default=None,
+                   help="comma list (default 1,64,256; generated-shared-prefix: 1,16,64; cpu: 1,4)")
     p.add_argument("--num-prompts", type=_int_list, default=None,
-                   help="comma list, one per concurrency (default: 8 at c=1, else 2*c)")
-    p.add_argument("--input-len", type=int, default=None, help="random-ids input length (default 512; cpu: 64)")
+                   help="random-ids: comma list, one per concurrency (default: 8 at c=1, else 2*c)")
+    p.add_argument("--input-len", type=int, default=None,
+                   help="random-ids input length and the probe's longest prompt (default 512; cpu: 64)")
     p.add_argument("--output-len", type=int, default=None, help="random-ids output length (default 256; cpu: 32)")
+    g = p.add_argument_group("generated-shared-prefix (bench_serving's --gsp-* flags)")
+    g.add_argument("--gsp-num-groups", type=_int_list, default=None,
+                   help="system-prompt groups: comma list, one per concurrency, or one value for all "
+                        "(default: ceil(4 c / prompts per group), i.e. about 4 c requests)")
+    g.add_argument("--gsp-prompts-per-group", type=int, default=None, help="questions per group (default 16; cpu: 4)")
+    g.add_argument("--gsp-system-prompt-len", type=int, default=None,
+                   help="shared system prompt tokens (default 2048; cpu: 64)")
+    g.add_argument("--gsp-question-len", type=int, default=None, help="question tokens (default 128; cpu: 16)")
+    g.add_argument("--gsp-output-len", type=int, default=None, help="new tokens per request (default 256; cpu: 16)")
     p.add_argument("--window", type=int, default=16, help="--replayssm-window of the replay server")
     p.add_argument("--out", default="bench_serving_out", help="output folder (created)")
     p.add_argument("--commit", default=None, help="recorded in the outputs (default: git rev-parse --short HEAD)")
@@ -124,7 +187,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-running-requests", type=int, default=None, help="default: the largest concurrency")
     p.add_argument("--cuda-graph-max-bs", type=int, default=None, help="default: the largest concurrency")
     p.add_argument("--max-total-tokens", type=int, default=None,
-                   help="KV tokens per server (default: max running requests x (input + output + 64) + 8192)")
+                   help="KV tokens per server (default: max running requests x (input + output + 64) + 8192; "
+                        "gsp: plus groups x (system + question), input = system + question, output = gsp output)")
+    p.add_argument("--max-mamba-cache-size", type=int, default=None,
+                   help="mamba slots per server (default: not passed for random-ids; gsp on cuda: "
+                        f"{MAMBA_SLOTS_PER_REQ_RADIX} x max running requests + 2 x the most groups)")
     p.add_argument("--keep-radix-cache", action="store_true",
                    help="do not pass --disable-radix-cache (then each request may hold several mamba slots)")
     p.add_argument("--conv-dtype", default=None,
@@ -139,16 +206,40 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
 
     cpu = args.device == "cpu"
+    gsp = args.dataset == "generated-shared-prefix"
     if args.model is None:
         args.model = (CPU_FAMILY_MODELS if cpu else FAMILY_MODELS)[args.family]
     if args.concurrency is None:
-        args.concurrency = [1, 4] if cpu else [1, 64, 256]
+        args.concurrency = [1, 4] if cpu else ([1, 16, 64] if gsp else [1, 64, 256])
     if args.input_len is None:
         args.input_len = 64 if cpu else 512
     if args.output_len is None:
         args.output_len = 32 if cpu else 256
-    if args.num_prompts is None:
-        args.num_prompts = [8 if c == 1 else 2 * c for c in args.concurrency]
+    gsp_defaults = {"gsp_prompts_per_group": (4, 16), "gsp_system_prompt_len": (64, 2048),
+                    "gsp_question_len": (16, 128), "gsp_output_len": (16, 256)}
+    for name, (on_cpu, on_gpu) in gsp_defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, on_cpu if cpu else on_gpu)
+        elif getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
+    if gsp:
+        if args.num_prompts is not None:
+            p.error("--num-prompts: not used by generated-shared-prefix (requests = groups x prompts per group); "
+                    "use --gsp-num-groups / --gsp-prompts-per-group")
+        ppg = args.gsp_prompts_per_group
+        if args.gsp_num_groups is None:
+            args.gsp_num_groups = [-(-4 * c // ppg) for c in args.concurrency]
+        elif len(args.gsp_num_groups) == 1:
+            args.gsp_num_groups = args.gsp_num_groups * len(args.concurrency)
+        if len(args.gsp_num_groups) != len(args.concurrency):
+            p.error(f"--gsp-num-groups: expected 1 or {len(args.concurrency)} values (one per concurrency), "
+                    f"got {len(args.gsp_num_groups)}")
+        args.num_prompts = [n * ppg for n in args.gsp_num_groups]
+    else:
+        if args.gsp_num_groups is not None:
+            p.error("--gsp-num-groups: only with --dataset generated-shared-prefix")
+        if args.num_prompts is None:
+            args.num_prompts = [8 if c == 1 else 2 * c for c in args.concurrency]
     if len(args.num_prompts) != len(args.concurrency):
         p.error(f"--num-prompts: expected {len(args.concurrency)} values (one per concurrency), "
                 f"got {len(args.num_prompts)}")
@@ -162,7 +253,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.cuda_graph_max_bs is None:
         args.cuda_graph_max_bs = maxc
     if args.max_total_tokens is None:
-        args.max_total_tokens = args.max_running_requests * (args.input_len + args.output_len + 64) + 8192
+        if gsp:
+            prompt = args.gsp_system_prompt_len + args.gsp_question_len
+            args.max_total_tokens = (args.max_running_requests * (prompt + args.gsp_output_len + 64)
+                                     + max(args.gsp_num_groups) * prompt + 8192)
+        else:
+            args.max_total_tokens = args.max_running_requests * (args.input_len + args.output_len + 64) + 8192
+    if args.max_mamba_cache_size is None and gsp and not cpu:
+        args.max_mamba_cache_size = (MAMBA_SLOTS_PER_REQ_RADIX * args.max_running_requests
+                                     + 2 * max(args.gsp_num_groups))
     if args.conv_dtype is None and not cpu:
         args.conv_dtype = "bfloat16"
     if args.model_dir is None:
@@ -185,7 +284,11 @@ def _git_commit() -> str:
 
 
 def server_base_flags(args: argparse.Namespace) -> list[str]:
-    """Flags shared by both servers (everything but the ``--ssm-backend`` choice)."""
+    """Flags shared by both servers (everything but the ``--ssm-backend`` choice).
+
+    generated-shared-prefix keeps the radix cache on and passes no ``--mamba-radix-cache-strategy``
+    (SGLang picks ``extra_buffer`` on a GPU; the CPU flags carry ``no_buffer``, the only one a CPU runs).
+    """
     if args.device == "cpu":
         flags = list(srv.CPU_FLAGS)
     else:
@@ -199,7 +302,9 @@ def server_base_flags(args: argparse.Namespace) -> list[str]:
             "--cuda-graph-max-bs-decode", str(args.cuda_graph_max_bs),
             "--max-total-tokens", str(args.max_total_tokens),
         ]
-        if not args.keep_radix_cache:
+        if args.max_mamba_cache_size is not None:
+            flags += ["--max-mamba-cache-size", str(args.max_mamba_cache_size)]
+        if not args.keep_radix_cache and args.dataset == "random-ids":
             flags.append("--disable-radix-cache")
     flags += ["--random-seed", "0", "--log-level", "info"]
     return flags + shlex.split(args.server_args)
@@ -218,21 +323,45 @@ def variant_args(variant: str, window: int, device: str = "cuda") -> list[str]:
 
 
 def bench_cmd(args: argparse.Namespace, model_dir: str | Path, port: int, concurrency: int, num_prompts: int,
-              output_file: str | Path, tag: str) -> list[str]:
-    """``sglang.bench_serving`` command line for one run (flag names of SGLang 0.5.17)."""
+              output_file: str | Path, tag: str, num_groups: int | None = None) -> list[str]:
+    """``sglang.bench_serving`` command line for one run (flag names of SGLang 0.5.17).
+
+    generated-shared-prefix needs ``num_groups`` (this concurrency's); its request count is
+    ``num_groups x --gsp-prompts-per-group`` whatever ``--num-prompts`` says (passed equal to it).
+    """
+    if args.dataset == "generated-shared-prefix":
+        if num_groups is None:
+            raise ValueError("bench_cmd: generated-shared-prefix needs num_groups")
+        data = [
+            "--dataset-name", "generated-shared-prefix",
+            "--gsp-num-groups", str(num_groups),
+            "--gsp-prompts-per-group", str(args.gsp_prompts_per_group),
+            "--gsp-system-prompt-len", str(args.gsp_system_prompt_len),
+            "--gsp-question-len", str(args.gsp_question_len),
+            "--gsp-output-len", str(args.gsp_output_len),
+            "--gsp-range-ratio", "1.0",
+            # the per-request cached_tokens summed into result["cache_report"]
+            "--cache-report",
+        ]
+        warmup = "0"  # main() flushes the radix cache before the run; a warm-up would refill it
+    else:
+        data = [
+            "--dataset-name", "random-ids",
+            "--random-input-len", str(args.input_len),
+            "--random-output-len", str(args.output_len),
+            "--random-range-ratio", "1.0",
+        ]
+        warmup = "1"
     return [
         sys.executable, "-m", "sglang.bench_serving",
         "--backend", "sglang",
         "--host", "127.0.0.1", "--port", str(port),
         "--model", str(model_dir), "--tokenizer", str(model_dir),
-        "--dataset-name", "random-ids",
-        "--random-input-len", str(args.input_len),
-        "--random-output-len", str(args.output_len),
-        "--random-range-ratio", "1.0",
+        *data,
         "--num-prompts", str(num_prompts),
         "--max-concurrency", str(concurrency),
         "--seed", str(args.seed),
-        "--warmup-requests", "1",
+        "--warmup-requests", warmup,
         "--disable-tqdm",
         "--output-file", str(output_file),
         "--tag", tag,
@@ -257,6 +386,39 @@ def read_bench_jsonl(path: str | Path) -> dict | None:
         except json.JSONDecodeError:
             continue
     return last
+
+
+_PREFILL_RX = re.compile(r"Prefill batch.*?#new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+)")
+
+
+def parse_prefill_log(text: str) -> dict:
+    """Prefix-cache hit rate from SGLang's per-batch log lines (0.5.17 ``report_prefill_stats``).
+
+    ``text``: the part of a server log written during one bench_serving run and the flush before it.
+    Only the lines after the last ``Cache flushed successfully!`` count; each ``Prefill batch,
+    #new-seq: S, #new-token: N, #cached-token: C, ...`` adds S, N, C.  Returns ``{"prefill_batches",
+    "new_seqs", "new_tokens", "cached_tokens", "hit_rate_pct", "after_flush"}``; ``hit_rate_pct`` =
+    100 C / (N + C), None without prefill lines.
+    """
+    flushed = text.rfind(FLUSH_LOG_MARK)
+    if flushed >= 0:
+        text = text[flushed + len(FLUSH_LOG_MARK):]
+    batches = seqs = new = cached = 0
+    for m in _PREFILL_RX.finditer(text):
+        batches += 1
+        seqs += int(m.group(1))
+        new += int(m.group(2))
+        cached += int(m.group(3))
+    total = new + cached
+    return {"prefill_batches": batches, "new_seqs": seqs, "new_tokens": new, "cached_tokens": cached,
+            "hit_rate_pct": round(100.0 * cached / total, 2) if total else None, "after_flush": flushed >= 0}
+
+
+def hit_rate_pct(result: dict | None) -> float | None:
+    """A run's prefix-cache hit rate in percent: bench_serving's ``cache_report.cache_hit_rate_pct``
+    (server-reported ``cached_tokens`` per request over prompt tokens); None if the run has none."""
+    report = (result or {}).get("cache_report") or {}
+    return report.get("cache_hit_rate_pct")
 
 
 def compare_greedy(stock: list[dict], replay: list[dict]) -> dict:
@@ -296,20 +458,75 @@ def _ratio(a, b):
     return None if a is None or b is None or not b else a / b
 
 
+def _done(x: dict) -> str:
+    if "skipped" in x:
+        return "skipped"
+    if "error" in x:
+        return "failed"
+    return str(x.get("completed", "—"))
+
+
+def _diff(a, b):
+    return None if a is None or b is None else a - b
+
+
 def build_table(runs: dict, meta: dict) -> str:
     """Markdown: one row per concurrency, stock vs replay and replay/stock ratios.
 
     ``runs``: ``{concurrency: {"stock": result-or-None, "replay": ...}}`` where a result is a
     bench_serving JSON line (``output_throughput``, ``median_tpot_ms``, ``median_itl_ms``,
-    ``completed``) or ``{"skipped": reason}``.
+    ``completed``; generated-shared-prefix adds ``mean_ttft_ms``, ``median_ttft_ms``,
+    ``cache_report`` and our ``server_log_cache``) or ``{"skipped": reason}`` / ``{"error": ...}``.
+    ``meta["dataset"]`` picks the table (default random-ids).
     """
+    dataset = meta.get("dataset", "random-ids")
+    if dataset == "generated-shared-prefix":
+        data = (f"bench_serving generated-shared-prefix, system prompt {meta.get('gsp_system_prompt_len')}, "
+                f"question {meta.get('gsp_question_len')}, output {meta.get('gsp_output_len')}, "
+                f"{meta.get('gsp_prompts_per_group')} prompts per group, range ratio 1.0, radix cache on, "
+                "flushed before each run")
+    else:
+        data = (f"bench_serving random-ids, input {meta.get('input_len')}, output {meta.get('output_len')}, "
+                "range ratio 1.0")
     lines = [
-        f"### Serving A/B: {meta.get('model')} ({meta.get('family')}), stock vs replay L={meta.get('window')}",
+        f"### Serving A/B ({dataset}): {meta.get('model')} ({meta.get('family')}), stock vs replay "
+        f"L={meta.get('window')}",
         "",
         f"commit `{meta.get('commit')}`, {meta.get('date')}, {meta.get('gpu') or meta.get('device')}; "
-        f"bench_serving random-ids, input {meta.get('input_len')}, output {meta.get('output_len')}, "
-        f"range ratio 1.0; server flags: `{meta.get('server_flags')}`",
+        f"{data}; server flags: `{meta.get('server_flags')}`",
         "",
+    ]
+    if dataset == "generated-shared-prefix":
+        lines += _gsp_rows(runs)
+    else:
+        lines += _random_ids_rows(runs)
+    probe = meta.get("probe")
+    if probe:
+        firsts = [q["first_diff"] for q in probe["per_request"] if q.get("first_diff") is not None]
+        lines.append(
+            f"Greedy probe ({probe['requests']} requests x {meta.get('probe_new_tokens')} tokens, temperature 0): "
+            f"{probe['token_identical']}/{probe['requests']} token-identical; max |logprob diff| on the common "
+            f"prefix {probe['max_logprob_diff_common_prefix']:.4g}"
+            + (f"; earliest divergence at token {min(firsts)}" if firsts else "") + "."
+        )
+    if dataset == "generated-shared-prefix":
+        if meta.get("device") != "cpu":
+            lines += _gsp_targets(runs)
+    else:
+        for c, goal in sorted(TARGETS.get(meta.get("family"), {}).items(), reverse=True):
+            if meta.get("model") != FAMILY_MODELS.get(meta.get("family")) or c not in runs:
+                continue
+            x = _ratio((runs[c].get("replay") or {}).get("output_throughput"),
+                       (runs[c].get("stock") or {}).get("output_throughput"))
+            verdict = "not measured" if x is None else ("met" if x >= goal else "MISSED")
+            lines.append(f"target c={c}: output throughput x >= {goal:.2f}: {_fmt(x, '.3f')} {verdict}")
+    for w in meta.get("warnings", []):
+        lines.append(f"WARNING: {w}")
+    return "\n".join(lines) + "\n"
+
+
+def _random_ids_rows(runs: dict) -> list[str]:
+    lines = [
         "| concurrency | prompts | stock out tok/s | replay out tok/s | x throughput | stock TPOT ms "
         "| replay TPOT ms | x TPOT | stock ITL ms | replay ITL ms | x ITL | completed (stock/replay) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
@@ -320,40 +537,71 @@ def build_table(runs: dict, meta: dict) -> str:
         st, rt = s.get("output_throughput"), p.get("output_throughput")
         sp, rp = s.get("median_tpot_ms"), p.get("median_tpot_ms")
         si, ri = s.get("median_itl_ms"), p.get("median_itl_ms")
-
-        def done(x):
-            if "skipped" in x:
-                return "skipped"
-            if "error" in x:
-                return "failed"
-            return str(x.get("completed", "—"))
-
         lines.append(
             f"| {c} | {r.get('num_prompts', '—')} | {_fmt(st)} | {_fmt(rt)} | {_fmt(_ratio(rt, st), '.3f')} "
             f"| {_fmt(sp, '.2f')} | {_fmt(rp, '.2f')} | {_fmt(_ratio(rp, sp), '.3f')} "
             f"| {_fmt(si, '.2f')} | {_fmt(ri, '.2f')} | {_fmt(_ratio(ri, si), '.3f')} "
-            f"| {done(s)}/{done(p)} |"
+            f"| {_done(s)}/{_done(p)} |"
         )
-    lines += ["", "x = replay / stock (throughput: higher is better; TPOT, ITL: lower is better)."]
-    probe = meta.get("probe")
-    if probe:
-        firsts = [q["first_diff"] for q in probe["per_request"] if q.get("first_diff") is not None]
+    return lines + ["", "x = replay / stock (throughput: higher is better; TPOT, ITL: lower is better)."]
+
+
+def _gsp_rows(runs: dict) -> list[str]:
+    lines = [
+        "| concurrency | prompts (groups) | stock out tok/s | replay out tok/s | x throughput "
+        "| stock mean TTFT ms | replay mean TTFT ms | x mean TTFT | stock median TTFT ms | replay median TTFT ms "
+        "| x median TTFT | stock TPOT ms | replay TPOT ms | x TPOT | stock hit % | replay hit % | hit diff pp "
+        "| completed (stock/replay) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    log_rates = []
+    for c in sorted(runs):
+        r = runs[c]
+        s, p = r.get("stock") or {}, r.get("replay") or {}
+        st, rt = s.get("output_throughput"), p.get("output_throughput")
+        sm, rm = s.get("mean_ttft_ms"), p.get("mean_ttft_ms")
+        sd, rd = s.get("median_ttft_ms"), p.get("median_ttft_ms")
+        sp, rp = s.get("median_tpot_ms"), p.get("median_tpot_ms")
+        sh, rh = hit_rate_pct(s), hit_rate_pct(p)
         lines.append(
-            f"Greedy probe ({probe['requests']} requests x {meta.get('probe_new_tokens')} tokens, temperature 0): "
-            f"{probe['token_identical']}/{probe['requests']} token-identical; max |logprob diff| on the common "
-            f"prefix {probe['max_logprob_diff_common_prefix']:.4g}"
-            + (f"; earliest divergence at token {min(firsts)}" if firsts else "") + "."
+            f"| {c} | {r.get('num_prompts', '—')} ({r.get('gsp_num_groups', '—')}) | {_fmt(st)} | {_fmt(rt)} "
+            f"| {_fmt(_ratio(rt, st), '.3f')} "
+            f"| {_fmt(sm, '.1f')} | {_fmt(rm, '.1f')} | {_fmt(_ratio(rm, sm), '.3f')} "
+            f"| {_fmt(sd, '.1f')} | {_fmt(rd, '.1f')} | {_fmt(_ratio(rd, sd), '.3f')} "
+            f"| {_fmt(sp, '.2f')} | {_fmt(rp, '.2f')} | {_fmt(_ratio(rp, sp), '.3f')} "
+            f"| {_fmt(sh, '.1f')} | {_fmt(rh, '.1f')} | {_fmt(_diff(rh, sh), '+.1f')} "
+            f"| {_done(s)}/{_done(p)} |"
         )
-    for c, goal in sorted(TARGETS.get(meta.get("family"), {}).items(), reverse=True):
-        if meta.get("model") != FAMILY_MODELS.get(meta.get("family")) or c not in runs:
-            continue
-        x = _ratio((runs[c].get("replay") or {}).get("output_throughput"),
-                   (runs[c].get("stock") or {}).get("output_throughput"))
-        verdict = "not measured" if x is None else ("met" if x >= goal else "MISSED")
-        lines.append(f"target c={c}: output throughput x >= {goal:.2f}: {_fmt(x, '.3f')} {verdict}")
-    for w in meta.get("warnings", []):
-        lines.append(f"WARNING: {w}")
-    return "\n".join(lines) + "\n"
+        sl = (s.get("server_log_cache") or {}).get("hit_rate_pct")
+        rl = (p.get("server_log_cache") or {}).get("hit_rate_pct")
+        log_rates.append(f"c={c} {_fmt(sl, '.1f')}/{_fmt(rl, '.1f')}")
+    return lines + [
+        "",
+        "x = replay / stock (throughput: higher is better; TTFT, TPOT: lower is better); TPOT is the median; "
+        "hit % = server-reported cached prompt tokens / prompt tokens (bench_serving --cache-report); "
+        "hit diff = replay - stock, percentage points.",
+        "Server-log hit % (sum #cached-token / (#new-token + #cached-token) over the run's prefill batches, "
+        "stock/replay): " + ", ".join(log_rates) + ".",
+    ]
+
+
+def _gsp_targets(runs: dict) -> list[str]:
+    lines = []
+    for c in sorted(runs):
+        s, p = runs[c].get("stock") or {}, runs[c].get("replay") or {}
+        xs = [_ratio(p.get(k), s.get(k)) for k in ("mean_ttft_ms", "median_ttft_ms")]
+        if None in xs:
+            verdict = "not measured"
+        else:
+            verdict = "met" if max(xs) <= GSP_TTFT_X_MAX else "MISSED"
+        lines.append(f"target c={c}: TTFT x <= {GSP_TTFT_X_MAX:.2f}: mean {_fmt(xs[0], '.3f')}, "
+                     f"median {_fmt(xs[1], '.3f')} {verdict}")
+        d = _diff(hit_rate_pct(p), hit_rate_pct(s))
+        verdict = "not measured" if d is None else ("met" if abs(d) <= GSP_HIT_DIFF_PP_MAX else "MISSED")
+        lines.append(f"target c={c}: same hit rate (|replay - stock| <= {GSP_HIT_DIFF_PP_MAX:.1f} pp): "
+                     f"{_fmt(hit_rate_pct(s), '.1f')}% vs {_fmt(hit_rate_pct(p), '.1f')}% "
+                     f"({_fmt(d, '+.1f')} pp) {verdict}")
+    return lines
 
 
 # ----------------------------------------------------------------------------- running
@@ -478,6 +726,27 @@ def _warmup(urls: dict, n: int, input_len: int, vocab: int, timeout: float) -> N
         _log(f"warm-up: {len(errors)} request(s) failed, e.g. {errors[0]}")
 
 
+def _read_from(path: Path, offset: int) -> str:
+    """The text appended to ``path`` since byte ``offset``."""
+    if not path.exists():
+        return ""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read().decode(errors="replace")
+
+
+def _flush_cache(url: str, timeout: float) -> str | None:
+    """Flush a server's radix cache once it is idle (0.5.17 ``/flush_cache?timeout=``); None if done,
+    else why not."""
+    import requests
+
+    try:
+        r = requests.post(f"{url}/flush_cache", params={"timeout": timeout}, timeout=timeout + 15)
+        return None if r.status_code == 200 else f"HTTP {r.status_code}: {r.text.strip()[:200]}"
+    except requests.RequestException as e:
+        return f"{type(e).__name__}: {e}"[:300]
+
+
 def _grep_log(path: Path, patterns: Sequence[str], limit: int = 12) -> list[str]:
     if not path.exists():
         return []
@@ -494,6 +763,15 @@ def _max_running_from_log(path: Path) -> int | None:
         text = path.read_text(errors="replace")
         for m in re.finditer(r"max_total_num_tokens=\d+.*?max_running_requests=(\d+)", text):
             found = int(m.group(1))
+    return found
+
+
+def _strategy_from_log(path: Path) -> str | None:
+    """The last ``mamba_radix_cache_strategy='...'`` of the server log's ``server_args`` dump."""
+    found = None
+    if path.exists():
+        for m in re.finditer(r"mamba_radix_cache_strategy='(\w+)'", path.read_text(errors="replace")):
+            found = m.group(1)
     return found
 
 
@@ -534,7 +812,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model": args.model, "family": args.family, "window": args.window, "commit": args.commit,
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": args.device, "gpu": _gpu_name() if args.device == "cuda" else None,
-        "input_len": args.input_len, "output_len": args.output_len, "server_flags": " ".join(flags),
+        "dataset": args.dataset, "input_len": args.input_len, "output_len": args.output_len,
+        "server_flags": " ".join(flags),
         "conv_dtype": args.conv_dtype, "probe_new_tokens": args.probe_new_tokens, "warnings": [],
         "command": " ".join(shlex.quote(a) for a in [sys.executable, "-m", "benchmarks.bench_serving_ab",
                                                        *(sys.argv[1:] if argv is None else argv)]),
@@ -542,7 +821,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.device == "cpu":
         meta["warnings"].append("cpu smoke: 'stock' is --ssm-backend replay --replayssm-window 1 (SGLang's own "
                                 "Mamba-2 path does not run on a CPU); the numbers mean nothing")
+    gsp = args.dataset == "generated-shared-prefix"
+    if gsp:
+        meta.update({k: getattr(args, k) for k in ("gsp_prompts_per_group", "gsp_system_prompt_len",
+                                                   "gsp_question_len", "gsp_output_len", "max_mamba_cache_size")})
     runs: dict[int, dict] = {c: {"num_prompts": n} for c, n in zip(args.concurrency, args.num_prompts)}
+    if gsp:
+        for c, g in zip(args.concurrency, args.gsp_num_groups):
+            runs[c]["gsp_num_groups"] = g
     timings: dict[str, float] = {}
     procs: dict[str, subprocess.Popen] = {}
     ports: dict[str, int] = {}
@@ -589,6 +875,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                             r"ReplaySSM", r"capped", r"Capture cuda graph end"))
                                     for v in VARIANTS}
         meta["max_running_requests"] = {v: _max_running_from_log(logs[v]) for v in VARIANTS}
+        meta["mamba_radix_cache_strategy"] = {v: _strategy_from_log(logs[v]) for v in VARIANTS}
+        if len(set(meta["mamba_radix_cache_strategy"].values())) > 1:
+            meta["warnings"].append(f"the servers' mamba radix strategies differ: {meta['mamba_radix_cache_strategy']}")
         for v, n in meta["max_running_requests"].items():
             if n is not None and n < max(args.concurrency):
                 meta["warnings"].append(f"{v} server: max_running_requests={n} < concurrency {max(args.concurrency)}: "
@@ -609,14 +898,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         # 4. warm-up at the largest concurrency
         if not args.no_warmup and dl.left() > 90:
             t = time.monotonic()
-            _warmup(urls, max(args.concurrency), args.input_len, vocab, timeout=min(120.0, dl.left() - 60))
+            warm_len = args.gsp_system_prompt_len + args.gsp_question_len if gsp else args.input_len
+            _warmup(urls, max(args.concurrency), warm_len, vocab, timeout=min(120.0, dl.left() - 60))
             timings["warmup"] = time.monotonic() - t
             _log(f"warm-up done in {timings['warmup']:.0f}s")
 
         # 5. bench_serving, both servers back to back per concurrency
         benv = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
         benv["SGLANG_PLUGINS"] = "replayssm"
-        for i, (c, n) in enumerate(zip(args.concurrency, args.num_prompts)):
+        if gsp:  # bench_serving's gsp prompt cache (~/.cache/sglang/benchmark) is keyed by tokenizer class only
+            import site
+
+            # packages installed with --user stay importable under the new HOME
+            benv.setdefault("PYTHONUSERBASE", site.getuserbase())
+            benv["HOME"] = str(work / "home")
+            (work / "home").mkdir(exist_ok=True)
+        groups = args.gsp_num_groups if gsp else [None] * len(args.concurrency)
+        for i, (c, n, ng) in enumerate(zip(args.concurrency, args.num_prompts, groups)):
             order = list(VARIANTS) if (args.order == "stock-first" or i % 2 == 0) else list(reversed(VARIANTS))
             for v in order:
                 left = dl.left() - TEARDOWN_RESERVE_S
@@ -626,7 +924,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     continue
                 tag = f"{v}-c{c}"
                 ofile = work / f"{tag}.jsonl"
-                cmd = bench_cmd(args, args.model_dir, ports[v], c, n, ofile, tag)
+                cmd = bench_cmd(args, args.model_dir, ports[v], c, n, ofile, tag, num_groups=ng)
+                log_from = logs[v].stat().st_size if logs[v].exists() else 0
+                flush_error = _flush_cache(urls[v], timeout=min(60.0, max(left - 20, 1.0))) if gsp else None
+                if flush_error:
+                    meta["warnings"].append(f"c={c} {v}: radix cache not flushed before the run ({flush_error}): "
+                                            "its hit rate may include earlier runs' prefixes")
                 t = time.monotonic()
                 with open(out / "bench_stdout.log", "a") as fh:
                     fh.write(f"\n===== {tag}: {' '.join(cmd)}\n")
@@ -645,11 +948,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     status = 1
                 else:
                     res = {k: val for k, val in res.items() if k != "server_info"}
+                    res["server_log_cache"] = parse_prefill_log(_read_from(logs[v], log_from))
+                    if gsp:
+                        res["flushed_before"] = flush_error is None
                     runs[c][v] = res
                     with open(out / "bench_raw.jsonl", "a") as fh:
                         fh.write(json.dumps({**res, "ab_variant": v, "ab_max_concurrency": c}) + "\n")
+                    extra = ""
+                    if gsp:
+                        extra = (f", mean TTFT {res.get('mean_ttft_ms') or 0:.1f} ms, hit rate "
+                                 f"{_fmt(hit_rate_pct(res))}% (server log "
+                                 f"{_fmt(res['server_log_cache']['hit_rate_pct'])}%)")
                     _log(f"{tag}: {res.get('output_throughput', 0):.1f} out tok/s, median TPOT "
-                         f"{res.get('median_tpot_ms', 0):.2f} ms, {res.get('completed')}/{n} completed, "
+                         f"{res.get('median_tpot_ms', 0):.2f} ms{extra}, {res.get('completed')}/{n} completed, "
                          f"{timings[f'bench_{tag}']:.0f}s")
                 write_results()
     except _Terminated as e:

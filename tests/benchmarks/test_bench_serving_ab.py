@@ -4,6 +4,11 @@
   parser, and every bench_serving flag exists in 0.5.17's ``sglang/benchmark/serving.py``;
 - the table from fake bench_serving JSONL output (ratios, targets, skipped / failed runs, probe);
 - the greedy comparison;
+- ``--dataset generated-shared-prefix``: arguments, server flags (radix cache on, no strategy forced),
+  the bench_serving command parsed by 0.5.17's own CLI and its gsp dataset built from it, the hit-rate
+  parsers on output recorded from a real CPU smoke run (``--device cpu --dataset
+  generated-shared-prefix``, 2026-11-29, ~5 min, too slow for CI), the table and targets, and
+  ``main()`` end to end with fake servers and a fake bench_serving (the real one's recorded output);
 - the shape-faithful presets: config fields against ``benchmarks/shapes.py`` (the kernel benchmark's
   shapes), full-size tensor shapes and parameter counts on the meta device (nothing allocated), and
   the generator's code path at tiny scale on CPU (sharded safetensors + index + tokenizer).
@@ -176,6 +181,303 @@ def test_compare_greedy():
     assert r["requests"] == 3 and r["token_identical"] == 1
     assert r["per_request"][1]["first_diff"] == 2 and r["per_request"][2]["error"] == "boom"
     assert r["max_logprob_diff_common_prefix"] == 0.0
+
+
+# ----------------------------------------------------------------------------- generated-shared-prefix
+
+GSP = ["--dataset", "generated-shared-prefix"]
+
+#: bench_serving's result line of the CPU smoke run (stock-c1), trimmed to the keys we read
+RECORDED_GSP_LINE = (
+    '{"tag": "stock-c1", "backend": "sglang", "dataset_name": "generated-shared-prefix", "request_rate": Infinity, '
+    '"max_concurrency": 1, "completed": 4, "output_throughput": 22.406889402576002, '
+    '"mean_ttft_ms": 324.83232475078694, "median_ttft_ms": 329.15578150095826, "mean_tpot_ms": 24.911366916664218, '
+    '"median_tpot_ms": 25.044443500034202, "median_itl_ms": 24.27446849833359, "server_info": {"big": "blob"}, '
+    '"cache_report": {"total_prompt_tokens": 320, "total_cached_tokens": 0, "cache_hit_rate_pct": 0.0, '
+    '"device_cached_tokens": null, "host_cached_tokens": null, "storage_cached_tokens": null, '
+    '"storage_backend": null}}'
+)
+
+#: server_stock.log of the same run around stock-c1 (recorded when bench_serving still sent a warm-up
+#: request before its own --flush-cache: a prefill, the flush, two of the four measured requests); CPU
+#: no_buffer: a new question after a shared prefix has no mamba state
+RECORDED_LOG = """\
+[2026-11-29 15:32:58] INFO:     127.0.0.1:34410 - "POST /generate HTTP/1.1" 200 OK
+[2026-11-29 15:32:58] Prefill batch, #new-seq: 1, #new-token: 80, #cached-token: 0, full token usage: 0.00, \
+mamba usage: 0.12, #running-req: 0, #queue-req: 0, #pending-token: 0, cpu graph: False, input throughput (token/s): 2.07
+[2026-11-29 15:32:59] Reset HybridReqToTokenPool
+[2026-11-29 15:32:59] Cache flushed successfully!
+[2026-11-29 15:32:59] INFO:     127.0.0.1:34418 - "POST /flush_cache HTTP/1.1" 200 OK
+[2026-11-29 15:33:00] Prefill batch, #new-seq: 1, #new-token: 80, #cached-token: 0, full token usage: 0.00, \
+mamba usage: 0.12, #running-req: 0, #queue-req: 0, #pending-token: 0, cpu graph: False, input throughput (token/s): 48.32
+[2026-11-29 15:33:02] Decode batch, #running-req: 1, #full token: 90, full token usage: 0.01, mamba num: 2, \
+mamba usage: 0.12, cpu graph: False, gen throughput (token/s): 0.88, #queue-req: 0
+[2026-11-29 15:33:02] Prefill batch, #new-seq: 1, #new-token: 80, #cached-token: 0, full token usage: 0.00, \
+mamba usage: 0.12, #running-req: 0, #queue-req: 0, #pending-token: 0, cpu graph: False, input throughput (token/s): 119.75
+"""
+
+
+def _prefill(new_seq: int, new: int, cached: int) -> str:
+    """A log line in 0.5.17's format (``metrics_reporter.report_prefill_stats``, GPU: ``cuda graph``)."""
+    return (f"[2026-11-29 12:00:00] Prefill batch, #new-seq: {new_seq}, #new-token: {new}, #cached-token: {cached}, "
+            "full token usage: 0.01, mamba usage: 0.10, #running-req: 3, #queue-req: 0, #pending-token: 0, "
+            "cuda graph: False, input throughput (token/s): 12345.67\n")
+
+
+def test_gsp_defaults():
+    a = ab.parse_args(GSP)
+    assert a.dataset == "generated-shared-prefix" and a.concurrency == [1, 16, 64]
+    assert (a.gsp_prompts_per_group, a.gsp_system_prompt_len, a.gsp_question_len, a.gsp_output_len) == (
+        16, 2048, 128, 256)
+    assert a.gsp_num_groups == [1, 4, 16] and a.num_prompts == [16, 64, 256]
+    assert a.max_running_requests == 64 and a.cuda_graph_max_bs == 64
+    assert a.max_mamba_cache_size == 5 * 64 + 2 * 16
+    assert a.max_total_tokens == 64 * (2048 + 128 + 256 + 64) + 16 * (2048 + 128) + 8192
+    cpu = ab.parse_args([*GSP, "--device", "cpu"])
+    assert cpu.concurrency == [1, 4] and cpu.gsp_num_groups == [1, 4] and cpu.num_prompts == [4, 16]
+    assert cpu.max_mamba_cache_size is None  # the CPU flags carry their own
+    o = ab.parse_args([*GSP, "--concurrency", "8,32", "--gsp-num-groups", "3", "--gsp-prompts-per-group", "5",
+                       "--gsp-system-prompt-len", "1000", "--gsp-question-len", "50", "--gsp-output-len", "70"])
+    assert o.gsp_num_groups == [3, 3] and o.num_prompts == [15, 15] and o.max_mamba_cache_size == 5 * 32 + 6
+    assert ab.parse_args([*GSP, "--concurrency", "8,32", "--gsp-num-groups", "2,6"]).num_prompts == [32, 96]
+    # random-ids is unchanged
+    r = ab.parse_args([])
+    assert r.dataset == "random-ids" and r.concurrency == [1, 64, 256] and r.max_mamba_cache_size is None
+
+
+@pytest.mark.parametrize("argv", [
+    [*GSP, "--num-prompts", "8,16,32"],
+    [*GSP, "--concurrency", "1,2,3", "--gsp-num-groups", "1,2"],
+    [*GSP, "--gsp-prompts-per-group", "0"],
+    [*GSP, "--gsp-system-prompt-len", "0"],
+    ["--gsp-num-groups", "4"],
+    ["--dataset", "sharegpt"],
+])
+def test_gsp_bad_arguments(argv):
+    with pytest.raises(SystemExit):
+        ab.parse_args(argv)
+
+
+def test_gsp_server_flags_parse_with_sglang():
+    """Radix cache on for both servers, the mamba pool sized, no radix strategy forced (SGLang's auto)."""
+    from sglang.srt.server_args import ServerArgs
+
+    a = ab.parse_args(GSP)
+    base = ab.server_base_flags(a)
+    assert "--disable-radix-cache" not in base and "--mamba-radix-cache-strategy" not in base
+    p = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(p)
+    ns = p.parse_args(["--model-path", "/m", *base])
+    assert not ns.disable_radix_cache and ns.mamba_radix_cache_strategy == "auto"
+    assert ns.max_mamba_cache_size == 352 and ns.max_running_requests == 64 and ns.max_total_tokens == a.max_total_tokens
+    # the CPU smoke mode keeps tests/e2e/server.py's flags (no_buffer, the strategy a CPU runs)
+    assert "--disable-radix-cache" not in ab.server_base_flags(ab.parse_args([*GSP, "--device", "cpu"]))
+
+
+def _bench_serving_args(monkeypatch, cmd: list[str]) -> argparse.Namespace:
+    """``cmd`` parsed by bench_serving 0.5.17's own ``cli_main`` (its run stubbed out)."""
+    from sglang.benchmark import serving
+
+    seen = {}
+    monkeypatch.setattr(serving, "run_benchmark", lambda ns: seen.setdefault("args", ns))
+    monkeypatch.setattr(sys, "argv", ["bench_serving", *cmd[3:]])
+    serving.cli_main()
+    return seen["args"]
+
+
+def test_bench_cmds_parse_with_bench_serving(monkeypatch, tmp_path: Path):
+    from sglang.benchmark.datasets.generated_shared_prefix import GeneratedSharedPrefixDataset
+
+    r = _bench_serving_args(monkeypatch, ab.bench_cmd(ab.parse_args([]), "/m", 30001, 64, 128, "/o.jsonl", "t"))
+    assert r.dataset_name == "random-ids" and not r.flush_cache and not r.cache_report and r.random_input_len == 512
+    assert r.warmup_requests == 1
+
+    a = ab.parse_args([*GSP, "--gsp-prompts-per-group", "3", "--gsp-system-prompt-len", "40",
+                       "--gsp-question-len", "8", "--gsp-output-len", "5"])
+    with pytest.raises(ValueError):
+        ab.bench_cmd(a, "/m", 30001, 16, 64, "/o.jsonl", "t")
+    cmd = ab.bench_cmd(a, str(tmp_path / "model"), 30001, 16, 6, "/o.jsonl", "replay-c16", num_groups=2)
+    ns = _bench_serving_args(monkeypatch, cmd)
+    # main() flushes before the run; bench_serving's warm-up would refill the cache (and its flush races)
+    assert ns.dataset_name == "generated-shared-prefix" and ns.cache_report and not ns.flush_cache
+    assert ns.warmup_requests == 0
+    assert (ns.gsp_num_groups, ns.gsp_prompts_per_group, ns.gsp_system_prompt_len, ns.gsp_question_len,
+            ns.gsp_output_len, ns.gsp_range_ratio) == (2, 3, 40, 8, 5, 1.0)
+    assert ns.max_concurrency == 16 and ns.num_prompts == 6 and ns.seed == 1 and ns.backend == "sglang"
+    assert not ns.tokenize_prompt  # the gsp dataset refuses it
+    # the dataset bench_serving builds from it: groups x prompts per group requests sharing a system prompt
+    ds = GeneratedSharedPrefixDataset.from_args(ns)
+    assert (ds.num_groups, ds.prompts_per_group, ds.system_prompt_len, ds.question_len, ds.output_len) == (
+        2, 3, 40, 8, 5)
+    from transformers import AutoTokenizer
+
+    (tmp_path / "model").mkdir()
+    make_model.build_tokenizer(300, tmp_path / "model")
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "model"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # bench_serving caches the prompts under ~/.cache
+    rows = ds.load(tok)
+    assert len(rows) == 6 and all(r.output_len == 5 for r in rows)
+    assert all(40 <= r.prompt_len <= 40 + 8 + 2 for r in rows)
+    assert len({r.prompt.split("\n\n")[0] for r in rows}) == 2
+    assert list((tmp_path / "home" / ".cache" / "sglang" / "benchmark").glob("gen_shared_prefix_*.pkl"))
+
+
+def test_gsp_parsers_on_recorded_output(tmp_path: Path):
+    f = tmp_path / "stock-c1.jsonl"
+    f.write_text(json.dumps(_fake_line(1.0, 1.0, 1.0, 1, 1)) + "\n" + RECORDED_GSP_LINE + "\n")
+    res = ab.read_bench_jsonl(f)
+    assert res["dataset_name"] == "generated-shared-prefix" and res["completed"] == 4
+    assert ab.hit_rate_pct(res) == 0.0 and res["median_ttft_ms"] == pytest.approx(329.156, abs=1e-3)
+    assert ab.hit_rate_pct({"output_throughput": 1.0}) is None and ab.hit_rate_pct(None) is None
+    assert ab.hit_rate_pct({"cache_report": {"cache_hit_rate_pct": 93.75}}) == 93.75
+
+    log = ab.parse_prefill_log(RECORDED_LOG)  # the warm-up's prefill (before the flush) is not counted
+    assert log == {"prefill_batches": 2, "new_seqs": 2, "new_tokens": 160, "cached_tokens": 0, "hit_rate_pct": 0.0,
+                   "after_flush": True}
+    # a GPU-like run (values made up, format 0.5.17's): the first request of a group misses, the rest hit
+    text = (_prefill(1, 2176, 0) + "[x] Cache flushed successfully!\n" + _prefill(2, 4352, 0)
+            + _prefill(3, 384, 6144) + "Decode batch, #running-req: 5\n" + _prefill(1, 128, 2048))
+    log = ab.parse_prefill_log(text)
+    assert (log["prefill_batches"], log["new_seqs"], log["new_tokens"], log["cached_tokens"]) == (3, 6, 4864, 8192)
+    assert log["hit_rate_pct"] == round(100 * 8192 / (4864 + 8192), 2) and log["after_flush"]
+    assert ab.parse_prefill_log(_prefill(1, 100, 300))["after_flush"] is False
+    assert ab.parse_prefill_log(_prefill(1, 100, 300))["hit_rate_pct"] == 75.0
+    assert ab.parse_prefill_log("no prefill here\n")["hit_rate_pct"] is None
+
+
+def _gsp_line(tput: float, mean_ttft: float, median_ttft: float, tpot: float, hit: float | None, n: int) -> dict:
+    line = {"dataset_name": "generated-shared-prefix", "completed": n, "output_throughput": tput,
+            "mean_ttft_ms": mean_ttft, "median_ttft_ms": median_ttft, "median_tpot_ms": tpot,
+            "server_log_cache": {"hit_rate_pct": None if hit is None else hit + 1.0}}
+    if hit is not None:
+        line["cache_report"] = {"cache_hit_rate_pct": hit}
+    return line
+
+
+def test_gsp_table_and_targets():
+    runs = {
+        1: {"num_prompts": 16, "gsp_num_groups": 1, "stock": _gsp_line(360.0, 40.0, 30.0, 2.6, 88.0, 16),
+            "replay": _gsp_line(350.0, 41.0, 31.0, 2.7, 88.0, 16)},
+        16: {"num_prompts": 64, "gsp_num_groups": 4, "stock": _gsp_line(3000.0, 200.0, 100.0, 4.0, 80.0, 64),
+             "replay": _gsp_line(3300.0, 215.0, 104.0, 3.5, 78.5, 64)},
+        64: {"num_prompts": 256, "gsp_num_groups": 16, "stock": _gsp_line(6000.0, 900.0, 400.0, 8.0, 70.0, 256),
+             "replay": {"skipped": "time budget"}},
+    }
+    meta = {"dataset": "generated-shared-prefix", "model": "nemotron_h_nano4b", "family": "mamba2", "window": 16,
+            "commit": "abc", "date": "d", "gpu": "NVIDIA H200", "device": "cuda", "gsp_system_prompt_len": 2048,
+            "gsp_question_len": 128, "gsp_output_len": 256, "gsp_prompts_per_group": 16, "server_flags": "--x",
+            "warnings": []}
+    table = ab.build_table(runs, meta)
+    assert table.startswith("### Serving A/B (generated-shared-prefix): nemotron_h_nano4b")
+    assert "bench_serving generated-shared-prefix, system prompt 2048, question 128, output 256" in table
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    cells = {int(r.split("|")[1]): [x.strip() for x in r.split("|")[1:-1]] for r in rows}
+    assert len(cells) == 3 and len(cells[1]) == 18
+    assert cells[16][1] == "64 (4)" and cells[16][4] == "1.100"
+    assert cells[16][5:8] == ["200.0", "215.0", "1.075"] and cells[16][8:11] == ["100.0", "104.0", "1.040"]
+    assert cells[16][11:14] == ["4.00", "3.50", "0.875"] and cells[16][14:17] == ["80.0", "78.5", "-1.5"]
+    assert cells[1][16] == "+0.0" and cells[1][-1] == "16/16" and cells[64][-1] == "256/skipped"
+    assert "c=1 89.0/89.0" in table and "c=64 71.0/—" in table  # the server-log cross-check line
+    assert "target c=1: TTFT x <= 1.05: mean 1.025, median 1.033 met" in table
+    assert "target c=16: TTFT x <= 1.05: mean 1.075, median 1.040 MISSED" in table
+    assert "target c=1: same hit rate (|replay - stock| <= 1.0 pp): 88.0% vs 88.0% (+0.0 pp) met" in table
+    assert "target c=16: same hit rate (|replay - stock| <= 1.0 pp): 80.0% vs 78.5% (-1.5 pp) MISSED" in table
+    assert "target c=64: TTFT x <= 1.05: mean —, median — not measured" in table
+    assert "output throughput x >=" not in table  # random-ids' targets do not apply
+    assert "target" not in ab.build_table(runs, {**meta, "device": "cpu", "gpu": None})
+    # random-ids tables name their dataset too (and stay as they were otherwise)
+    assert ab.build_table({}, {"model": "m"}).startswith("### Serving A/B (random-ids): m")
+
+
+def test_main_gsp_orchestration_with_fakes(monkeypatch, tmp_path: Path):
+    """``main()`` for gsp on the CPU preset with fake servers and a fake bench_serving replaying the
+    recorded output: the command per run, the log slice per run, the hit rates and the outputs."""
+    import subprocess
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(ab.signal, "signal", lambda *a: None)  # keep pytest's handlers
+    monkeypatch.setattr(ab, "_generate_model", lambda *a, **k: 0.0)
+    monkeypatch.setattr(ab, "_wait_ready", lambda procs, *a, **k: {v: 1.0 for v in procs})
+    monkeypatch.setattr(ab, "_stop_all", lambda procs: None)
+    logs: dict[int, Path] = {}
+
+    class FakeProc:
+        pid = 4242
+
+        def poll(self):
+            return None
+
+    def launch(model, vargs, log, *, port, env, base_flags):
+        assert "--disable-radix-cache" not in base_flags
+        logs[port] = log
+        mark = ab.REPLAY_LOG_MARK if vargs[-1] == "16" else ""
+        log.write_text(f"server_args=ServerArgs(mamba_radix_cache_strategy='no_buffer')\n{mark}\n"
+                       + _prefill(1, 7, 0))  # a start-up prefill: outside every run's slice
+        return FakeProc()
+
+    monkeypatch.setattr(ab.srv, "launch", launch)
+    flushes = []
+
+    def flush(url, timeout):  # the real one's effect on the log: the mark
+        port = int(url.rsplit(":", 1)[1])
+        flushes.append(port)
+        with open(logs[port], "a") as fh:
+            fh.write("[t] Cache flushed successfully!\n")
+        return None if len(flushes) < 4 else "HTTP 400: Flush cache failed."
+
+    monkeypatch.setattr(ab, "_flush_cache", flush)
+    calls = []
+    real_run = subprocess.run
+
+    def fake_run(cmd, *a, **k):
+        if cmd[1:3] != ["-m", "sglang.bench_serving"]:
+            return real_run(cmd, *a, **k)
+        kv = dict(zip(cmd, cmd[1:]))
+        calls.append((kv, k["env"]["HOME"]))
+        assert k["env"]["PYTHONUSERBASE"]
+        groups, ppg = int(kv["--gsp-num-groups"]), int(kv["--gsp-prompts-per-group"])
+        assert flushes[-1] == int(kv["--port"])  # flushed right before
+        with open(logs[int(kv["--port"])], "a") as fh:  # one miss + hits per group
+            for _ in range(groups):
+                fh.write(_prefill(1, 80, 0) + _prefill(ppg - 1, 16 * (ppg - 1), 64 * (ppg - 1)))
+        line = json.loads(RECORDED_GSP_LINE)
+        line.update(tag=kv["--tag"], completed=groups * ppg, max_concurrency=int(kv["--max-concurrency"]))
+        line["cache_report"]["cache_hit_rate_pct"] = 60.0
+        Path(kv["--output-file"]).write_text(json.dumps(line) + "\n")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(ab.subprocess, "run", fake_run)
+    out = tmp_path / "out"
+    rc = ab.main(["--device", "cpu", *GSP, "--out", str(out), "--commit", "abc", "--probe-requests", "0",
+                  "--no-warmup", "--time-budget", "300"])
+    assert rc == 0
+    assert [c[0]["--tag"] for c in calls] == ["stock-c1", "replay-c1", "replay-c4", "stock-c4"]
+    assert all(c[0]["--dataset-name"] == "generated-shared-prefix" and c[0]["--warmup-requests"] == "0"
+               for c in calls)
+    assert [c[0]["--gsp-num-groups"] for c in calls] == ["1", "1", "4", "4"]
+    homes = {c[1] for c in calls}
+    assert len(homes) == 1 and Path(homes.pop()).parent == tmp_path / "tmp" / f"replayssm_bench_{ab.os.getpid()}"
+    res = json.loads((out / "results.json").read_text())
+    assert res["meta"]["dataset"] == "generated-shared-prefix" and res["meta"]["gsp_system_prompt_len"] == 64
+    assert res["meta"]["mamba_radix_cache_strategy"] == {"stock": "no_buffer", "replay": "no_buffer"}
+    assert res["runs"]["4"]["gsp_num_groups"] == 4 and res["runs"]["4"]["num_prompts"] == 16
+    r4 = res["runs"]["4"]["replay"]
+    assert "server_info" not in r4 and r4["completed"] == 16 and r4["cache_report"]["cache_hit_rate_pct"] == 60.0
+    # only this run's lines after the flush: per group 1 x 80 new + 3 x (16 new + 64 cached)
+    assert r4["server_log_cache"] == {"prefill_batches": 8, "new_seqs": 16, "new_tokens": 4 * (80 + 48),
+                                      "cached_tokens": 4 * 192, "hit_rate_pct": 60.0, "after_flush": True}
+    assert res["runs"]["1"]["stock"]["server_log_cache"]["new_seqs"] == 4
+    # the fourth flush (stock-c4) failed: reported, the run kept
+    assert res["runs"]["4"]["stock"]["flushed_before"] is False and r4["flushed_before"] is True
+    assert any("c=4 stock: radix cache not flushed" in w for w in res["meta"]["warnings"])
+    table = (out / "results.md").read_text()
+    assert table.startswith("### Serving A/B (generated-shared-prefix): nemotron_h_tiny")
+    assert "| 4 | 16 (4) |" in table and "| 60.0 | 60.0 | +0.0 |" in table and "target" not in table
+    assert "WARNING: c=4 stock: radix cache not flushed" in table
+    raw = [json.loads(x) for x in (out / "bench_raw.jsonl").read_text().splitlines()]
+    assert [x["ab_variant"] for x in raw] == ["stock", "replay", "replay", "stock"]
+    assert all(x["dataset_name"] == "generated-shared-prefix" for x in raw)
 
 
 # ----------------------------------------------------------------------------- presets
