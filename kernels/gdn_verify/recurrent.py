@@ -37,36 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels.gdn_decode._fold import fold_records
+from replayssm_kernels.gdn_decode._fold import fold_records, replay_updates
 
 __all__ = ["gdn_replay_verify_recurrent_fwd", "gdn_replay_verify_recurrent_fwd_kernel"]
-
-
-@triton.jit
-def _replay_updates(b_h, p_rk, p_ru, p_rg, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
-                    stride_rk_r, stride_rk_k, stride_u_r, stride_u_v, stride_g_r,
-                    USE_QK_L2NORM: tl.constexpr):
-    """``S ← e^{g_j} S + u_j k̂_jᵀ`` for the records at logical rows ``[0, r_len)``, oldest first,
-    on the fp32 tile ``b_h [BV, BK]``; the next record's loads are in flight during each update."""
-    row = r_start % R
-    pf = r_len > 0
-    n_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
-    n_u = tl.load(p_ru + row * stride_u_r + o_v * stride_u_v, mask=mask_v & pf, other=0)
-    n_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
-    for i_r in range(0, r_len):
-        b_k = n_k.to(tl.float32)
-        b_u = n_u.to(tl.float32)
-        b_g = n_g
-        row = (r_start + i_r + 1) % R
-        pf = i_r + 1 < r_len
-        n_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
-        n_u = tl.load(p_ru + row * stride_u_r + o_v * stride_u_v, mask=mask_v & pf, other=0)
-        n_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
-        if USE_QK_L2NORM:
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-        b_h *= tl.exp(b_g)
-        b_h += b_u[:, None] * b_k[None, :]
-    return b_h
 
 
 @triton.jit
@@ -139,7 +112,7 @@ def gdn_replay_verify_recurrent_fwd_kernel(
         # The window runs from the stored (possibly 16-bit) checkpoint: what later steps read.
         b_h = b_h.to(tl.float32)
     else:
-        b_h = _replay_updates(
+        b_h = replay_updates(
             b_h, p_rk, p_ru, p_rg, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
             stride_rk_r, stride_rk_k, stride_u_r, stride_u_v, stride_g_r, USE_QK_L2NORM,
         )

@@ -736,7 +736,7 @@ dk = build(dec_kernel,
          A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
          ring_len="*i32", flush="*i1", scale="fp32"),
     dstr, dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, BR=16, SOFTPLUS_THRESHOLD=20.0,
-               USE_QK_L2NORM=True, MODE=0), 1)
+               USE_QK_L2NORM=True, MODE=0, NONFLUSH_REPLAY=False), 1)
 KEEP = re.compile(r"^(arith\.(mulf|addf|subf|divf|extf|truncf)|math\.\w+|\"tt\.reduce\"|"
                   r"tt\.reshape|ttg\.convert_layout|tt\.expand_dims|tt\.broadcast|tt\.splat|"
                   r"\}\) : \(tensor)")
