@@ -251,6 +251,7 @@ class Timing:
 
     snapshot_s: float
     replay_s: float
+    how: str = ""  # how the probe got them when not measured at this bucket (logged in ``source``)
 
     def usable(self) -> bool:
         return all(math.isfinite(t) and t > 0 for t in (self.snapshot_s, self.replay_s))
@@ -344,7 +345,7 @@ def decide(
     b_snap = snapshot_verify_bytes(shape, num_tokens) * scale
     b_replay = replay_verify_bytes(shape, num_tokens) * scale
     if timing is not None and timing.usable():
-        source = "measured"
+        source = "measured" + (f" ({timing.how})" if timing.how else "")
         t_snap, t_replay = timing.snapshot_s, timing.replay_s
     else:
         if timing is not None:
@@ -487,7 +488,7 @@ def decide_buckets(
             decision = decide(bs, num_tokens, shape, device, mode=mode, topk=topk, timing=timing,
                               fallback_note=note)
             # CUDA: only measured decisions are cached (a later start probes again); CPU: byte model.
-            if store and key is not None and (decision.source == "measured" or device.kind != "cuda"):
+            if store and key is not None and (decision.source.startswith("measured") or device.kind != "cuda"):
                 fresh[key] = decision
         decisions[bs] = decision
         log.info("%s", decision.log_line())

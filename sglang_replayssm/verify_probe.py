@@ -355,7 +355,7 @@ class VerifyProbe:
             parts = self._measure(lo).lerp(self._measure(hi), (batch_size - lo) / (hi - lo))
             how = f"interpolated between measured bs={lo} and bs={hi}"
         self.log.info("ReplaySSM verify probe bs=%d T=%d: %s", batch_size, num_tokens, how)
-        return parts.timing(self.num_layers)
+        return dataclasses.replace(parts.timing(self.num_layers), how=how)
 
     def _measure(self, bs: int) -> ProbeParts:
         known = self._measured.get(bs)

@@ -11,6 +11,8 @@ interpolation and extrapolation between measured buckets, the SGLang scatter lim
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import math
 from types import SimpleNamespace
@@ -140,11 +142,23 @@ def test_interpolation_and_extrapolation_between_measured_buckets(monkeypatch, c
     def parts(bs: float) -> ProbeParts:
         return ProbeParts(*(UNIT_S[u] * bs**2 for u in UNIT_S))
 
-    assert probe(3, T) == parts(1).lerp(parts(4), 2 / 3).timing(3)
+    between = probe(3, T)
+    assert between == dataclasses.replace(parts(1).lerp(parts(4), 2 / 3).timing(3),
+                                          how="interpolated between measured bs=1 and bs=4")
     assert sorted(set(seen)) == [1, 4]  # bs 3 itself is not run
-    assert probe(8, T) == parts(6).scaled(8 / 6).timing(3)  # beyond the pool: in proportion
+    beyond = probe(8, T)  # beyond the pool: in proportion
+    assert (beyond.snapshot_s, beyond.replay_s) == pytest.approx(
+        dataclasses.astuple(parts(6).scaled(8 / 6).timing(3))[:2])
+    assert beyond.how.startswith("extrapolated in proportion from bs=6")
     assert sorted(set(seen)) == [1, 4, 6]
-    assert probe(4, T) == parts(4).timing(3)
+    assert probe(4, T) == parts(4).timing(3)  # measured here: no note
+    # the decision line names how the times were obtained
+    d = h.decide(3, T, h.verify_shape(family="mamba2", temporal_shape=(8, 16, 16), conv_dim=8 * 16 + 2 * 2 * 16,
+                                      num_k_heads=1, num_layers=3, window=WINDOW, state_dtype=torch.float32,
+                                      act_dtype=torch.float32),
+                 h.DeviceProfile(name="cuda:x", kind="cuda", peak_bytes_per_s=4e12, launch_s=5e-6,
+                                 peak_source="synthetic"), timing=between)
+    assert d.source == "measured (interpolated between measured bs=1 and bs=4)"
     messages = [r.getMessage() for r in caplog.records]
     assert "ReplaySSM verify probe bs=3 T=2: interpolated between measured bs=1 and bs=4" in messages
     assert any(m.startswith("ReplaySSM verify probe bs=8 T=2: extrapolated in proportion from bs=6") for m in messages)
@@ -269,7 +283,7 @@ def test_plan_for_server_passes_a_probe_only_for_cuda_auto_linear_drafts(mode, t
         plan = spec_plan.plan_for_server(pool, _args(topk), torch.device(device))
         assert sorted(plan) == [1, 2, 4]
         if probed:
-            assert {d.source for d in plan.values()} == {"measured"}
+            assert {d.source.split(" (")[0] for d in plan.values()} == {"measured"}
     assert handed == [probe if probed else None]
     assert calls == ([(1, T), (2, T), (4, T)] if probed else [])
 
