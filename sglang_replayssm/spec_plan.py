@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import sys
 from collections.abc import Iterable
 
 import torch
@@ -134,6 +135,8 @@ def snapshot_batch_limit(num_tokens: int, state_elems: int) -> int:
     confirmed on the GPU.
     """
     stride = num_tokens * state_elems
+    if stride > INT32_MAX:  # passed as i64 then: the product does not wrap
+        return sys.maxsize
     return INT32_MAX // stride + 1
 
 

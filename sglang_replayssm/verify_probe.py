@@ -91,7 +91,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-INT32_MAX = 2**31 - 1
 MAX_ANCHORS = 10
 SLEEP_CYCLES_PER_S = 2.0e9
 """GPU clock cycles per second assumed for ``torch.cuda._sleep`` (H200: 1.98 GHz; a slower clock only
@@ -311,10 +310,11 @@ class VerifyProbe:
                                "states), so SGLang's snapshot verify cannot run")
         return buf
 
-    def _scatter_limit(self) -> float:
-        """Largest batch SGLang's commit scatter can serve (int32 ``pid_req · src_req_stride``)."""
-        stride = self._interm().stride(1)
-        return INT32_MAX // stride + 1 if stride <= INT32_MAX else math.inf
+    def _scatter_limit(self) -> int:
+        """Largest batch SGLang's commit scatter can serve (``spec_plan.snapshot_batch_limit``)."""
+        from sglang_replayssm.spec_plan import snapshot_batch_limit
+
+        return snapshot_batch_limit(self.num_tokens, self._interm().stride(1) // self.num_tokens)
 
     def cap(self) -> int:
         """Largest batch the probe measures: free slots (all but the null slot 0), ``intermediate_ssm``

@@ -148,3 +148,12 @@ def test_snapshot_buckets_past_the_scatter_limit_go_to_replay_or_are_refused(cap
     with pytest.raises(ReplaySSMStartupError, match=r"tree"):
         _guard_snapshot_overflow(tree, 4, elems)
     assert _guard_snapshot_overflow(forced, 2, elems) == forced  # T = 2: limit 2048
+
+
+def test_snapshot_batch_limit_without_int32_strides():
+    """A request stride past 2^31 is passed to SGLang's kernel as i64: no wrap, no limit."""
+    import sys
+
+    from sglang_replayssm.spec_plan import snapshot_batch_limit
+
+    assert snapshot_batch_limit(8, 2**29) == sys.maxsize
