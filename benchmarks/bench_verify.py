@@ -70,9 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dtype", choices=tuple(DTYPE_BYTES), default="fp32")
     p.add_argument("--act-dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--gdn-u-dtype", choices=("act", "fp32"), default="fp32")
-    p.add_argument("--gdn-verify-form", choices=("recurrent", "chunkwise"), default="recurrent",
-                   help="our GDN verify: the recurrent form gdn_replay_verify launches (default) or "
-                        "the chunkwise launcher gdn_replay_verify_fwd (kept until the two are timed)")
     p.add_argument("--mamba2-shape", choices=tuple(MAMBA2_SHAPES), default=None)
     p.add_argument("--gdn-shape", choices=tuple(GDN_SHAPES), default=None)
     p.add_argument("--slots", type=int, default=None,
@@ -109,7 +106,6 @@ class Config:
     state_dtype: str
     act_dtype: str
     gdn_u_dtype: str
-    gdn_verify_form: str
     mamba2_shape: Mamba2Shape
     gdn_shape: GDNShape
     slots: int
@@ -157,7 +153,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         R=max(a.window, tmax) + tmax,  # min_ring_size(L, T) for the largest T serves every T
         builtin_ring=1 << (a.window + tmax - 1).bit_length(),
         state_dtype=a.state_dtype, act_dtype=a.act_dtype, gdn_u_dtype=a.gdn_u_dtype,
-        gdn_verify_form=a.gdn_verify_form,
         mamba2_shape=MAMBA2_SHAPES[a.mamba2_shape or ("mamba2-tiny" if cpu else "nano-4b")],
         gdn_shape=GDN_SHAPES[a.gdn_shape or ("gdn-tiny" if cpu else "qwen3.5-4b")],
         slots=slots, device=device, impl=a.impl,
@@ -188,9 +183,6 @@ def load_ours(cfg: Config) -> tuple[dict, dict, dict]:
         kernels[fam], refs[fam] = (r if cfg.impl == "ref" else k), r
         if kernels[fam] is None:
             errors[fam] = f"replayssm_kernels has no {fam}_replay_verify"
-    if cfg.impl == "kernel" and cfg.gdn_verify_form == "chunkwise" and kernels.get("gdn") is not None:
-        # same signature as gdn_replay_verify, no argument checks
-        kernels["gdn"] = importlib.import_module("replayssm_kernels.gdn_verify.kernel").gdn_replay_verify_fwd
     return kernels, refs, errors
 
 
@@ -629,8 +621,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = bd.environment(cfg)
     meta.update(L=cfg.L, R=cfg.R, builtin_ring=cfg.builtin_ring, Ts=cfg.Ts,
                 accepted=cfg.accepted, state_dtype=cfg.state_dtype, act_dtype=cfg.act_dtype,
-                gdn_u_dtype=cfg.gdn_u_dtype, gdn_verify_form=cfg.gdn_verify_form, slots=cfg.slots,
-                batches=cfg.batches,
+                gdn_u_dtype=cfg.gdn_u_dtype, slots=cfg.slots, batches=cfg.batches,
                 families=cfg.families, impl=cfg.impl, repeats=cfg.repeats, warmup=cfg.warmup,
                 passes=cfg.passes, graph=cfg.graph, seed=cfg.seed, time_budget=cfg.time_budget,
                 shapes=", ".join(
@@ -638,8 +629,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for f in cfg.families),
                 cycles={str(T): bm.verify_cycle(cfg.L, T, cfg.accepted[T]) for T in cfg.Ts})
     bd._log(f"bench_verify: {meta.get('device_name')} | {cfg.families} | T {cfg.Ts} (a "
-            f"{cfg.accepted}) | batches {cfg.batches} | L={cfg.L} R={cfg.R} | {cfg.state_dtype} | "
-            f"GDN verify form {cfg.gdn_verify_form}")
+            f"{cfg.accepted}) | batches {cfg.batches} | L={cfg.L} R={cfg.R} | {cfg.state_dtype}")
     torch.manual_seed(cfg.seed)
     copy = bd.measure_copy_bandwidth(cfg)
     if cfg.device == "cuda":

@@ -21,8 +21,6 @@ from benchmarks import bench_decode as bd
 
 VARIANTS = {
     "fused_32x1": dict(split=False),
-    # non-flush rows rebuild the state from the records' stored updates (SGLang's built-in way)
-    "fused_32x1_replay": dict(split=False, nonflush="replay"),
     "split_o32x4": dict(split=True, out_block_v=32, out_num_warps=4),
     "split_o32x8": dict(split=True, out_block_v=32, out_num_warps=8),
     "split_o64x4": dict(split=True, out_block_v=64, out_num_warps=4),

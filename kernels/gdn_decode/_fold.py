@@ -1,16 +1,16 @@
 """Committed GDN ring records applied to a checkpoint tile: the exact fold, and the update replay.
 
 One ``@triton.jit`` helper, inlined by Triton into both ``gdn_replay_decode_fwd_kernel`` (flush
-rows) and ``gdn_replay_verify_fwd_kernel`` (flush rows), so the two kernels fold a checkpoint with
-the same code: each record is the conventional packed-decode step (SGLang's
+rows) and ``gdn_replay_verify_recurrent_fwd_kernel`` (flush rows), so the two kernels fold a
+checkpoint with the same code: each record is the conventional packed-decode step (SGLang's
 ``fused_recurrent_gated_delta_rule_packed_decode_kernel``) without q and the output, in the same
 expressions, order and tile layout. ``tests/kernels/test_gdn_decode.py`` and ``test_gdn_verify.py``
 compile both kernels for sm_90a and check the loop's TTGIR against SGLang's step.
 
 ``replay_updates`` rebuilds the state after the records in registers from their stored corrected
 updates (``S ← e^{g_j} S + u_j k̂_jᵀ``, no reduction per record): the non-flush path of
-``gdn_replay_verify``'s recurrent form and of ``gdn_replay_decode(nonflush="replay")``. It is not
-the conventional op order (u was computed by the step that wrote it), so it never feeds a checkpoint.
+``gdn_replay_verify``. It is not the conventional op order (u was computed by the step that wrote
+it), so it never feeds a checkpoint.
 """
 
 from __future__ import annotations

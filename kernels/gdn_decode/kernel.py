@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels.gdn_decode._fold import fold_records, replay_updates
+from replayssm_kernels.gdn_decode._fold import fold_records
 from replayssm_kernels.gdn_decode._validate import validate_gdn_decode
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
 
@@ -128,7 +128,6 @@ def _gdn_decode_program(
     MODE: tl.constexpr,
     HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr,
-    NONFLUSH_REPLAY: tl.constexpr,
 ):
     """One program of the decode launch (kernels below); ``HAS_READ``: split precision, non-flush
     rows read ``S0`` from the read copy (``read_ptr``, fp8: times ``read_scale_ptr``'s per-row
@@ -243,99 +242,76 @@ def _gdn_decode_program(
                                + o_v * stride_rs_v, mask=mask_v, other=0.0)
         else:
             b_h0 = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
-        if NONFLUSH_REPLAY:
-            # Update replay (``nonflush="replay"``): the state after the records is rebuilt in
-            # registers from their stored updates (rank-1, no reduction per record), then two
-            # mat-vecs, as SGLang's built-in ReplaySSM decode does.
-            if READ_FP8:
-                b_h0 = b_h0 * b_rs[:, None]
-            b_h0 = replay_updates(
-                b_h0, p_rk, p_ru, p_rg, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
-                stride_rk_r, stride_rk_k, stride_u_r, stride_u_v, stride_g_r, USE_QK_L2NORM,
-            )
-            b_q_raw = tl.load(p_q, mask=mask_k, other=0)
-            b_k_raw = tl.load(p_k, mask=mask_k, other=0)
-            b_v_raw = tl.load(p_v, mask=mask_v, other=0)
-            b_q = b_q_raw.to(tl.float32)
-            b_k = b_k_raw.to(tl.float32)
-            b_v = b_v_raw.to(tl.float32)
+        n_chunks = tl.cdiv(r_len, BR)
+        o_rc = (n_chunks - 1) * BR + tl.arange(0, BR)
+        mask_r = (o_rc < r_len) & (o_rc >= 0)
+        rows = (r_start + o_rc) % R
+        c_g = tl.load(p_rg + rows * stride_g_r, mask=mask_r, other=0.0)
+        c_k = tl.load(
+            p_rk + rows[:, None] * stride_rk_r + o_k[None, :] * stride_rk_k,
+            mask=mask_r[:, None] & mask_k[None, :],
+            other=0,
+        )
+        c_u = tl.load(
+            p_ru + rows[:, None] * stride_u_r + o_v[None, :] * stride_u_v,
+            mask=mask_r[:, None] & mask_v[None, :],
+            other=0,
+        )
+        b_q_raw = tl.load(p_q, mask=mask_k, other=0)
+        b_k_raw = tl.load(p_k, mask=mask_k, other=0)
+        b_v_raw = tl.load(p_v, mask=mask_v, other=0)
+
+        b_q = b_q_raw.to(tl.float32)
+        b_k = b_k_raw.to(tl.float32)
+        b_v = b_v_raw.to(tl.float32)
+        if USE_QK_L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * scale
+        # Checkpoint: one read, two mat-vecs.
+        b_hk = tl.sum(b_h0 * b_k[None, :], 1)
+        b_hq = tl.sum(b_h0 * b_q[None, :], 1)
+        if READ_FP8:
+            b_hk = b_hk * b_rs
+            b_hq = b_hq * b_rs
+
+        # Records, newest chunk first, so that ω_j = exp(Σ_{i>j} g_i) is a suffix sum (no
+        # cancellation).  With R <= BR (decode) there is exactly one chunk and no loop.
+        b_acc_k = tl.zeros([BV], dtype=tl.float32)
+        b_acc_q = tl.zeros([BV], dtype=tl.float32)
+        b_gsum = tl.sum(tl.zeros([BR], dtype=tl.float32), 0)  # Σ g of the later records
+        for i_c in range(0, n_chunks):
+            if i_c > 0:
+                o_rc = (n_chunks - 1 - i_c) * BR + tl.arange(0, BR)
+                mask_r = o_rc < r_len
+                rows = (r_start + o_rc) % R
+                c_g = tl.load(p_rg + rows * stride_g_r, mask=mask_r, other=0.0)
+                c_k = tl.load(
+                    p_rk + rows[:, None] * stride_rk_r + o_k[None, :] * stride_rk_k,
+                    mask=mask_r[:, None] & mask_k[None, :],
+                    other=0,
+                )
+                c_u = tl.load(
+                    p_ru + rows[:, None] * stride_u_r + o_v[None, :] * stride_u_v,
+                    mask=mask_r[:, None] & mask_v[None, :],
+                    other=0,
+                )
+            b_w = tl.where(mask_r, tl.exp(tl.cumsum(c_g, 0, reverse=True) - c_g + b_gsum), 0.0)
+            b_gsum += tl.sum(c_g, 0)
+            b_kr = c_k.to(tl.float32)
+            b_kk = tl.sum(b_kr * b_k[None, :], 1)
+            b_kq = tl.sum(b_kr * b_q[None, :], 1)
             if USE_QK_L2NORM:
-                b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-            b_q = b_q * scale
-            b_hk = tl.sum(b_h0 * b_k[None, :], 1)
-            b_hq = tl.sum(b_h0 * b_q[None, :], 1)
-        else:
-            n_chunks = tl.cdiv(r_len, BR)
-            o_rc = (n_chunks - 1) * BR + tl.arange(0, BR)
-            mask_r = (o_rc < r_len) & (o_rc >= 0)
-            rows = (r_start + o_rc) % R
-            c_g = tl.load(p_rg + rows * stride_g_r, mask=mask_r, other=0.0)
-            c_k = tl.load(
-                p_rk + rows[:, None] * stride_rk_r + o_k[None, :] * stride_rk_k,
-                mask=mask_r[:, None] & mask_k[None, :],
-                other=0,
-            )
-            c_u = tl.load(
-                p_ru + rows[:, None] * stride_u_r + o_v[None, :] * stride_u_v,
-                mask=mask_r[:, None] & mask_v[None, :],
-                other=0,
-            )
-            b_q_raw = tl.load(p_q, mask=mask_k, other=0)
-            b_k_raw = tl.load(p_k, mask=mask_k, other=0)
-            b_v_raw = tl.load(p_v, mask=mask_v, other=0)
+                b_rn = 1.0 / tl.sqrt(tl.sum(b_kr * b_kr, 1) + 1e-6)
+                b_kk = b_kk * b_rn
+                b_kq = b_kq * b_rn
+            b_u = c_u.to(tl.float32)
+            b_acc_k += tl.sum(b_u * (b_w * b_kk)[:, None], 0)
+            b_acc_q += tl.sum(b_u * (b_w * b_kq)[:, None], 0)
 
-            b_q = b_q_raw.to(tl.float32)
-            b_k = b_k_raw.to(tl.float32)
-            b_v = b_v_raw.to(tl.float32)
-            if USE_QK_L2NORM:
-                b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-            b_q = b_q * scale
-            # Checkpoint: one read, two mat-vecs.
-            b_hk = tl.sum(b_h0 * b_k[None, :], 1)
-            b_hq = tl.sum(b_h0 * b_q[None, :], 1)
-            if READ_FP8:
-                b_hk = b_hk * b_rs
-                b_hq = b_hq * b_rs
-
-            # Records, newest chunk first, so that ω_j = exp(Σ_{i>j} g_i) is a suffix sum (no
-            # cancellation).  With R <= BR (decode) there is exactly one chunk and no loop.
-            b_acc_k = tl.zeros([BV], dtype=tl.float32)
-            b_acc_q = tl.zeros([BV], dtype=tl.float32)
-            b_gsum = tl.sum(tl.zeros([BR], dtype=tl.float32), 0)  # Σ g of the later records
-            for i_c in range(0, n_chunks):
-                if i_c > 0:
-                    o_rc = (n_chunks - 1 - i_c) * BR + tl.arange(0, BR)
-                    mask_r = o_rc < r_len
-                    rows = (r_start + o_rc) % R
-                    c_g = tl.load(p_rg + rows * stride_g_r, mask=mask_r, other=0.0)
-                    c_k = tl.load(
-                        p_rk + rows[:, None] * stride_rk_r + o_k[None, :] * stride_rk_k,
-                        mask=mask_r[:, None] & mask_k[None, :],
-                        other=0,
-                    )
-                    c_u = tl.load(
-                        p_ru + rows[:, None] * stride_u_r + o_v[None, :] * stride_u_v,
-                        mask=mask_r[:, None] & mask_v[None, :],
-                        other=0,
-                    )
-                b_w = tl.where(mask_r, tl.exp(tl.cumsum(c_g, 0, reverse=True) - c_g + b_gsum), 0.0)
-                b_gsum += tl.sum(c_g, 0)
-                b_kr = c_k.to(tl.float32)
-                b_kk = tl.sum(b_kr * b_k[None, :], 1)
-                b_kq = tl.sum(b_kr * b_q[None, :], 1)
-                if USE_QK_L2NORM:
-                    b_rn = 1.0 / tl.sqrt(tl.sum(b_kr * b_kr, 1) + 1e-6)
-                    b_kk = b_kk * b_rn
-                    b_kq = b_kq * b_rn
-                b_u = c_u.to(tl.float32)
-                b_acc_k += tl.sum(b_u * (b_w * b_kk)[:, None], 0)
-                b_acc_q += tl.sum(b_u * (b_w * b_kq)[:, None], 0)
-
-            b_decay = tl.exp(b_gsum)  # e^{G_w}: total decay of the checkpoint
-            b_hk = b_decay * b_hk + b_acc_k
-            b_hq = b_decay * b_hq + b_acc_q
+        b_decay = tl.exp(b_gsum)  # e^{G_w}: total decay of the checkpoint
+        b_hk = b_decay * b_hk + b_acc_k
+        b_hq = b_decay * b_hq + b_acc_q
         b_alpha = tl.exp(g_val)
         b_u_c = beta_val * (b_v - b_alpha * b_hk)
         b_o = b_alpha * b_hq + tl.sum(b_k * b_q) * b_u_c
@@ -428,7 +404,6 @@ def gdn_replay_decode_fwd_kernel(
     SOFTPLUS_THRESHOLD: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     MODE: tl.constexpr = 0,
-    NONFLUSH_REPLAY: tl.constexpr = False,
 ):
     """The decode launch without a read copy (see the module docstring)."""
     _gdn_decode_program(
@@ -440,7 +415,7 @@ def gdn_replay_decode_fwd_kernel(
         stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k, stride_v_b,
         stride_v_h, stride_v_v, stride_a_b, stride_a_h, stride_b_b, stride_b_h, stride_o_b,
         stride_o_h, stride_o_v, 0, 0, 0, 0, 0, 0, 0, H, HV, K, V, BK, BV, BR, SOFTPLUS_THRESHOLD,
-        USE_QK_L2NORM, MODE, False, False, NONFLUSH_REPLAY,
+        USE_QK_L2NORM, MODE, False, False,
     )
 
 
@@ -524,7 +499,6 @@ def gdn_replay_decode_read_fwd_kernel(
     USE_QK_L2NORM: tl.constexpr,
     MODE: tl.constexpr,
     READ_FP8: tl.constexpr,
-    NONFLUSH_REPLAY: tl.constexpr = False,
 ):
     """The decode launch with a split-precision read copy (``read_ptr``, fp8 scales
     ``read_scale_ptr``)."""
@@ -538,7 +512,7 @@ def gdn_replay_decode_read_fwd_kernel(
         stride_v_b, stride_v_h, stride_v_v, stride_a_b, stride_a_h, stride_b_b, stride_b_h,
         stride_o_b, stride_o_h, stride_o_v, stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
         stride_rs_n, stride_rs_h, stride_rs_v, H, HV, K, V, BK, BV, BR, SOFTPLUS_THRESHOLD,
-        USE_QK_L2NORM, MODE, True, READ_FP8, NONFLUSH_REPLAY,
+        USE_QK_L2NORM, MODE, True, READ_FP8,
     )
 
 
@@ -572,7 +546,6 @@ def gdn_replay_decode_fwd(
     out_num_warps: int = 4,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
-    nonflush: str = "inner",
 ) -> None:
     """Launch the kernel without checks (callers: the validated wrapper, benchmarks).
 
@@ -588,14 +561,7 @@ def gdn_replay_decode_fwd(
 
     ``read_state`` (and ``read_scale`` for fp8): split precision, launched as
     ``gdn_replay_decode_read_fwd_kernel`` (same program, read-copy code compiled in).
-
-    ``nonflush``: how non-flush rows reach the state after their records: ``"inner"`` (default,
-    the inner-product form of the module docstring) or ``"replay"`` (the records' stored updates
-    applied to the tile in registers, ``_fold.replay_updates``, as SGLang's built-in ReplaySSM
-    decode rebuilds its state; benchmarks only until timed). Flush rows are the same in both.
     """
-    if nonflush not in ("inner", "replay"):
-        raise ValueError(f"nonflush: expected 'inner' or 'replay', got {nonflush!r}")
     batch, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
     R = ring_k.shape[2]
@@ -607,7 +573,7 @@ def gdn_replay_decode_fwd(
     read_args: tuple = ()
     read_strides: tuple = ()
     meta = dict(H=Hk, HV=HV, K=K, V=V, BK=BK, BR=BR, SOFTPLUS_THRESHOLD=20.0,
-                USE_QK_L2NORM=use_qk_l2norm, NONFLUSH_REPLAY=nonflush == "replay", num_stages=1)  # fmt: skip
+                USE_QK_L2NORM=use_qk_l2norm, num_stages=1)  # fmt: skip
     if read_state is not None:
         kernel = gdn_replay_decode_read_fwd_kernel
         read_args = (read_state, read_scale)

@@ -290,42 +290,11 @@ def test_kernel_multi_chunk_records():
     print(f"\n[kernel block_r=2 {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
 
 
-@pytest.mark.parametrize("case", CPU_CASES[1:], ids=lambda c: c.id)
-def test_nonflush_replay_vs_f64_and_inner(case):
-    """``nonflush="replay"`` (records' updates applied to the tile) vs float64, and against the
-    default inner-product launch on the same inputs: outputs within the tolerance, checkpoints
-    bit-identical (flush rows run the same fold), rings equal up to the u rounding."""
-    import functools
-
-    replay = functools.partial(gdn_replay_decode_fwd, nonflush="replay")
-    sim, base = Sim(case, seed=4), Sim(case, seed=4)
-    for _ in range(case.steps or 3 * case.L + 2):
-        inp = sim.make_inputs()
-        base.make_inputs()  # keep the generators in step
-        sim.step(replay, inp)
-        base.step(gdn_replay_decode, inp)
-        assert_bits_equal(sim.state, base.state, "checkpoint")
-        for tk, tb in zip(sim.tensors()[1:], base.tensors()[1:]):
-            torch.testing.assert_close(tk, tb, equal_nan=True, atol=1e-2, rtol=1e-2)
-    assert min(sim.flushes) >= 1
-    print(f"\n[replay {case.id}] out vs f64 {sim.max_out_err:.2e}, state vs f64 {sim.max_state_err:.2e}")
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("nonflush", ["inner", "replay"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.id)
-def test_kernel_vs_f64_gpu(case, nonflush):
-    import functools
-
-    sim = Sim(case, seed=3).run(functools.partial(gdn_replay_decode_fwd, nonflush=nonflush))
-    print(f"\n[gpu {nonflush} {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
-
-
-def test_nonflush_form_is_checked():
-    with pytest.raises(ValueError, match="nonflush: expected 'inner' or 'replay', got 'dot'"):
-        gdn_replay_decode_fwd(*[None] * 18, scale=1.0, nonflush="dot")
-
-
+def test_kernel_vs_f64_gpu(case):
+    sim = Sim(case, seed=3).run(gdn_replay_decode)
+    print(f"\n[gpu {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,7 +495,7 @@ ours = build(
          ring_len="*i32", flush="*i1", scale="fp32"),
     strides,
     dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, BR=16, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True,
-         MODE=MODE, NONFLUSH_REPLAY=False),
+         MODE=MODE),
     1,  # as gdn_replay_decode_fwd
 )
 

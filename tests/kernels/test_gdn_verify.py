@@ -28,7 +28,6 @@ Measured bounds are printed (``pytest -s``) and recorded in kernels/README.md.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import pytest
@@ -39,7 +38,6 @@ from replayssm_kernels.conventional.gdn import gdn_conventional_f64
 from replayssm_kernels.cursors import decode_cursor_step
 from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
 from replayssm_kernels.gdn_verify import gdn_replay_verify, gdn_replay_verify_ref
-from replayssm_kernels.gdn_verify.kernel import gdn_replay_verify_fwd
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -53,8 +51,6 @@ pytestmark = [
 OPS = {
     "kernel": (gdn_replay_verify, gdn_replay_decode),
     "ref": (gdn_replay_verify_ref, gdn_replay_decode_ref),
-    # record chunks of 2 rows: the non-flush history term loops over several chunks
-    "kernel-br2": (functools.partial(gdn_replay_verify_fwd, block_r=2), gdn_replay_decode),
 }
 
 _INT_OF = {4: torch.int32, 2: torch.int16, 1: torch.int8, 8: torch.int64}
@@ -403,12 +399,12 @@ def test_kernel_vs_f64_and_fold(case):
     )
 
 
-def test_kernel_multi_chunk_records():
-    """Non-flush rows with more records than one chunk (block_r=2: up to 4 chunks)."""
+def test_kernel_long_history():
+    """Non-flush rows that replay long committed histories (L = 10: up to 10 stored updates)."""
     case = Case(HV=2, Hk=1, K=16, V=16, L=10, T=2, act_dtype=FP32, tol_out=1e-5, requests=2,
                 decode_p=0.3, force_p=0.05, steps=14)  # fmt: skip
-    sim = Sim(case, seed=6, ops="kernel-br2").run()
-    print(f"\n[kernel block_r=2 {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
+    sim = Sim(case, seed=6, ops="kernel").run()
+    print(f"\n[kernel history {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
 
 
 @pytest.mark.parametrize("T", [1, 4])
@@ -679,10 +675,8 @@ import inspect, json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from replayssm_kernels.gdn_verify.kernel import gdn_replay_verify_fwd_kernel as chunkwise_kernel
-from replayssm_kernels.gdn_verify.recurrent import gdn_replay_verify_recurrent_fwd_kernel
+from replayssm_kernels.gdn_verify.kernel import gdn_replay_verify_recurrent_fwd_kernel
 H, HV, K, V, R, T = 16, 32, 128, 128, 24, int(sys.argv[1])
-FORM = sys.argv[2]
 TARGET = GPUTarget("cuda", 90, 32)
 def build(kern, ptrs, ints, const, num_stages, nw=1):
     names = list(inspect.signature(kern.fn).parameters)
@@ -717,9 +711,7 @@ strides = dict(
     stride_o_b=T * HV * V, stride_o_t=HV * V, stride_o_h=V, stride_o_v=1,
 )
 const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True)
-if FORM == "chunkwise":
-    const.update(BT=max(triton.next_power_of_2(T), 2), BR=16)
-k = build(chunkwise_kernel if FORM == "chunkwise" else gdn_replay_verify_recurrent_fwd_kernel,
+k = build(gdn_replay_verify_recurrent_fwd_kernel,
     dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
          ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
          A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
@@ -736,7 +728,7 @@ dk = build(dec_kernel,
          A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
          ring_len="*i32", flush="*i1", scale="fp32"),
     dstr, dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, BR=16, SOFTPLUS_THRESHOLD=20.0,
-               USE_QK_L2NORM=True, MODE=0, NONFLUSH_REPLAY=False), 1)
+               USE_QK_L2NORM=True, MODE=0), 1)
 KEEP = re.compile(r"^(arith\.(mulf|addf|subf|divf|extf|truncf)|math\.\w+|\"tt\.reduce\"|"
                   r"tt\.reshape|ttg\.convert_layout|tt\.expand_dims|tt\.broadcast|tt\.splat|"
                   r"\}\) : \(tensor)")
@@ -764,8 +756,7 @@ json.dump(dict(verify=ours, decode=dec), sys.stdout)
 '''
 
 
-@pytest.mark.parametrize("form", ["recurrent", "chunkwise"])
-def test_fold_codegen_matches_decode(form):
+def test_fold_codegen_matches_decode():
     """Compile both kernels for sm_90a on any machine and compare the fold loop's TTGIR.
 
     ``test_gdn_decode.py::test_fold_codegen_matches_sglang`` shows the decode kernel's replayed
@@ -781,7 +772,7 @@ def test_fold_codegen_matches_decode(form):
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-c", _CODEGEN_SCRIPT, "2", form],
+        [sys.executable, "-c", _CODEGEN_SCRIPT, "2"],
         env=env,
         capture_output=True,
         text=True,

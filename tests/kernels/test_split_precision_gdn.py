@@ -20,7 +20,6 @@ import torch
 from test_gdn_decode import DEVICE, Case, Sim, assert_bits_equal
 
 from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
-from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_fwd
 from replayssm_kernels.mamba2_decode.read_copy import quantize_rows, refresh_read_copy
 
 pytestmark = [
@@ -29,12 +28,7 @@ pytestmark = [
 ]
 
 F8, BF16, FP16, FP32 = torch.float8_e4m3fn, torch.bfloat16, torch.float16, torch.float32
-OPS = {
-    "kernel": gdn_replay_decode,
-    "ref": gdn_replay_decode_ref,
-    # non-flush rows rebuild the state from the copy and the records' updates (the fp8 scale first)
-    "kernel-replay": functools.partial(gdn_replay_decode_fwd, nonflush="replay"),
-}
+OPS = {"kernel": gdn_replay_decode, "ref": gdn_replay_decode_ref}
 
 
 class SplitSim(Sim):
@@ -79,7 +73,7 @@ class SplitSim(Sim):
 
 
 def _run(op: str, case: Case, read_dtype: torch.dtype, seed: int) -> SplitSim:
-    dev = DEVICE if op.startswith("kernel") else torch.device("cpu")
+    dev = DEVICE if op == "kernel" else torch.device("cpu")
     sim = SplitSim(case, read_dtype, seed, dev).run(OPS[op])
     print(f"\n[split-gdn] {op} {case.id} read={str(read_dtype)[6:]}: out vs f64 "
           f"{sim.max_out_err:.2e}, state vs f64 {sim.max_state_err:.2e}")
@@ -117,12 +111,6 @@ def _id(cr) -> str:
 def test_kernel_split(cr):
     case, rd = cr
     _run("kernel", _with_tol(case, rd), rd, seed=2)
-
-
-@pytest.mark.parametrize("cr", CPU_CASES[1:4], ids=[_id(c) for c in CPU_CASES[1:4]])
-def test_kernel_split_nonflush_replay(cr):
-    case, rd = cr
-    _run("kernel-replay", _with_tol(case, rd), rd, seed=2)
 
 
 @pytest.mark.parametrize("cr", CPU_CASES + REF_ONLY, ids=[_id(c) for c in CPU_CASES + REF_ONLY])
@@ -183,8 +171,7 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["kernel", "kernel-replay"])
 @pytest.mark.parametrize("cr", GPU_CASES, ids=[_id(c) for c in GPU_CASES])
-def test_gpu_qwen35_split(cr, op):
+def test_gpu_qwen35_split(cr):
     case, rd = cr
-    _run(op, _with_tol(case, rd), rd, seed=3)
+    _run("kernel", _with_tol(case, rd), rd, seed=3)
