@@ -15,7 +15,7 @@ history records newer than ``j``::
 
 with one record index space ``J`` (``BLOCK_J = next_pow2(R)`` rows: the ``T`` window tokens, then
 the history newest first; ``len + T <= R``). Every product runs on tensor cores (``tl.dot``,
-tf32x3, about fp32 accuracy; operands padded to 16): ``KᵀQ [BLOCK_J, BLOCK_T]`` once
+about fp32 accuracy: ``launch_config``; operands padded to 16): ``KᵀQ [BLOCK_J, BLOCK_T]`` once
 per (row, head) (the group's heads each recompute it: O(R·T·N), small next to the state), and per
 P-tile ``[BLOCK_P, N]×[N, BLOCK_T]`` (N in ``BLOCK_K`` chunks, which bounds the registers of the
 operands every warp holds) plus ``[BLOCK_P, BLOCK_J]×[BLOCK_J, BLOCK_T]``. No per-draft state.
@@ -68,6 +68,40 @@ def _window_delta(p_dt_row, o_t, m_t, stride_dt_T, dt_bias_ptr, i_h, stride_dt_b
     if DT_SOFTPLUS:
         b_dw = _softplus(b_dw)
     return tl.where(m_t, b_dw, 0.0)
+
+
+@triton.jit
+def _tf32_split(a):
+    """``a = hi + lo`` exactly (fp32): ``hi`` keeps tf32's 10 mantissa bits, so a tf32 operand
+    conversion of ``hi`` is exact and that of ``lo`` loses at most ``2^-21 |a|``."""
+    hi = (a.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return hi, a - hi
+
+
+@triton.jit
+def _dot_fp32_left(a, b, acc, EXACT_B: tl.constexpr):
+    """``acc + a @ b`` to about fp32 accuracy, ``a`` fp32. ``EXACT_B`` (``b`` holds 16-bit
+    activation values, exact in tf32): two tf32 products of ``a``'s split, small part first;
+    otherwise tf32x3 (three products of both splits)."""
+    if EXACT_B:
+        hi, lo = _tf32_split(a)
+        acc = tl.dot(lo, b, acc=acc, input_precision="tf32")
+        acc = tl.dot(hi, b, acc=acc, input_precision="tf32")
+    else:
+        acc = tl.dot(a, b, acc=acc, input_precision="tf32x3")
+    return acc
+
+
+@triton.jit
+def _dot_fp32_right(a, b, acc, EXACT_A: tl.constexpr):
+    """``acc + a @ b`` to about fp32 accuracy, ``b`` fp32; ``_dot_fp32_left`` mirrored."""
+    if EXACT_A:
+        hi, lo = _tf32_split(b)
+        acc = tl.dot(a, lo, acc=acc, input_precision="tf32")
+        acc = tl.dot(a, hi, acc=acc, input_precision="tf32")
+    else:
+        acc = tl.dot(a, b, acc=acc, input_precision="tf32x3")
+    return acc
 
 
 @triton.jit
@@ -151,7 +185,7 @@ def _mamba2_replay_verify_fwd_kernel(
     BLOCK_T: tl.constexpr,
     NUM_PT: tl.constexpr,
     FOLD_UNROLL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    ACT_TF32_EXACT: tl.constexpr,
 ):
     i_h = tl.program_id(0)
     i_b = tl.program_id(1)
@@ -215,7 +249,10 @@ def _mamba2_replay_verify_fwd_kernel(
         b_Bj = tl.load(p_Bj, mask=(is_w | is_h)[:, None] & m_n[None, :], other=0.0)
         b_q = tl.load(p_Q + kc * BLOCK_K * stride_C_n, mask=m_n[:, None] & m_t[None, :],
                       other=0.0).to(tl.float32)
-        kq = tl.dot(b_Bj.to(tl.float32), b_q, acc=kq, input_precision=DOT_PRECISION)
+        if ACT_TF32_EXACT:  # B and C values: both operands exact in tf32, one product
+            kq = tl.dot(b_Bj.to(tl.float32), b_q, acc=kq, input_precision="tf32")
+        else:
+            kq = tl.dot(b_Bj.to(tl.float32), b_q, acc=kq, input_precision="tf32x3")
         tl.store(p_rB_grp + row_w[:, None] * stride_rB_row + o_n[None, :] * stride_rB_n, b_Bj,
                  mask=m_jn_w[:, None] & m_n[None, :])
     coef = tl.where(m_js, d_j[:, None] * tl.exp(A * (b_cw[None, :] + e_j[:, None])) * kq, 0.0)
@@ -250,7 +287,7 @@ def _mamba2_replay_verify_fwd_kernel(
                 tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_pn)
             b_q = tl.load(p_Q + kc * BLOCK_K * stride_C_n, mask=m_n[:, None] & m_t[None, :],
                           other=0.0).to(tl.float32)
-            b_y = tl.dot(b_s, b_q, acc=b_y, input_precision=DOT_PRECISION)
+            b_y = _dot_fp32_left(b_s, b_q, b_y, ACT_TF32_EXACT)
         # Outputs only (never fed back into a checkpoint): (S·Q) Dg + V (W ⊙ KᵀQ), V [BLOCK_P,
         # BLOCK_J] the tile's x columns of the window tokens and the history records.
         b_y = b_y * d_g[None, :]
@@ -258,7 +295,7 @@ def _mamba2_replay_verify_fwd_kernel(
                        + o_p[:, None] * stride_x_p,
                        p_rx_head + row_j[None, :] * stride_rx_row + o_p[:, None] * stride_rx_p)
         b_v = tl.load(p_v, mask=m_p[:, None] & (is_w | is_h)[None, :], other=0.0)
-        b_y = tl.dot(b_v.to(tl.float32), coef, acc=b_y, input_precision=DOT_PRECISION)
+        b_y = _dot_fp32_right(b_v.to(tl.float32), coef, b_y, ACT_TF32_EXACT)
         # Append the window's x records (after this tile's history reads; disjoint rows anyway).
         tl.store(p_rx_head + row_w[None, :] * stride_rx_row + o_p[:, None] * stride_rx_p, b_v,
                  mask=m_p[:, None] & is_w[None, :])
@@ -294,29 +331,32 @@ class LaunchConfig(NamedTuple):
     block_k: int  # N columns per chunk of every [., N] operand (>= MIN_DOT)
     fold_unroll: int  # records per unrolled fold step (flush rows)
     num_warps: int
-    dot_precision: str  # tl.dot input_precision of the output products
+    act_tf32_exact: bool  # x, B, C are 16-bit (exact tf32 operands): split only the fp32 side
     num_stages: int  # software pipelining of the P-tile loop (1: none)
     maxnreg: int | None  # register cap per thread (ptxas), None: the compiler's choice
 
 
-def launch_config(P: int, N: int, R: int, T: int, out_dtype: torch.dtype) -> LaunchConfig:
-    """Fixed launch parameters (no autotune: the kernel writes the pool). Not timed on a GPU yet:
-    chosen offline from ptxas' register counts (sm_90a, Nano-4B shape, T = 8; see
-    benchmarks/notes/verify.md): ``BLOCK_K = 32``, no pipelining and a 128-register cap give 128
-    registers with a 4-byte spill (4 CTAs of 4 warps per SM); pipelining takes 226-250 registers.
+def launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype) -> LaunchConfig:
+    """Fixed launch parameters (no autotune: the kernel writes the pool), chosen offline from
+    ptxas' register counts (sm_90a, Nano-4B shape, T = 8; see benchmarks/notes/verify.md):
+    ``BLOCK_K = 32``, no pipelining and a 128-register cap give 128 registers with a 4-byte spill
+    (4 CTAs of 4 warps per SM); pipelining takes 226-250 registers.
 
-    The output products run on tensor cores in ``"tf32x3"`` (split operands, about fp32 accuracy)
-    for every output dtype. Plain ``"tf32"`` (10 mantissa bits) for bf16 outputs was run on the
-    H200 at commit f114327: bf16 outputs 1.1e-3 from the torch reference at T = 4 (1.3e-5 with
-    the fp32 products of 7050b4b), i.e. many bf16 roundings flipped, and in the same session
-    greedy speculative decoding on the tiny Nemotron-H parted from stock SGLang's snapshot verify
-    at token 3 of one request (benchmarks/RESULTS.md). tf32x3 has not been timed. The flush fold
-    into the checkpoint never goes through ``tl.dot``.
+    Precision of the output products (tensor cores, about fp32 accuracy for every output dtype):
+    plain ``"tf32"`` products of the fp32 checkpoint and coefficients flipped many bf16 output
+    roundings on the H200 (commit f114327: 1.1e-3 from the torch reference; greedy speculative
+    decoding parted from stock's snapshot verify at token 3 of one request), and ``"tf32x3"`` on
+    every product cost 58% (T = 4, batch 256: 2137 vs 1352 us, commit 1d8d1f8). With 16-bit
+    activations (``act_dtype`` bf16 / fp16) the x, B and C operands are exact in tf32, so only the
+    fp32 side is split: ``KᵀQ`` is one tf32 product, ``S·Q`` and ``V (W ⊙ KᵀQ)`` two each
+    (``_tf32_split``), the same accuracy as tf32x3 with 2/3 of its products. fp32 activations keep
+    tf32x3. The flush fold into the checkpoint never goes through ``tl.dot``.
     """
     block_k = max(MIN_DOT, min(BLOCK_K_MAX, triton.next_power_of_2(N)))
     num_warps = 4 if triton.next_power_of_2(N) * MIN_DOT >= 1024 else 2
+    act_exact = act_dtype in (torch.bfloat16, torch.float16)
     return LaunchConfig(MIN_DOT, max(MIN_DOT, triton.next_power_of_2(R)),
-                        max(MIN_DOT, triton.next_power_of_2(T)), block_k, 4, num_warps, "tf32x3",
+                        max(MIN_DOT, triton.next_power_of_2(T)), block_k, 4, num_warps, act_exact,
                         1, 128)
 
 
@@ -337,7 +377,7 @@ def mamba2_replay_verify_fwd(
     R = ring_x.shape[2]
     if batch == 0:
         return
-    cfg = launch_config(P, N, R, T, out.dtype)
+    cfg = launch_config(P, N, R, T, x.dtype)
     block_p = cfg.block_p if block_p is None else block_p
     if block_p < MIN_DOT:
         raise ValueError(f"block_p: expected >= {MIN_DOT} (tl.dot tile), got {block_p}")
@@ -372,7 +412,7 @@ def mamba2_replay_verify_fwd(
         BLOCK_T=cfg.block_t,
         NUM_PT=triton.cdiv(P, block_p),
         FOLD_UNROLL=fold_unroll,
-        DOT_PRECISION=cfg.dot_precision,
+        ACT_TF32_EXACT=cfg.act_tf32_exact,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **extra,

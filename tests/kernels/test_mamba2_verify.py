@@ -25,8 +25,11 @@ a read of one would poison an output or a checkpoint. After every call:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import re
 
+import numpy as np
 import pytest
 import torch
 from test_mamba2_decode import (  # same pools, parameters and helpers as the decode tests
@@ -329,15 +332,75 @@ def dot_precisions(monkeypatch):
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="inspects the interpreter's tl.dot calls")
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-def test_products_are_tf32x3_for_every_output_dtype(dot_precisions, out_dtype):
-    """Every output product is tf32x3 (about fp32), bf16 outputs included: plain tf32 flipped bf16
-    output roundings on the H200 (launch_config's docstring). Outputs within the tolerance."""
+@pytest.mark.parametrize("act_dtype,expected", [(torch.bfloat16, {"TF32"}),
+                                                (torch.float32, {"TF32x3"})])
+def test_product_precision_follows_the_activation_dtype(dot_precisions, act_dtype, expected):
+    """16-bit activations: plain tf32 products only (the fp32 operand is split by hand, see
+    launch_config); fp32 activations: tf32x3 on every product. Outputs within the tolerance."""
     shape = Shape(H=2, G=1, P=16, N=128)
-    rep = run_spec("kernel", shape, 8, 12, torch.float32, out_dtype, seed=8, steps=12, active=2,
+    rep = run_spec("kernel", shape, 8, 12, torch.float32, act_dtype, seed=8, steps=12, active=2,
                    sglang_check=True)
-    assert set(dot_precisions) == {"TF32x3"}, dot_precisions
-    _check(rep, torch.float32, out_dtype, 8)
+    assert set(dot_precisions) == expected, dot_precisions
+    _check(rep, torch.float32, act_dtype, 8)
+
+
+def _round_tf32(a: np.ndarray) -> np.ndarray:
+    """fp32 -> tf32 (10 mantissa bits), round to nearest even, as the tensor cores' operands."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    bias = ((bits >> 13) & 1) + np.uint32(0xFFF)
+    return ((bits + bias) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="emulates tensor-core operand rounding in the interpreter")
+def test_split_products_keep_fp32_accuracy_under_tf32_rounding(monkeypatch):
+    """With every tf32 operand rounded as the tensor cores round it, the bf16-activation launch
+    (fp32 checkpoint, fp32 outputs) stays within 1e-6 of the same launch with exact products;
+    without the split (``_tf32_split`` returning ``(a, 0)``: plain tf32 on the fp32 operands) the
+    same emulation is far off, so the check can fail."""
+    import replayssm_kernels.mamba2_verify.kernel as k
+    from triton.runtime import interpreter
+
+    shape, T, L = Shape(H=2, G=1, P=16, N=128), 4, 8
+    R = min_ring_size(L, T)
+    orig_dot = interpreter.InterpreterBuilder.create_dot
+
+    def tf32_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        assert input_precision.name == "TF32", input_precision.name
+        a2 = interpreter.TensorHandle(_round_tf32(a.data), a.dtype.scalar)
+        b2 = interpreter.TensorHandle(_round_tf32(b.data), b.dtype.scalar)
+        return orig_dot(self, a2, b2, d, input_precision, max_num_imprecise_acc)
+
+    def launch(emulate: bool, split: bool) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(4)
+        prm = make_params(shape, gen, DEVICE)
+        pool = make_pool(shape, 5, R, torch.float32, torch.bfloat16, "layer",
+                         torch.Generator().manual_seed(9), DEVICE)
+        pool.full[0].normal_(generator=torch.Generator().manual_seed(5))  # a busy checkpoint
+        pool.full[1].normal_(generator=torch.Generator().manual_seed(1))
+        pool.full[2].uniform_(0.01, 0.5, generator=torch.Generator().manual_seed(2))
+        pool.full[3].normal_(generator=torch.Generator().manual_seed(3))
+        tok = make_tokens(shape, 3, T, torch.bfloat16, gen, DEVICE, True)
+        out = torch.full((3, T, shape.H, shape.P), float("nan"), device=DEVICE)
+        with monkeypatch.context() as m:
+            if emulate:
+                m.setattr(interpreter.InterpreterBuilder, "create_dot", tf32_dot)
+            if not split:
+                m.setattr(k, "_tf32_split", lambda a: (a, a * 0.0))
+            mamba2_replay_verify(
+                pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B,
+                tok.C, out, torch.tensor([3, 1, 4], dtype=torch.int32),
+                torch.tensor([5, 9, 2], dtype=torch.int32),
+                torch.tensor([2, 6, 0], dtype=torch.int32),
+                torch.tensor([False, False, False]), D=prm.D, z=None, dt_bias=prm.dt_bias,
+                dt_softplus=True)
+        return out
+
+    exact = launch(False, True)
+    split = _rel(launch(True, True), exact)
+    plain = _rel(launch(True, False), exact)
+    print(f"\n[mamba2-verify] emulated tf32 products vs exact: split {split:.2e}, plain {plain:.2e}")
+    assert split < 1e-6, split
+    assert plain > 30 * max(split, 1e-8), (split, plain)
 
 
 def test_kernel_vs_reference_outputs():
@@ -627,7 +690,7 @@ const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_
              BLOCK_K=cfg.block_k, NUM_NK=-(-N // cfg.block_k), BLOCK_J=cfg.block_j,
              BLOCK_T=cfg.block_t,
              NUM_PT=-(-P // cfg.block_p), FOLD_UNROLL=cfg.fold_unroll,
-             DOT_PRECISION=cfg.dot_precision)
+             ACT_TF32_EXACT=cfg.act_tf32_exact)
 # Unit strides of contiguous pools become constexpr 1, as the JIT specialises them.
 ones = {"stride_state_n", "stride_rx_p", "stride_rdt_row", "stride_rB_n", "stride_x_p",
         "stride_B_n", "stride_C_n", "stride_out_p", "stride_dt_head", "stride_A_head",
@@ -640,10 +703,43 @@ for n in K.arg_names:
         sig[n], cx[n] = "constexpr", 1
     else:
         sig[n] = ptrs.get(n, "i32")
-k = triton.compile(ASTSource(fn=K, signature=sig, constexprs=cx),
-                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.num_warps))
-json.dump(dict(ours=k.asm["ptx"]), sys.stdout)
+def ptx(**over):
+    k = triton.compile(ASTSource(fn=K, signature=sig, constexprs=cx | over),
+                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.num_warps))
+    return k.asm["ptx"]
+# ours: the bf16 launch (split fp32 operands); x3: the same kernel with tf32x3 on every product
+json.dump(dict(ours=ptx(), x3=ptx(ACT_TF32_EXACT=False)), sys.stdout)
 """
+
+
+@functools.lru_cache(maxsize=None)
+def _codegen() -> dict[str, str] | str:
+    """PTX of the bf16 launch (``ours``) and of the tf32x3 build (``x3``), or why not."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _CODEGEN_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    err = proc.stderr.lower()
+    if proc.returncode != 0 and "nvidia" in err and "backend" in err:
+        return f"no NVIDIA Triton backend: {proc.stderr[-300:]}"
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_split_products_use_fewer_tensor_core_ops():
+    """With bf16 activations the fp32 operand alone is split: per KᵀQ chunk one tf32 product
+    instead of three, per S·Q chunk and per record product two instead of three (static PTX
+    counts of ``mma.sync``, sm_90a); the tf32x3 build of the same kernel is the yardstick."""
+    got = _codegen()
+    if isinstance(got, str):
+        pytest.skip(got)
+    n_ours, n_x3 = (len(re.findall(r"\bmma\.sync\.", got[k])) for k in ("ours", "x3"))
+    assert n_x3 > 0 and n_ours > 0
+    assert n_ours < 0.75 * n_x3, (n_ours, n_x3)
 
 
 def test_fold_codegen_matches_sglang():
@@ -651,23 +747,15 @@ def test_fold_codegen_matches_sglang():
     site is built exactly like SGLang 0.5.17's ``state = state * dA + dB * x[:, None]``:
     fma(state, ex2.approx(·), mul(cvt(x), mul(Δ, B))) — the signature the decode test pins."""
     import inspect
-    import json
-    import os
-    import subprocess
-    import sys
 
     from test_mamba2_decode import _update_signatures
 
     import replayssm_kernels.mamba2_verify.kernel as k
 
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _CODEGEN_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=600)
-    err = proc.stderr.lower()
-    if proc.returncode != 0 and "nvidia" in err and "backend" in err:
-        pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ptx = json.loads(proc.stdout)["ours"]
+    got = _codegen()
+    if isinstance(got, str):
+        pytest.skip(got)
+    ptx = got["ours"]
     with open(inspect.getsourcefile(k)) as f:
         lines = {i + 1 for i, line in enumerate(f) if "tl.fma(b_s, dA, dB" in line}
     assert len(lines) == 1
