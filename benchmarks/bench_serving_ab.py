@@ -197,6 +197,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--conv-dtype", default=None,
                    help="SGLANG_MAMBA_CONV_DTYPE for both servers (default: bfloat16 on cuda, SGLang's default)")
     p.add_argument("--server-args", default="", help="extra flags for both servers (one shell-quoted string)")
+    p.add_argument("--replay-args", default="",
+                   help="extra flags for the replay server only, e.g. '--replayssm-read-dtype bf16'")
     p.add_argument("--probe-requests", type=int, default=8, help="greedy-probe requests (0: no probe)")
     p.add_argument("--probe-new-tokens", type=int, default=64, help="tokens decoded per probe request")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up at the largest concurrency")
@@ -310,15 +312,16 @@ def server_base_flags(args: argparse.Namespace) -> list[str]:
     return flags + shlex.split(args.server_args)
 
 
-def variant_args(variant: str, window: int, device: str = "cuda") -> list[str]:
+def variant_args(variant: str, window: int, device: str = "cuda", replay_args: str = "") -> list[str]:
     """``--ssm-backend`` flags of one server.  On a CPU, SGLang's own Mamba-2 path does not run, so the
-    smoke mode's "stock" server is ReplaySSM at window 1 (every step flushes: the conventional update)."""
+    smoke mode's "stock" server is ReplaySSM at window 1 (every step flushes: the conventional update).
+    ``replay_args`` (shell-quoted) are appended to the replay server's flags only."""
     if variant == "stock":
         if device == "cpu":
             return ["--ssm-backend", "replay", "--replayssm-window", "1"]
         return ["--ssm-backend", "default"]
     if variant == "replay":
-        return ["--ssm-backend", "replay", "--replayssm-window", str(window)]
+        return ["--ssm-backend", "replay", "--replayssm-window", str(window), *shlex.split(replay_args)]
     raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
 
 
@@ -493,7 +496,8 @@ def build_table(runs: dict, meta: dict) -> str:
         f"L={meta.get('window')}",
         "",
         f"commit `{meta.get('commit')}`, {meta.get('date')}, {meta.get('gpu') or meta.get('device')}; "
-        f"{data}; server flags: `{meta.get('server_flags')}`",
+        f"{data}; server flags: `{meta.get('server_flags')}`"
+        + (f"; replay server also `{meta['replay_args']}`" if meta.get("replay_args") else ""),
         "",
     ]
     if dataset == "generated-shared-prefix":
@@ -813,7 +817,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": args.device, "gpu": _gpu_name() if args.device == "cuda" else None,
         "dataset": args.dataset, "input_len": args.input_len, "output_len": args.output_len,
-        "server_flags": " ".join(flags),
+        "server_flags": " ".join(flags), "replay_args": args.replay_args,
         "conv_dtype": args.conv_dtype, "probe_new_tokens": args.probe_new_tokens, "warnings": [],
         "command": " ".join(shlex.quote(a) for a in [sys.executable, "-m", "benchmarks.bench_serving_ab",
                                                        *(sys.argv[1:] if argv is None else argv)]),
@@ -857,7 +861,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ports[v] = srv.free_port()
         t = time.monotonic()
         for v in VARIANTS:
-            vargs = variant_args(v, args.window, args.device)
+            vargs = variant_args(v, args.window, args.device, args.replay_args)
             procs[v] = srv.launch(Path(args.model_dir), vargs, logs[v], port=ports[v], env=env, base_flags=flags)
             _log(f"started {v} server (pid {procs[v].pid}, port {ports[v]}): {' '.join(vargs)}")
         # keep at least ~60 s for the benchmark itself

@@ -85,6 +85,9 @@ def test_server_flags_identical_but_backend():
     assert base[-2:] == ["--chunked-prefill-size", "4096"]
     assert ab.variant_args("stock", 16) == ["--ssm-backend", "default"]
     assert ab.variant_args("replay", 16) == ["--ssm-backend", "replay", "--replayssm-window", "16"]
+    assert ab.variant_args("replay", 16, replay_args="--replayssm-read-dtype bf16")[-2:] == [
+        "--replayssm-read-dtype", "bf16"]
+    assert ab.variant_args("stock", 16, replay_args="--replayssm-read-dtype bf16") == ["--ssm-backend", "default"]
     assert "--disable-radix-cache" not in ab.server_base_flags(ab.parse_args(["--keep-radix-cache"]))
     with pytest.raises(ValueError):
         ab.variant_args("other", 16)
