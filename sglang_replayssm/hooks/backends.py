@@ -68,6 +68,12 @@ def _refusals(model_config, server_args) -> list[str]:
     tp_problem = tp.startup_refusal(family, model_config, server_args)
     if tp_problem:
         problems.append(tp_problem)
+    if getattr(server_args, "enable_mamba_cache_stochastic_rounding", False):
+        problems.append(
+            "--enable-mamba-cache-stochastic-rounding: the ReplaySSM kernels round a 16-bit checkpoint to nearest "
+            "once per flush (stochastic rounding is not built); run without it (the default fp32 checkpoint needs "
+            "no rounding) or with --ssm-backend default"
+        )
     if getattr(server_args, "enable_unified_memory", False):
         problems.append("--enable-unified-memory is not supported with --ssm-backend replay")
     if getattr(server_args, "disaggregation_mode", "null") not in (None, "null"):

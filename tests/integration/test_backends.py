@@ -7,6 +7,7 @@ references with the same signatures stand in, which checks that the backends pas
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -136,3 +137,19 @@ def test_gdn_decode_window4_matches_window1():
     assert c4[3].tolist() == [3, 3] and c1[3].tolist() == [0, 0]
     # so the L=4 checkpoint lags the L=1 one by those 3 tokens
     assert not torch.equal(s4, s1)
+
+
+def test_stochastic_rounding_is_refused():
+    """SGLang's fp16 stochastic rounding of the SSM cache is not what the ReplaySSM flush does
+    (round to nearest once per flush): refused at startup, with what to change."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from sglang_replayssm.hooks.backends import _refusals
+
+    base = dict(tp_size=1, dp_size=1, enable_dp_attention=False, attn_cp_size=1, device="cuda",
+                speculative_algorithm=None)
+    model = ModelConfig(model_path=str(Path(__file__).resolve().parents[1] / "models" / "nemotron_h_tiny"))
+    assert _refusals(model, SimpleNamespace(**base)) == []
+    problems = _refusals(model, SimpleNamespace(**base, enable_mamba_cache_stochastic_rounding=True))
+    assert len(problems) == 1 and "--enable-mamba-cache-stochastic-rounding" in problems[0]
+    assert "--ssm-backend default" in problems[0]
