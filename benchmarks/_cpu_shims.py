@@ -3,7 +3,9 @@
 They exist so that the CPU run calls SGLang's kernels exactly as the GPU run does (same argument
 names, shapes and layouts), which is what the smoke run is there to check. Never applied on CUDA.
 
-1. fp32 -> bf16 casts: the Triton 3.6 interpreter truncates; the GPU rounds to nearest even.
+1. fp32 -> bf16 / fp16 / fp8 e4m3 casts: the Triton 3.6 interpreter truncates; the GPU rounds to
+   nearest even (e4m3 saturating to ±448, ``cvt.rn.satfinite``). fp16 and fp8 are the read copies
+   of ``--read-dtype`` (as ``tests/kernels/conftest.py``'s split-precision shim).
 2. ``torch.cpu.device`` does not exist; SGLang's wrappers enter
    ``torch.get_device_module(x.device).device(index)``.
 3. SGLang's fla modules alias ``exp = tl.exp`` at module level, a builtin the interpreter refuses
@@ -22,7 +24,7 @@ __all__ = ["apply"]
 _applied = False
 
 
-def _rtne_bf16(orig):
+def _rtne_casts(orig):
     import numpy as np
     import triton.language as tl
 
@@ -34,6 +36,15 @@ def _rtne_bf16(orig):
             nan = np.isnan(arr.view(np.float32))
             rounded = np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
             return rounded.reshape(np.shape(input))
+        if input_dtype == tl.float32 and output_dtype == tl.float16:
+            f = np.ascontiguousarray(input).view(np.float32)
+            return f.astype(np.float16).view(np.uint16).reshape(np.shape(input))
+        if input_dtype == tl.float32 and output_dtype == tl.float8e4nv:
+            import torch
+
+            f = torch.from_numpy(np.ascontiguousarray(input).view(np.float32).copy())
+            f = torch.where(torch.isnan(f), f, f.clamp(-448.0, 448.0))
+            return f.to(torch.float8_e4m3fn).view(torch.uint8).numpy().reshape(np.shape(input))
         return orig(input, input_dtype, output_dtype, rounding_mode)
 
     convert._bench_rtne = True
@@ -73,8 +84,8 @@ def apply(sglang: bool = True) -> list[str]:
         from triton.runtime import interpreter
 
         if not getattr(interpreter._convert_float, "_bench_rtne", False):
-            interpreter._convert_float = _rtne_bf16(interpreter._convert_float)
-            done.append("bf16 rtne")
+            interpreter._convert_float = _rtne_casts(interpreter._convert_float)
+            done.append("bf16/fp16/fp8 rtne")
     except Exception:  # noqa: BLE001 (another Triton: leave the interpreter as it is)
         pass
     if not hasattr(torch.cpu, "device"):

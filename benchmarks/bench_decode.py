@@ -80,6 +80,9 @@ REFCHECK_TOL = {
     "cuda": {"out": 2e-2, "state": 2e-3, "state16": 1e-2, "ring": 1e-2},
     "cpu": {"out": 3e-2, "state": 2e-2, "state16": 3e-2, "ring": 2e-2},
 }
+#: --read-dtype: the refreshed copy's gate is the state's plus one ulp of the copy at 1.0 (kernel
+#: and reference each round their own, close, checkpoint; fp8 e4m3 has 3 mantissa bits)
+READ_COPY_ULP = {"bf16": 2.0**-7, "fp16": 2.0**-10, "fp8": 2.0**-3}
 
 # Synthetic efficiencies for --dry-run (share of copy bandwidth). Only for exercising the CLI.
 _DRY_EFF = {"ours": 0.85, "ssu": 0.70, "packed": 0.93, "builtin": 0.77}
@@ -115,9 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dtype", choices=tuple(DTYPE_BYTES), default="fp32")
     p.add_argument("--act-dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--read-dtype", choices=("same", *brc.READ_COPY_BYTES), default="same",
-                   help="Mamba-2 only: split precision, non-flush rows read a read copy of this "
-                        "dtype (fp8: e4m3 + per-row scales) beside the --state-dtype checkpoint "
-                        "(default same: no copy)")
+                   help="split precision (both families): our kernel's non-flush rows read a read "
+                        "copy of this dtype (fp8: e4m3 + per-row scales) beside the --state-dtype "
+                        "checkpoint; SGLang's peers have no copy (default same: no copy)")
     p.add_argument("--gdn-u-dtype", choices=("act", "fp32"), default="fp32",
                    help="dtype of our GDN ring_u (fp32 by default, as the server allocates it)")
     p.add_argument("--mamba2-shape", choices=tuple(MAMBA2_SHAPES), default=None,
@@ -233,9 +236,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         v = getattr(a, name)
         if v is not None and v < (0 if name == "warmup" else 1):
             parser.error(f"--{name}: got {v}")
-    if a.read_dtype != "same" and a.family != "mamba2":
-        parser.error(f"--read-dtype {a.read_dtype}: the read copy is built for Mamba-2 only; "
-                     "pass --family mamba2")
+    if a.read_dtype == a.state_dtype:
+        parser.error(f"--read-dtype {a.read_dtype}: the read copy must differ from --state-dtype "
+                     f"{a.state_dtype} (pass --read-dtype same to read the checkpoint)")
     return Config(
         read_dtype=a.read_dtype,
         families=["mamba2", "gdn"] if a.family == "all" else [a.family],
@@ -284,8 +287,11 @@ def byte_models(cfg: Config, family: str) -> dict[str, bm.KernelBytes]:
         }
     sh = cfg.gdn_shape
     u_b = 4 if cfg.gdn_u_dtype == "fp32" else a_b
+    ours = (bm.gdn_replay_bytes(sh, cfg.L, s_b, a_b, u_bytes=u_b) if cfg.read_dtype == "same" else
+            brc.gdn_read_copy_bytes(sh, cfg.L, cfg.read_dtype, s_b, a_b, u_bytes=u_b))
     return {
-        "ours": bm.gdn_replay_bytes(sh, cfg.L, s_b, a_b, u_bytes=u_b),
+        # SGLang's peers have no read copy: their models are the same with --read-dtype
+        "ours": ours,
         "packed": bm.gdn_packed_decode_bytes(sh, s_b, a_b),
         # SGLang's pool allocates the decode ring (d, k) in the SSM dtype
         "builtin": bm.gdn_builtin_replay_bytes(sh, cfg.L, s_b, a_b, ring_bytes=s_b),
@@ -509,7 +515,43 @@ class _Cursors:
         self.flush.copy_(self._mixed_t == self.L - 1)
 
 
-class Mamba2Family:
+class _ReadCopy:
+    """Split precision (``--read-dtype``), shared by both families: the read copy beside the
+    checkpoint ``[slots, ..., n]`` (same shape; fp8: fp32 scales ``[slots, ...]`` per row, over the
+    last dim) and the keywords that hand it to our kernel and reference. Semantics in
+    ``replayssm_kernels.mamba2_decode.read_copy`` (kernels/README.md, "Split precision")."""
+
+    cfg: Config
+    read = read_scale = None
+
+    def _read_copy(self, state):
+        """A read copy of ``state`` (all slots refreshed) in ``--read-dtype``, or (None, None)."""
+        if self.cfg.read_dtype == "same":
+            return None, None
+        import torch
+
+        from replayssm_kernels.mamba2_decode.read_copy import refresh_read_copy
+
+        rdt = {"bf16": torch.bfloat16, "fp16": torch.float16,
+               "fp8": torch.float8_e4m3fn}[self.cfg.read_dtype]
+        S = state.shape[0]
+        read = torch.empty(state.shape, dtype=rdt, device=state.device)
+        scale = None
+        if rdt == torch.float8_e4m3fn:
+            scale = torch.empty(state.shape[:-1], dtype=torch.float32, device=state.device)
+        refresh_read_copy(state, read, scale, torch.arange(S, device=state.device))
+        return read, scale
+
+    def _read_kwargs(self, read=None, scale=None) -> dict:
+        """``read_state`` / ``read_scale`` keywords for our kernel (none without --read-dtype)."""
+        if self.cfg.read_dtype == "same":
+            return {}
+        if read is None:
+            read, scale = self.read, self.read_scale
+        return {"read_state": read, "read_scale": scale}
+
+
+class Mamba2Family(_ReadCopy):
     """One Nemotron-H Mamba-2 layer: the pool (state + our rings) and per-batch inputs.
 
     Inputs are laid out as ``MambaMixer2`` hands them over in decode: x, B, C are views of the
@@ -542,24 +584,6 @@ class Mamba2Family:
         self.ring_B = rng.normal((1, S, G, R, N), adt)[0]
         # split precision (--read-dtype): the read copy, refreshed from the checkpoint
         self.read, self.read_scale = self._read_copy(self.state)
-
-    def _read_copy(self, state):
-        """A read copy of ``state`` (all slots refreshed) in ``--read-dtype``, or (None, None)."""
-        import torch
-
-        from replayssm_kernels.mamba2_decode.read_copy import refresh_read_copy
-
-        if self.cfg.read_dtype == "same":
-            return None, None
-        rdt = {"bf16": torch.bfloat16, "fp16": torch.float16,
-               "fp8": torch.float8_e4m3fn}[self.cfg.read_dtype]
-        S = state.shape[0]
-        read = torch.empty(state.shape, dtype=rdt, device=state.device)
-        scale = None
-        if rdt == torch.float8_e4m3fn:
-            scale = torch.empty(state.shape[:-1], dtype=torch.float32, device=state.device)
-        refresh_read_copy(state, read, scale, torch.arange(S, device=state.device))
-        return read, scale
 
     def bytes_per_slot(self) -> int:
         tensors = (self.state, self.ring_x, self.ring_dt, self.ring_B, self.read, self.read_scale)
@@ -659,14 +683,6 @@ class Mamba2Family:
            D=D, z=None, dt_bias=dt_bias, dt_softplus=True,
            **self._read_kwargs(a.get("read_state"), a.get("read_scale")))
 
-    def _read_kwargs(self, read=None, scale=None) -> dict:
-        """``read_state`` / ``read_scale`` keywords for our kernel (none without --read-dtype)."""
-        if self.cfg.read_dtype == "same":
-            return {}
-        if read is None:
-            read, scale = self.read, self.read_scale
-        return {"read_state": read, "read_scale": scale}
-
     ring_names = ("ring_x", "ring_dt", "ring_B")
 
     def peer_conventional(self, a: dict):
@@ -682,7 +698,7 @@ class Mamba2Family:
         return a["out"]
 
 
-class GDNFamily:
+class GDNFamily(_ReadCopy):
     """One Qwen3.5 Gated DeltaNet layer: the pool (state + our rings + SGLang's built-in rings).
 
     Inputs as ``GDNAttnBackend.forward_decode`` has them: the packed conv output
@@ -719,6 +735,8 @@ class GDNFamily:
             k = rng.normal((1, S, Hk, L, K), torch.float32)
             self.bi_k = (k / k.norm(dim=-1, keepdim=True)).to(sdt)[0]
             self.bi_g = self._log_gate(rng.normal((1, S, HV, L), torch.float32))[0]
+        # split precision (--read-dtype): our kernel's read copy, refreshed from the checkpoint
+        self.read, self.read_scale = self._read_copy(self.state)
 
     def _log_gate(self, a):
         # shape [..., HV, R]: g = -exp(A_log) * softplus(a + dt_bias)
@@ -726,8 +744,9 @@ class GDNFamily:
         return -A * _softplus(a + self.dt_bias.float()[:, None])
 
     def bytes_per_slot(self) -> int:
-        ts = [self.state, self.ring_u, self.ring_k, self.ring_v, self.ring_g, self.ring_beta]
-        return sum(t[0].numel() * t.element_size() for t in ts)
+        ts = [self.state, self.ring_u, self.ring_k, self.ring_v, self.ring_g, self.ring_beta,
+              self.read, self.read_scale]
+        return sum(t[0].numel() * t.element_size() for t in ts if t is not None)
 
     def inputs(self, batch: int, contiguous: bool = False) -> dict:
         import torch
@@ -762,7 +781,7 @@ class GDNFamily:
                 fn(self.state, self.ring_u, self.ring_k, self.ring_v, self.ring_g, self.ring_beta,
                    i["q"], i["k"], i["v"], i["a"], i["b"], A_log, dt_bias, i["out"],
                    i["slot_idx"], c.ring_start, c.ring_len, c.flush,
-                   scale=self.scale, use_qk_l2norm=True)
+                   scale=self.scale, use_qk_l2norm=True, **self._read_kwargs())
 
             out.append(Case("gdn", "ours", ours, inp["out"], cur.set_phase, cur.set_mixed,
                             cur.mixed, note=getattr(self, "_note", "")))
@@ -818,6 +837,11 @@ class GDNFamily:
         args["ring_start"] = rng.ints((rows,), R, torch.int32)
         args["ring_len"] = torch.tensor(ring_len, dtype=torch.int32, device=dev)
         args["flush"] = torch.tensor(flush, dtype=torch.bool, device=dev)
+        read, scale = self._read_copy(args["state"])
+        if read is not None:
+            args["read_state"] = read
+        if scale is not None:
+            args["read_scale"] = scale
         return args, slot_idx, ring_len
 
     def refcheck_call(self, fn, a: dict) -> None:
@@ -825,7 +849,8 @@ class GDNFamily:
         fn(a["state"], a["ring_u"], a["ring_k"], a["ring_v"], a["ring_g"], a["ring_beta"],
            a["q"], a["k"], a["v"], a["a"], a["b"], self.A_log, dt_bias, a["out"],
            a["slot_idx"], a["ring_start"], a["ring_len"], a["flush"],
-           scale=self.scale, use_qk_l2norm=True)
+           scale=self.scale, use_qk_l2norm=True,
+           **self._read_kwargs(a.get("read_state"), a.get("read_scale")))
 
     ring_names = ("ring_u", "ring_k", "ring_v", "ring_g", "ring_beta")
 
@@ -961,8 +986,9 @@ def refcheck_family(fam, kernel, ref) -> dict:
     """One decode step of ``kernel`` against ``ref`` on identical copies; a dict of findings.
 
     Compares: ``out`` of live rows; ``state`` of flushed slots; the appended record of every
-    non-flush row (all ring fields). Everything else must be bitwise unchanged: padding rows' out
-    (NaN-poisoned), the state of non-flushed and untouched slots, every other ring row.
+    non-flush row (all ring fields); with ``--read-dtype``, the refreshed read copy of flushed slots
+    (dequantised). Everything else must be bitwise unchanged: padding rows' out (NaN-poisoned), the
+    state, read copy and fp8 scales of non-flushed and untouched slots, every other ring row.
     """
     import torch
 
@@ -1008,6 +1034,10 @@ def refcheck_family(fam, kernel, ref) -> dict:
     st16 = args["state"].dtype != torch.float32
     tols = REFCHECK_TOL["cuda" if fam.cfg.device == "cuda" else "cpu"]
     tol = {"out": tols["out"], "state": tols["state16" if st16 else "state"]}
+    if "read_state" in args:
+        _check_read_copy(args, a_k, a_r, flushed, kept, res)
+        # the copies of kernel and reference round their (close) checkpoints: one copy ulp apart
+        tol["read_state"] = tol["state"] + READ_COPY_ULP[fam.cfg.read_dtype]
     res["tolerances"] = {**tol, "ring": tols["ring"]}
     for name, err in res["errors"].items():
         lim = tol.get(name, tols["ring"])
@@ -1015,6 +1045,40 @@ def refcheck_family(fam, kernel, ref) -> dict:
             res["problems"].append(f"{name}: rel err {err:.3e} > {lim:.0e}")
     res["ok"] = not res["problems"]
     return res
+
+
+def _bits_equal(a, b) -> bool:
+    """Bitwise equality (NaN payloads included) of two tensors of one dtype and shape."""
+    import torch
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _check_read_copy(args: dict, a_k: dict, a_r: dict, flushed: list[int], kept: list[int],
+                     res: dict) -> None:
+    """Split precision part of ``refcheck_family``: the copy and fp8 scales of every slot that did
+    not flush bitwise unchanged (a problem otherwise); flushed slots' copies, dequantised, against
+    the reference's (``res["errors"]["read_state"]``); and, informational, whether the kernel's
+    refreshed copy is exactly ``quantize_rows`` of its own stored checkpoint, as
+    kernels/README.md promises (``res["read_copy_bits"]``)."""
+    from replayssm_kernels.mamba2_decode.read_copy import dequantize_rows, quantize_rows
+
+    for name in ("read_state", "read_scale"):
+        if name in args and not _bits_equal(a_k[name][kept], args[name][kept]):
+            res["problems"].append(f"{name}: the copy of a slot that did not flush was written")
+    if not flushed:
+        return
+
+    def deq(a):
+        scale = a["read_scale"][flushed] if "read_scale" in a else None
+        return dequantize_rows(a["read_state"][flushed], scale)
+
+    res["errors"]["read_state"] = _rel_err(deq(a_k), deq(a_r))
+    q, scale = quantize_rows(a_k["state"][flushed], a_k["read_state"].dtype)
+    res["read_copy_bits"] = _bits_equal(q, a_k["read_state"][flushed]) and (
+        scale is None or _bits_equal(scale, a_k["read_scale"][flushed]))
 
 
 def crosscheck_conventional(fam, kernel) -> dict | None:
@@ -1200,6 +1264,11 @@ def _json_safe(x):
     return x
 
 
+def _read_note(read_dtype: str) -> str:
+    """``", read copy bf16 (ours)"`` with --read-dtype, else nothing."""
+    return "" if read_dtype == "same" else f", read copy {read_dtype} (ours)"
+
+
 def _fmt(v: float, spec: str) -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
@@ -1238,7 +1307,8 @@ def format_markdown(rows: list[Row], meta: dict) -> str:
         f"- commit `{meta.get('commit')}`, {meta.get('date')}",
         f"- command: `python -m benchmarks.bench_decode {' '.join(meta.get('argv', []))}`",
         f"- shapes: {meta.get('shapes')}; window L = {meta.get('L')}, ring rows R = "
-        f"{meta.get('R')}; state {meta.get('state_dtype')}, activations {meta.get('act_dtype')}; "
+        f"{meta.get('R')}; state {meta.get('state_dtype')}"
+        f"{_read_note(meta.get('read_dtype', 'same'))}, activations {meta.get('act_dtype')}; "
         f"{meta.get('slots')} pool slots per family (one layer), rows on random slots",
         f"- copy bandwidth {_fmt(meta.get('copy_bw', float('nan')) / 1e12, '.2f')} TB/s "
         f"(read + write); L2 flush: {meta.get('l2_flush')} of "
@@ -1568,16 +1638,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = environment(cfg)
     meta.update(
         L=cfg.L, R=cfg.R, state_dtype=cfg.state_dtype, act_dtype=cfg.act_dtype,
-        gdn_u_dtype=cfg.gdn_u_dtype, slots=cfg.slots, batches=cfg.batches,
-        families=cfg.families, impl=cfg.impl, repeats=cfg.repeats, warmup=cfg.warmup,
-        passes=cfg.passes, l2_flush=cfg.l2_flush, graph=cfg.graph, seed=cfg.seed,
+        read_dtype=cfg.read_dtype, gdn_u_dtype=cfg.gdn_u_dtype, slots=cfg.slots,
+        batches=cfg.batches, families=cfg.families, impl=cfg.impl, repeats=cfg.repeats,
+        warmup=cfg.warmup, passes=cfg.passes, l2_flush=cfg.l2_flush, graph=cfg.graph, seed=cfg.seed,
         shape_dims={"mamba2": asdict(cfg.mamba2_shape), "gdn": asdict(cfg.gdn_shape)},
     )
     status: dict[str, str] = {}
     refchecks: dict[str, dict] = {}
     t_start = time.perf_counter()
     _log(f"bench_decode: {meta.get('device_name')} | families {cfg.families} | batches "
-         f"{cfg.batches} | L={cfg.L} R={cfg.R} | state {cfg.state_dtype} | slots {cfg.slots}")
+         f"{cfg.batches} | L={cfg.L} R={cfg.R} | state "
+         f"{cfg.state_dtype}{_read_note(cfg.read_dtype)} | slots {cfg.slots}")
 
     if cfg.dry_run:
         copy = {"bytes_per_s": _DRY_COPY_BW, "note": "dry run: assumed"}
@@ -1679,7 +1750,10 @@ def _run_one_family(cfg: Config, fam_name: str, kernels: dict, refs: dict, peers
                 rc = {"ok": False, "problems": [f"{type(e).__name__}: {e}"]}
             refchecks[fam_name] = rc
             errs = ", ".join(f"{k} {v:.2e}" for k, v in rc.get("errors", {}).items())
+            bits = rc.get("read_copy_bits")
             _log(f"refcheck {fam_name}: {'PASS' if rc['ok'] else 'FAIL'} ({errs})"
+                 + ("" if bits is None else f"; refreshed copy == quantize_rows(checkpoint): "
+                    f"{'bitwise' if bits else 'NOT bitwise (informational)'}")
                  + ("" if rc["ok"] else f" problems: {rc['problems']}"))
             if not rc["ok"]:
                 skip_ours = "refcheck failed: " + "; ".join(rc["problems"])
@@ -1712,7 +1786,8 @@ def write_outputs(cfg: Config, meta: dict, copy: dict, refchecks: dict, status: 
                              r.mode == "mixed"))
     meta["wall_s"] = time.perf_counter() - t_start
 
-    title = (f"ReplaySSM decode, {meta.get('device_name')}, L={cfg.L}, state {cfg.state_dtype}, "
+    title = (f"ReplaySSM decode, {meta.get('device_name')}, L={cfg.L}, state {cfg.state_dtype}"
+             f"{_read_note(cfg.read_dtype)}, "
              f"commit {str(cfg.commit)[:12]}" + (" [DRY RUN]" if cfg.dry_run else ""))
     plot = write_plot(rows, cfg.out / "decode_bench.png", title)
     meta["plot"] = plot

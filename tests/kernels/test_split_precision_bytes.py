@@ -34,6 +34,10 @@ def test_bench_cli_read_dtype(tmp_path):
     assert isinstance(bd.byte_models(cfg, "mamba2")["ours"], type(
         mamba2_read_copy_bytes(NANO_4B, 16, "fp8")))
     assert bd.parse_args(["--dry-run", "--out", str(tmp_path)]).read_dtype == "same"
-    with pytest.raises(SystemExit):  # GDN has no read copy: refused, not ignored
-        bd.parse_args(["--family", "all", "--read-dtype", "bf16", "--dry-run",
-                       "--out", str(tmp_path)])
+    # GDN takes the copy too (tests/benchmarks/test_bench_read_copy.py)
+    cfg = bd.parse_args(["--family", "all", "--read-dtype", "bf16", "--dry-run",
+                         "--out", str(tmp_path)])
+    assert cfg.families == ["mamba2", "gdn"] and cfg.read_dtype == "bf16"
+    with pytest.raises(SystemExit):  # a copy in the checkpoint's own dtype: refused, not ignored
+        bd.parse_args(["--family", "mamba2", "--state-dtype", "fp16", "--read-dtype", "fp16",
+                       "--dry-run", "--out", str(tmp_path)])
