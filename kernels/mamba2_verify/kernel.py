@@ -30,6 +30,18 @@ operands every warp holds) plus ``[BLOCK_P, BLOCK_J]×[BLOCK_J, BLOCK_T]``. No p
   ``(ring_start + ring_len + t) % R`` (logical ``len + t`` before the commit; for a flush row
   logical ``t`` after the commit moves ``start`` past the folded history).
 
+Split precision (``HAS_READ``, as the decode kernel; ``read_copy.py`` of ``mamba2_decode``):
+non-flush rows take ``S0`` for ``S·Q`` from the bf16 / fp16 / fp8 read copy and never read the
+checkpoint; the copy's values are exact tf32 operands, so with 16-bit activations ``S·Q`` is one
+tf32 product per chunk (fp32 activations: two, the ``Q`` side split), and an fp8 copy's per-row
+power-of-two scale multiplies the row's ``S·Q`` after the N-sum (exact). Flush rows fold and
+store the checkpoint exactly as without a copy (their outputs too), then refresh the copy from the
+checkpoint as stored: per chunk for 16-bit copies (``store_read_tile``); for fp8 the row scale
+needs the max over all N, so the chunks' maxima are gathered while folding and, once the whole
+tile is stored, a second pass re-reads the tile's checkpoint chunks (as stored) and writes the
+scales and the quantised chunks (``READ_FP8``). Without a copy both flags are off and the
+compiled kernel is the no-copy one.
+
 No autotune (the kernel writes the pool), no host sync: CUDA-graph safe.
 """
 
@@ -44,6 +56,7 @@ import triton.language as tl
 from replayssm_kernels._checks import check_launch_device, interpreting
 from replayssm_kernels.mamba2_decode._fold import record_factors
 from replayssm_kernels.mamba2_decode.kernel import _softplus
+from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
 from replayssm_kernels.mamba2_verify._validate import validate_mamba2_verify
 
 __all__ = ["mamba2_replay_verify", "mamba2_replay_verify_fwd", "launch_config"]
@@ -56,6 +69,43 @@ def _fold_record(b_s, p_rx, p_rdt, p_rB, row, A, m_p, m_n, stride_rx_row, stride
     b_xj, dA, dB = record_factors(p_rx, p_rdt, p_rB, row, A, m_p, m_n, stride_rx_row,
                                   stride_rdt_row, stride_rB_row)
     return tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
+
+
+@triton.jit
+def _fold_history(b_s, p_rx, p_rdt, p_rB, start, n_full, length, R, A, m_p, m_n, stride_rx_row,
+                  stride_rdt_row, stride_rB_row, FOLD_UNROLL: tl.constexpr):
+    # The committed records [0, length) folded into one [BLOCK_P, BLOCK_K] chunk, oldest first:
+    # full chunks of FOLD_UNROLL records (unrolled; n_full = length rounded down), then the rest.
+    for c in range(0, n_full, FOLD_UNROLL):
+        for jj in tl.static_range(FOLD_UNROLL):
+            b_s = _fold_record(b_s, p_rx, p_rdt, p_rB, (start + c + jj) % R, A, m_p, m_n,
+                               stride_rx_row, stride_rdt_row, stride_rB_row)
+    for jr in range(n_full, length):
+        b_s = _fold_record(b_s, p_rx, p_rdt, p_rB, (start + jr) % R, A, m_p, m_n, stride_rx_row,
+                           stride_rdt_row, stride_rB_row)
+    return b_s
+
+
+@triton.jit
+def _store_read_rows_fp8(p_s_head, p_r_head, p_rs_head, amax, o_p, m_p, o_k, N, stride_state_p,
+                         stride_state_n, stride_read_p, stride_read_n, stride_rs_p,
+                         BLOCK_K: tl.constexpr, NUM_NK: tl.constexpr):
+    """fp8 refresh of rows ``o_p`` of the read copy from the checkpoint as stored, with
+    ``amax`` the rows' max |value| over all N: ``store_read_tile``'s scale rule
+    (``mamba2_decode/read_copy.py``, ``2^(E-7)``, ``2^E <= amax < 2^(E+1)``, floor ``2^-126``) on
+    whole rows whose chunks are re-read from the checkpoint. The caller has stored the chunks and
+    synchronised the program (``tl.debug_barrier``) so every thread sees them."""
+    e = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 8)
+    scale = ((e - 7) << 23).to(tl.float32, bitcast=True)
+    inv = ((261 - e) << 23).to(tl.float32, bitcast=True)  # exactly 1 / scale
+    tl.store(p_rs_head + o_p * stride_rs_p, scale, mask=m_p)
+    for kc in tl.static_range(NUM_NK):
+        o_n = kc * BLOCK_K + o_k
+        m_pn = m_p[:, None] & (o_n < N)[None, :]
+        b_v = tl.load(p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n,
+                      mask=m_pn, other=0.0).to(tl.float32)
+        p_r = p_r_head + o_p[:, None] * stride_read_p + o_n[None, :] * stride_read_n
+        tl.store(p_r, (b_v * inv[:, None]).to(p_r.dtype.element_ty), mask=m_pn)
 
 
 @triton.jit
@@ -124,6 +174,8 @@ def _mamba2_replay_verify_fwd_kernel(
     ring_start_ptr,
     ring_len_ptr,
     flush_ptr,
+    read_ptr,
+    read_scale_ptr,
     # Dimensions
     T,
     P,
@@ -173,6 +225,13 @@ def _mamba2_replay_verify_fwd_kernel(
     stride_out_T,
     stride_out_head,
     stride_out_p,
+    stride_read_slot,
+    stride_read_head,
+    stride_read_p,
+    stride_read_n,
+    stride_rs_slot,
+    stride_rs_head,
+    stride_rs_p,
     # Meta-parameters
     DT_SOFTPLUS: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr,
@@ -186,6 +245,8 @@ def _mamba2_replay_verify_fwd_kernel(
     NUM_PT: tl.constexpr,
     FOLD_UNROLL: tl.constexpr,
     ACT_TF32_EXACT: tl.constexpr,
+    HAS_READ: tl.constexpr,
+    READ_FP8: tl.constexpr,
 ):
     i_h = tl.program_id(0)
     i_b = tl.program_id(1)
@@ -260,34 +321,72 @@ def _mamba2_replay_verify_fwd_kernel(
 
     p_s_head = state_ptr + slot * stride_state_slot + i_h * stride_state_head
     p_o_row = out_ptr + i_b64 * stride_out_batch + i_h * stride_out_head
+    p_r_head = read_ptr
+    p_rs_head = read_scale_ptr
+    if HAS_READ:
+        p_r_head = read_ptr + slot * stride_read_slot + i_h * stride_read_head
+    if READ_FP8:
+        p_rs_head = read_scale_ptr + slot * stride_rs_slot + i_h * stride_rs_head
     n_full = (length // FOLD_UNROLL) * FOLD_UNROLL
     for pt in range(NUM_PT):
         o_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
         m_p = o_p < P
         p_rx = p_rx_head + o_p * stride_rx_p
-        # (S·Q) over N-chunks of the checkpoint tile, on tensor cores. A flush row first folds
-        # the committed history into the chunk (decode kernel's order and expressions, the same
-        # per element whatever the chunking) and stores it once; the window is not folded.
+        # (S·Q) over N-chunks of the checkpoint tile (non-flush rows with a read copy: of the
+        # copy), on tensor cores. A flush row first folds the committed history into the chunk
+        # (decode kernel's order and expressions, the same per element whatever the chunking)
+        # and stores it once; the window is not folded.
         b_y = tl.zeros([BLOCK_P, BLOCK_T], dtype=tl.float32)
+        if READ_FP8:
+            amax = tl.zeros([BLOCK_P], dtype=tl.float32)  # flush rows: the stored rows' max |S|
         for kc in tl.static_range(NUM_NK):
             o_n = kc * BLOCK_K + o_k
             m_n = o_n < N
             m_pn = m_p[:, None] & m_n[None, :]
             p_s = p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
-            b_s = tl.load(p_s, mask=m_pn, other=0.0).to(tl.float32)
+            if HAS_READ:
+                b_q = tl.load(p_Q + kc * BLOCK_K * stride_C_n, mask=m_n[:, None] & m_t[None, :],
+                              other=0.0).to(tl.float32)
+                if do_flush:  # as without a copy, then the copy's refresh from the stored chunk
+                    b_s = _fold_history(tl.load(p_s, mask=m_pn, other=0.0).to(tl.float32), p_rx,
+                                        p_rdt, p_rB_grp + o_n * stride_rB_n, start, n_full,
+                                        length, R, A, m_p, m_n, stride_rx_row, stride_rdt_row,
+                                        stride_rB_row, FOLD_UNROLL)
+                    b_st = b_s.to(p_s.dtype.element_ty)
+                    tl.store(p_s, b_st, mask=m_pn)
+                    if READ_FP8:
+                        amax = tl.maximum(amax, tl.max(tl.where(m_pn, tl.abs(b_st.to(tl.float32)),
+                                                                0.0), axis=1))
+                    else:
+                        store_read_tile(b_st, p_r_head, p_rs_head, o_p, o_n, m_p, m_n,
+                                        stride_read_p, stride_read_n, stride_rs_p, False)
+                    b_y = _dot_fp32_left(b_s, b_q, b_y, ACT_TF32_EXACT)
+                else:  # the copy only: its values are exact tf32 operands
+                    b_c = tl.load(p_r_head + o_p[:, None] * stride_read_p
+                                  + o_n[None, :] * stride_read_n, mask=m_pn,
+                                  other=0.0).to(tl.float32)
+                    if ACT_TF32_EXACT:
+                        b_y = tl.dot(b_c, b_q, acc=b_y, input_precision="tf32")
+                    else:
+                        b_y = _dot_fp32_right(b_c, b_q, b_y, True)
+            else:
+                b_s = tl.load(p_s, mask=m_pn, other=0.0).to(tl.float32)
+                if do_flush:
+                    b_s = _fold_history(b_s, p_rx, p_rdt, p_rB_grp + o_n * stride_rB_n, start,
+                                        n_full, length, R, A, m_p, m_n, stride_rx_row,
+                                        stride_rdt_row, stride_rB_row, FOLD_UNROLL)
+                    tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_pn)
+                b_q = tl.load(p_Q + kc * BLOCK_K * stride_C_n, mask=m_n[:, None] & m_t[None, :],
+                              other=0.0).to(tl.float32)
+                b_y = _dot_fp32_left(b_s, b_q, b_y, ACT_TF32_EXACT)
+        if READ_FP8:
             if do_flush:
-                p_rB = p_rB_grp + o_n * stride_rB_n
-                for c in range(0, n_full, FOLD_UNROLL):
-                    for jj in tl.static_range(FOLD_UNROLL):
-                        b_s = _fold_record(b_s, p_rx, p_rdt, p_rB, (start + c + jj) % R, A, m_p,
-                                           m_n, stride_rx_row, stride_rdt_row, stride_rB_row)
-                for jr in range(n_full, length):
-                    b_s = _fold_record(b_s, p_rx, p_rdt, p_rB, (start + jr) % R, A, m_p, m_n,
-                                       stride_rx_row, stride_rdt_row, stride_rB_row)
-                tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_pn)
-            b_q = tl.load(p_Q + kc * BLOCK_K * stride_C_n, mask=m_n[:, None] & m_t[None, :],
-                          other=0.0).to(tl.float32)
-            b_y = _dot_fp32_left(b_s, b_q, b_y, ACT_TF32_EXACT)
+                tl.debug_barrier()  # the tile's stored chunks, visible to every thread
+                _store_read_rows_fp8(p_s_head, p_r_head, p_rs_head, amax, o_p, m_p, o_k, N,
+                                     stride_state_p, stride_state_n, stride_read_p,
+                                     stride_read_n, stride_rs_p, BLOCK_K, NUM_NK)
+            else:  # S·Q of the fp8 copy times the row's power-of-two scale (exact)
+                b_y = b_y * tl.load(p_rs_head + o_p * stride_rs_p, mask=m_p, other=0.0)[:, None]
         # Outputs only (never fed back into a checkpoint): (S·Q) Dg + V (W ⊙ KᵀQ), V [BLOCK_P,
         # BLOCK_J] the tile's x columns of the window tokens and the history records.
         b_y = b_y * d_g[None, :]
@@ -364,7 +463,8 @@ def mamba2_replay_verify_fwd(
     state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len, flush,
     *, D, z, dt_bias, dt_softplus: bool, stride_dt: tuple[int, int, int], stride_A_head: int,
     stride_D: tuple[int, int], stride_dt_bias_head: int, block_p: int | None = None,
-    fold_unroll: int | None = None,
+    fold_unroll: int | None = None, read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
 ) -> None:
     """Launch the kernel on validated arguments (no checks; see ``mamba2_replay_verify``).
 
@@ -383,10 +483,12 @@ def mamba2_replay_verify_fwd(
         raise ValueError(f"block_p: expected >= {MIN_DOT} (tl.dot tile), got {block_p}")
     fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
     z_strides = tuple(z.stride()) if z is not None else (0, 0, 0, 0)
+    read_strides = read_state.stride() if read_state is not None else (0, 0, 0, 0)
+    rs_strides = read_scale.stride() if read_scale is not None else (0, 0, 0)
     extra = {} if cfg.maxnreg is None or interpreting() else {"maxnreg": cfg.maxnreg}
     _mamba2_replay_verify_fwd_kernel[(H, batch)](
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, D, z, dt_bias, out,
-        slot_idx, ring_start, ring_len, flush,
+        slot_idx, ring_start, ring_len, flush, read_state, read_scale,
         T, P, N, R, H // G,
         *state.stride(),
         *ring_x.stride(),
@@ -401,6 +503,8 @@ def mamba2_replay_verify_fwd(
         *z_strides,
         stride_dt_bias_head,
         *out.stride(),
+        *read_strides,
+        *rs_strides,
         DT_SOFTPLUS=dt_softplus,
         HAS_DT_BIAS=dt_bias is not None,
         HAS_D=D is not None,
@@ -413,6 +517,8 @@ def mamba2_replay_verify_fwd(
         NUM_PT=triton.cdiv(P, block_p),
         FOLD_UNROLL=fold_unroll,
         ACT_TF32_EXACT=cfg.act_tf32_exact,
+        HAS_READ=read_state is not None,
+        READ_FP8=read_scale is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **extra,
@@ -439,6 +545,8 @@ def mamba2_replay_verify(
     z: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
 ) -> None:
     """One Mamba-2 ReplaySSM verify step of ``T`` window tokens per row; see kernels/README.md.
 
@@ -454,6 +562,13 @@ def mamba2_replay_verify(
       checkpoint + window tokens ``0..t``.
     - Every non-padding row writes its ``T`` window records ``(x, Δ, B)`` at physical ring rows
       ``(start + len + t) % R``, accepted or not (``verify_commit`` decides which stay).
+
+    Split precision (optional ``read_state``, as ``mamba2_replay_decode``): non-flush rows read
+    ``S0`` for the ``S0·Q`` term from the low-precision read copy ``read_state[s]`` (times
+    ``read_scale[s]`` per row for fp8) and do not read the checkpoint at all; flush rows fold and
+    store ``state[s]`` exactly as without a copy (same bits, same outputs), then refresh
+    ``read_state[s]`` (and ``read_scale[s]``) from the checkpoint as stored
+    (``mamba2_decode/read_copy.py``). Without a copy the launch is the no-copy kernel.
 
     The caller guarantees ``len + T <= R`` (``verify_cursor_step`` with
     ``R >= min_ring_size(L, T)``) and that each slot appears at most once per batch.
@@ -493,17 +608,25 @@ def mamba2_replay_verify(
         ``[H]`` or ``[H, P]`` with stride 0 on P.
     dt_softplus : bool
         ``Δ = softplus(dt + dt_bias)`` (threshold 20) instead of ``dt + dt_bias``.
+    read_state : torch.Tensor, optional
+        ``[slots, H, P, N]`` read copy, bf16 / fp16 / fp8 e4m3 (not ``state``'s dtype), any
+        strides. Read by non-flush rows; rewritten in place on flush rows.
+    read_scale : torch.Tensor, optional
+        ``[slots, H, P]`` fp32 per-row scales, required with (and only with) an fp8 copy, any
+        strides; rewritten in place on flush rows.
 
     Raises
     ------
     ValueError
         On a wrong shape, dtype, stride (untied A / dt / dt_bias) or device, naming expected and
-        actual.
+        actual; on a read copy of the wrong shape or dtype, or an fp8 copy without its scales (or
+        scales without an fp8 copy).
     """
     vd = validate_mamba2_verify(
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
         flush, D, z, dt_bias,
     )
+    validate_read_copy(state, read_state, read_scale)
     check_launch_device("state", state)
     d = vd.dims
     launch = lambda: mamba2_replay_verify_fwd(  # noqa: E731
@@ -511,7 +634,7 @@ def mamba2_replay_verify(
         flush, D=D, z=z, dt_bias=dt_bias, dt_softplus=bool(dt_softplus),
         stride_dt=(d.stride_dt_batch, vd.stride_dt_T, d.stride_dt_head),
         stride_A_head=d.stride_A_head, stride_D=(d.stride_D_head, d.stride_D_p),
-        stride_dt_bias_head=d.stride_dt_bias_head,
+        stride_dt_bias_head=d.stride_dt_bias_head, read_state=read_state, read_scale=read_scale,
     )
     if state.device.type == "cuda":
         with torch.cuda.device(state.device):

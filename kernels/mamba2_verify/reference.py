@@ -3,13 +3,19 @@
 A readable per-row loop (it syncs on the row metadata; never use it on a hot path). All math is
 fp32: the exact fold ``S = S·exp(A·Δ) + (B·Δ)·x`` per committed record on flush rows (the
 conventional kernel's op order), and the chunkwise output form of math.md §5.1 (per head
-``O = S0·Q·Dg + V(W ⊙ KᵀQ) + D x``) for the window.
+``O = S0·Q·Dg + V(W ⊙ KᵀQ) + D x``) for the window. With a read copy, non-flush rows take ``S0``
+from the dequantised copy and flush rows refresh it from the checkpoint as stored.
 """
 
 from __future__ import annotations
 
 import torch
 
+from replayssm_kernels.mamba2_decode.read_copy import (
+    dequantize_rows,
+    quantize_rows,
+    validate_read_copy,
+)
 from replayssm_kernels.mamba2_verify._validate import validate_mamba2_verify
 
 __all__ = ["mamba2_replay_verify_ref"]
@@ -39,18 +45,21 @@ def mamba2_replay_verify_ref(
     z: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
 ) -> None:
     """Reference of ``replayssm_kernels.mamba2_replay_verify`` (see its docstring).
 
     Raises
     ------
     ValueError
-        On a wrong shape, dtype, stride (untied A / dt / dt_bias) or device.
+        On a wrong shape, dtype, stride (untied A / dt / dt_bias) or device, or a bad read copy.
     """
     vd = validate_mamba2_verify(
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
         flush, D, z, dt_bias,
     )
+    validate_read_copy(state, read_state, read_scale)
     dims, T = vd.dims, vd.T
     H, P, R = dims.H, dims.P, dims.R
     hpg = H // dims.G
@@ -78,7 +87,10 @@ def mamba2_replay_verify_ref(
             dw = _softplus_f32(dw)
         Bw = B[b].to(f32).repeat_interleave(hpg, dim=1)  # [T, H, N]
         Cw = C[b].to(f32).repeat_interleave(hpg, dim=1)
-        S = state[s].to(f32)  # [H, P, N]
+        if fl or read_state is None:
+            S = state[s].to(f32)  # [H, P, N]
+        else:  # split precision: non-flush rows read the copy, never the checkpoint
+            S = dequantize_rows(read_state[s], None if read_scale is None else read_scale[s])
 
         def record(j: int):
             r = (start + j) % R
@@ -93,6 +105,11 @@ def mamba2_replay_verify_ref(
                 dB = Bj * dtj[:, None]
                 S = S * dA[:, None, None] + dB[:, None, :] * xj[:, :, None]
             state[s] = S.to(state.dtype)
+            if read_state is not None:  # refresh the copy from the checkpoint as stored
+                q, scale = quantize_rows(state[s], read_state.dtype)
+                read_state[s] = q
+                if scale is not None:
+                    read_scale[s] = scale
             hist = 0
         else:
             hist = length

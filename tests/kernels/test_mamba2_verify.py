@@ -20,6 +20,11 @@ a read of one would poison an output or a checkpoint. After every call:
   SGLang's ``selective_state_update`` run token by token over the accepted tokens only;
 - every pool byte outside the allowed rows (flush rows' checkpoints, the ``T`` window rows) is
   bit-identical; appended records equal the inputs exactly (x, B) and Δ to f64 within fp32.
+
+With a split-precision read copy (``read_dtype``: bf16 / fp16 / fp8 e4m3 beside the fp32 or 16-bit
+checkpoint, refreshed for every slot before the first step) decode and verify both get it; after
+every flush (decode or verify) the copy, and the fp8 scales, are bit-identical to
+``quantize_rows`` of the checkpoint as stored, and no other byte of the copy's allocations moves.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from test_mamba2_decode import (  # same pools, parameters and helpers as the de
     sglang_ssu,
 )
 
+from test_split_precision_mamba2 import F8, _bad_read_cases, make_read_copy
+
 from replayssm_kernels import (
     decode_cursor_step,
     mamba2_conventional_f64,
@@ -54,6 +61,7 @@ from replayssm_kernels import (
     verify_commit_ref,
     verify_cursor_step,
 )
+from replayssm_kernels.mamba2_decode.read_copy import dequantize_rows, quantize_rows
 
 pytestmark = pytest.mark.usefixtures("interpreter_bf16_rtne")
 
@@ -70,6 +78,13 @@ NANO_4B = Shape(H=96, G=8, P=80, N=128)
 
 OUT_TOL = {torch.bfloat16: 3e-3, torch.float32: 2e-5}
 STATE_TOL = {torch.float32: 2e-5, torch.bfloat16: 5e-3}
+# Outputs with a read copy, vs float64, by (copy, activation) dtype: one rounding of S0 (bf16
+# 2^-9, fp16 2^-12, e4m3 2^-4 relative per element, at most) on the S0·Q term, plus the bf16
+# output store (~1.5e-3) with bf16 activations.
+READ_OUT_TOL = {(torch.bfloat16, torch.bfloat16): 3e-3, (torch.float16, torch.bfloat16): 3e-3,
+                (F8, torch.bfloat16): 2e-2, (torch.bfloat16, torch.float32): 2e-3,
+                (torch.float16, torch.float32): 3e-4, (F8, torch.float32): 2e-2}
+SHAPE_RC = Shape(H=2, G=1, P=20, N=48)  # two P-tiles and two N-chunks (BLOCK_K 32), last masked
 
 
 @dataclasses.dataclass
@@ -134,6 +149,7 @@ def run_spec(
     active: int = 3, pads: int = 1, decode_p: float = 0.2, force_p: float = 0.1, seed: int = 0,
     broadcast: bool = True, with_z: bool = False, sglang_check: bool = False,
     commit_impl: str | None = None, ring_extra: int = 1, device: str = DEVICE,
+    read_dtype: torch.dtype | None = None, read_layout: str = "layer",
 ) -> Report:
     gen = torch.Generator().manual_seed(seed)
     H, G, P, N = shape.H, shape.G, shape.P, shape.N
@@ -141,6 +157,12 @@ def run_spec(
     slots = active + 3  # slot 0 (null) and two never-scheduled slots stay untouched
     prm = make_params(shape, gen, device)
     pool = make_pool(shape, slots, R, state_dtype, act_dtype, "layer", gen, device)
+    rc = None if read_dtype is None else make_read_copy(pool.state, read_dtype, read_layout)
+    rkw = {} if rc is None else dict(read_state=rc.read, read_scale=rc.scale)
+    full = pool.full + (() if rc is None else rc.full)
+    views = (pool.state, pool.ring_x, pool.ring_dt, pool.ring_B) + (
+        () if rc is None else (rc.read, rc.scale))
+    names = ("state", "ring_x", "ring_dt", "ring_B", "read", "scale")
     cursors = torch.zeros(slots, 2, dtype=torch.int32, device=device)
     act = (torch.randperm(slots - 1, generator=gen)[:active] + 1).tolist()
     shadow = {s: pool.state[s].double().clone() for s in act}
@@ -181,20 +203,20 @@ def run_spec(
         tok = make_tokens(shape, batch, Tt, act_dtype, gen, device, with_z)
         dt_arg = tok.dt[..., None].expand(*tok.dt.shape, P) if broadcast else tok.dt
         out = torch.full((batch, Tt, H, P), float("nan"), dtype=act_dtype, device=device)
-        before = tuple(t.clone() for t in pool.full)
+        before = tuple(t.clone() for t in full)
         state_before = pool.state.clone()
         if is_decode:
             decode_cursor_step(cursors, slot_idx, force, L, R, rs, rl, fl)
             DECODE[impl](pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x[:, 0],
                          dt_arg[:, 0], A, tok.B[:, 0], tok.C[:, 0], out[:, 0], slot_idx, rs, rl,
                          fl, D=D, z=None if tok.z is None else tok.z[:, 0], dt_bias=dt_bias,
-                         dt_softplus=True)
+                         dt_softplus=True, **rkw)
             acc = [1] * batch
         else:
             verify_cursor_step(cursors, slot_idx, force, L, R, T, rs, rl, fl)
             VERIFY[impl](pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, dt_arg, A,
                          tok.B, tok.C, out, slot_idx, rs, rl, fl, D=D, z=tok.z, dt_bias=dt_bias,
-                         dt_softplus=True)
+                         dt_softplus=True, **rkw)
             a = torch.randint(1, T + 1, (batch,), generator=gen)
             u = torch.rand(batch, generator=gen)
             a[u < 0.3] = 1  # all-reject
@@ -215,8 +237,8 @@ def run_spec(
                     assert _bits_equal(pool.state[s], sg_state[s]), f"slot {s}: decode flush"
 
         exp_full = [t.clone() for t in before]
-        names = ("state", "ring_x", "ring_dt", "ring_B")
-        exp = {k: _rebase(getattr(pool, k), exp_full[i]) for i, k in enumerate(names)}
+        exp = {k: _rebase(v, exp_full[i]) for i, (k, v) in enumerate(zip(names, views))
+               if v is not None}
         for b, s in enumerate(rows_cpu):
             if s < 0:
                 assert torch.isnan(out[b]).all(), f"padding row {b}: out written"
@@ -236,6 +258,13 @@ def run_spec(
                 st_got.append(pool.state[s].double().cpu())
                 st_ref.append(folded.cpu())
                 exp["state"][s] = pool.state[s]
+                if rc is not None:  # the refreshed copy: round(checkpoint as stored), bitwise
+                    q, scale = quantize_rows(pool.state[s], read_dtype)
+                    assert _bits_equal(rc.read[s], q), f"slot {s}: read copy != round(checkpoint)"
+                    exp["read"][s] = rc.read[s]
+                    if scale is not None:
+                        assert _bits_equal(rc.scale[s], scale), f"slot {s}: fp8 scales differ"
+                        exp["scale"][s] = rc.scale[s]
             else:
                 assert _bits_equal(pool.state[s], state_before[s]), "non-flush row wrote state"
             shadow[s] = s_acc
@@ -254,9 +283,9 @@ def run_spec(
                 torch.testing.assert_close(pool.ring_dt[s, :, r].double(),
                                            _delta64(tok.dt[b, t], prm.dt_bias), rtol=2e-6,
                                            atol=3e-7)
-                for k in names[1:]:
+                for k in names[1:4]:
                     exp[k][s, :, r] = getattr(pool, k)[s, :, r]
-        for name, got, want in zip(names, pool.full, exp_full):
+        for name, got, want in zip(names, full, exp_full):
             assert _bits_equal(got, want), f"{name} pool: bytes outside the allowed rows changed"
         if not is_decode:
             commit(cursors, slot_idx, rs, rl, fl, torch.tensor(acc, device=device), window=L,
@@ -266,17 +295,19 @@ def run_spec(
     rep.out_rel = _rel(torch.cat([o.flatten() for o in outs]),
                        torch.cat([r.flatten() for r in refs]))
     rep.state_rel = _rel(torch.stack(st_got), torch.stack(st_ref)) if st_got else 0.0
+    read = "" if read_dtype is None else f" read={str(read_dtype)[6:]}/{read_layout}"
     print(f"\n[mamba2-verify] {impl} {shape} T={T} L={L} R={R} state={str(state_dtype)[6:]} "
-          f"act={str(act_dtype)[6:]}: |out-f64|/|f64| = {rep.out_rel:.2e}, "
+          f"act={str(act_dtype)[6:]}{read}: |out-f64|/|f64| = {rep.out_rel:.2e}, "
           f"|S-f64|/|f64| = {rep.state_rel:.2e} ({rep.verify_flush} flush / "
           f"{rep.verify_nonflush} non-flush verify rows, {rep.decode_rows} decode rows, "
           f"a: {sorted(rep.a_kinds)})")
     return rep
 
 
-def _check(rep: Report, state_dtype, act_dtype, T: int) -> None:
+def _check(rep: Report, state_dtype, act_dtype, T: int, read_dtype=None) -> None:
     assert rep.verify_flush > 0 and rep.verify_nonflush > 0 and rep.decode_rows > 0, rep
-    assert rep.out_rel < OUT_TOL[act_dtype], rep
+    tol = OUT_TOL[act_dtype] if read_dtype is None else READ_OUT_TOL[read_dtype, act_dtype]
+    assert rep.out_rel < tol, rep
     assert rep.state_rel < STATE_TOL[state_dtype], rep
     if T > 1:
         assert {"reject", "accept"} <= rep.a_kinds, rep
@@ -576,6 +607,238 @@ def test_outputs_vs_sglang_snapshot_verify(T, act):
 
 
 # --------------------------------------------------------------------------------------------
+# Split precision: a read copy beside the checkpoint (non-flush rows read it, flush rows refresh it)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize(
+    "impl,T,read_dtype,state_dtype,act_dtype,layout",
+    [("kernel", 2, torch.bfloat16, torch.float32, torch.bfloat16, "layer"),
+     ("kernel", 4, torch.float16, torch.float32, torch.float32, "permuted"),
+     ("kernel", 4, F8, torch.float32, torch.bfloat16, "layer"),
+     ("kernel", 2, F8, torch.bfloat16, torch.float32, "permuted"),
+     ("ref", 4, torch.bfloat16, torch.float32, torch.bfloat16, "layer"),
+     ("ref", 2, F8, torch.bfloat16, torch.float32, "permuted")],
+    ids=["kernel-T2-bf16", "kernel-T4-fp16-act32-permuted", "kernel-T4-fp8",
+         "kernel-T2-fp8-S-bf16-act32-permuted", "ref-T4-bf16", "ref-T2-fp8-S-bf16-act32"],
+)
+def test_spec_read_copy_vs_f64(impl, T, read_dtype, state_dtype, act_dtype, layout):
+    """Verify and decode steps with a read copy, random accepted counts and forced flushes:
+    outputs vs float64 within one rounding of S0; after every flush the copy (and fp8 scales)
+    bitwise ``quantize_rows`` of the stored checkpoint; no other byte of the copy moves."""
+    rep = run_spec(impl, SHAPE_RC, T, 2 * T + 2, state_dtype, act_dtype, seed=60 + T, steps=14,
+                   active=2, with_z=(T == 2), read_dtype=read_dtype, read_layout=layout)
+    _check(rep, state_dtype, act_dtype, T, read_dtype)
+
+
+def _fill_rings(pool, seed: int) -> None:
+    """Committed-looking history in every ring row (x, B normal; Δ in [0.01, 0.5])."""
+    for i, t in enumerate(pool.full[1:], start=1):
+        g = torch.Generator().manual_seed(seed + i)
+        v = torch.rand(t.shape, generator=g) * 0.49 + 0.01 if i == 2 else torch.randn(
+            t.shape, generator=g)
+        t.copy_(v)
+
+
+def _one_verify(impl: str, read_dtype, *, shape: Shape = SHAPE_RC, T: int = 4, L: int = 6,
+                state_dtype=torch.float32, act_dtype=torch.float32, out_dtype=None,
+                flush: bool = True, state: str = "keep", pass_copy: bool = True, seed: int = 3,
+                device: str = DEVICE):
+    """One verify launch on a pool with history: rows ``[3, -1, 1, 4, 2]`` are non-flush (len 2),
+    padding, flush (len 6; non-flush if ``flush`` is false), flush (len 0; idem), non-flush
+    (len 5). ``read_dtype``: a read copy (permuted strides, fp8 scales inside a padded
+    allocation) refreshed from the checkpoint, passed iff ``pass_copy``. ``state``: ``"nan"``
+    NaN-fills the checkpoint after the refresh, ``"copy"`` sets it to the copy's values.
+    ``out_dtype`` defaults to ``act_dtype``. Returns ``(pool, copy, out, flush)``."""
+    gen = torch.Generator().manual_seed(seed)
+    R = min_ring_size(L, T)
+    prm = make_params(shape, gen, device)
+    pool = make_pool(shape, 6, R, state_dtype, act_dtype, "layer", gen, device)
+    _fill_rings(pool, seed)
+    rc = None if read_dtype is None else make_read_copy(pool.state, read_dtype, "permuted")
+    if state == "nan":
+        pool.state.fill_(float("nan"))
+    elif state == "copy":
+        pool.state.copy_(dequantize_rows(rc.read, rc.scale))
+    rkw = dict(read_state=rc.read, read_scale=rc.scale) if rc is not None and pass_copy else {}
+    tok = make_tokens(shape, 5, T, act_dtype, gen, device, True)
+    slot_idx = torch.tensor([3, -1, 1, 4, 2], dtype=torch.int32, device=device)
+    rs = torch.tensor([5, 0, 9, 2, 7], dtype=torch.int32, device=device)
+    rl = torch.tensor([2, 0, 6, 0, 5], dtype=torch.int32, device=device)
+    fl = torch.tensor([False, False, flush, flush, False], device=device)
+    out = torch.full((5, T, shape.H, shape.P), float("nan"), dtype=out_dtype or act_dtype,
+                     device=device)
+    VERIFY[impl](pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B,
+                 tok.C, out, slot_idx, rs, rl, fl, D=prm.D, z=tok.z, dt_bias=prm.dt_bias,
+                 dt_softplus=True, **rkw)
+    return pool, rc, out, fl
+
+
+def _assert_copy_is_rounded_checkpoint(pool, rc) -> None:
+    """Every slot's copy (and fp8 scales) is bitwise ``quantize_rows`` of its checkpoint: flush
+    rows refreshed it, every other slot kept the initial refresh."""
+    q, scale = quantize_rows(pool.state, rc.read.dtype)
+    assert _bits_equal(rc.read, q), "read copy != round(checkpoint as stored)"
+    if scale is not None:
+        assert _bits_equal(rc.scale, scale), "fp8 scales != quantize_rows' scales"
+
+
+def _assert_kernel_matches_reference(read_dtype, **kw) -> float:
+    """Kernel and reference on identical inputs with a read copy (fp32 activations): outputs
+    within fp32 rounding, records bitwise, checkpoints and Δ within an ulp (exp / log of the
+    interpreter's numpy or the GPU vs torch), copies rounded from their own checkpoints and
+    within one copy ulp of each other. Returns the relative output difference."""
+    (kp, krc, kout, _), (rp, rrc, rout, _) = (_one_verify(i, read_dtype, **kw)
+                                              for i in ("kernel", "ref"))
+    assert torch.isnan(kout[1]).all() and torch.isnan(rout[1]).all(), "padding row written"
+    live = torch.tensor([True, False, True, True, True], device=kout.device)
+    assert not torch.isnan(kout[live]).any(), "kernel: outputs not fully written"
+    rel = _rel(kout[live], rout[live])
+    for name, a, b in zip(("state", "ring_x", "ring_dt", "ring_B"), kp.full, rp.full):
+        if name in ("state", "ring_dt"):  # atol: an ulp or two of the O(1) checkpoint values
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, equal_nan=True)
+        else:
+            assert _bits_equal(a, b), name
+    for p, rc in ((kp, krc), (rp, rrc)):
+        _assert_copy_is_rounded_checkpoint(p, rc)
+    ulp = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, F8: 2.0**-3}[read_dtype]
+    torch.testing.assert_close(dequantize_rows(krc.read, krc.scale),
+                               dequantize_rows(rrc.read, rrc.scale), rtol=ulp, atol=0.0)
+    return rel
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("read_dtype", [torch.bfloat16, F8], ids=["bf16", "fp8"])
+def test_read_copy_kernel_vs_reference(read_dtype):
+    rel = _assert_kernel_matches_reference(read_dtype)
+    print(f"\n[mamba2-verify] kernel vs ref, read copy {str(read_dtype)[6:]} (fp32): {rel:.2e}")
+    assert rel < 1e-6, rel
+
+
+def _assert_flush_rows_match_no_copy(read_dtype, **kw) -> float:
+    """The kernel with and without a read copy on identical inputs: checkpoints (the whole
+    allocation), rings and the flush rows' outputs bitwise equal; the copy refreshed. Returns the
+    non-flush rows' relative output difference (the copy's rounding of S0)."""
+    (cp, crc, cout, fl), (np_, _, nout, _) = (
+        _one_verify("kernel", read_dtype, pass_copy=pc, **kw) for pc in (True, False))
+    for name, a, b in zip(("state", "ring_x", "ring_dt", "ring_B"), cp.full, np_.full):
+        assert _bits_equal(a, b), f"{name}: differs from the launch without a copy"
+    assert _bits_equal(cout[fl], nout[fl]), "flush rows' outputs differ from the no-copy launch"
+    _assert_copy_is_rounded_checkpoint(cp, crc)
+    nonflush = ~fl & torch.tensor([True, False, True, True, True], device=fl.device)
+    return _rel(cout[nonflush], nout[nonflush])
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("read_dtype,state_dtype", [(torch.bfloat16, torch.float32),
+                                                    (F8, torch.float32),
+                                                    (torch.float16, torch.bfloat16)],
+                         ids=["bf16-S32", "fp8-S32", "fp16-S-bf16"])
+def test_read_copy_flush_rows_bit_identical_to_no_copy(read_dtype, state_dtype):
+    rel = _assert_flush_rows_match_no_copy(read_dtype, state_dtype=state_dtype)
+    print(f"\n[mamba2-verify] read copy {str(read_dtype)[6:]} vs none, state "
+          f"{str(state_dtype)[6:]}: non-flush outputs {rel:.2e}")
+    assert 0 < rel < READ_OUT_TOL[read_dtype, torch.float32], rel
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("impl", ["kernel", "ref"])
+def test_read_copy_nonflush_rows_never_read_the_checkpoint(impl):
+    """With NaN in every checkpoint, non-flush rows still give finite outputs, equal to the same
+    launch without a copy from a checkpoint holding the copy's values (fp8: scaled)."""
+    _, _, out, _ = _one_verify(impl, F8, flush=False, state="nan")
+    _, _, want, _ = _one_verify("ref", F8, flush=False, state="copy", pass_copy=False)
+    live = torch.tensor([True, False, True, True, True])
+    assert torch.isfinite(out[live]).all()
+    assert torch.isnan(out[1]).all()
+    assert _rel(out[live], want[live]) < 1e-6, _rel(out[live], want[live])
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="counts and rounds the interpreter's tl.dot operands")
+def test_read_copy_products_are_single_tf32(monkeypatch):
+    """Non-flush rows with a bf16 copy and bf16 activations: one tf32 product per N-chunk for
+    S0·Q instead of the split's two (both operands exact in tf32), and with every tf32 operand
+    rounded as the tensor cores round it the (fp32) outputs stay within 1e-6 of exact products."""
+    from triton.runtime import interpreter
+
+    orig_dot = interpreter.InterpreterBuilder.create_dot
+    calls = []
+
+    def counting_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        calls.append(input_precision.name)
+        return orig_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    def tf32_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        a2 = interpreter.TensorHandle(_round_tf32(a.data), a.dtype.scalar)
+        b2 = interpreter.TensorHandle(_round_tf32(b.data), b.dtype.scalar)
+        return orig_dot(self, a2, b2, d, input_precision, max_num_imprecise_acc)
+
+    counts, outs = {}, {}
+    for copy, dot in ((False, counting_dot), (True, counting_dot), (True, tf32_dot)):
+        calls.clear()
+        with monkeypatch.context() as m:
+            m.setattr(interpreter.InterpreterBuilder, "create_dot", dot)
+            _, _, out, _ = _one_verify("kernel", torch.bfloat16 if copy else None,
+                                       act_dtype=torch.bfloat16, out_dtype=torch.float32,
+                                       flush=False)
+        if dot is counting_dot:
+            assert set(calls) == {"TF32"}, calls
+            counts[copy] = len(calls)
+        outs[copy, dot is tf32_dot] = out
+    rows, n_pt, n_nk = 4, 2, 2  # live rows; SHAPE_RC: 2 P-tiles, 2 N-chunks
+    assert counts[False] - counts[True] == rows * SHAPE_RC.H * n_pt * n_nk, counts
+    live = torch.tensor([True, False, True, True, True])
+    err = _rel(outs[True, True][live], outs[True, False][live])
+    print(f"\n[mamba2-verify] read copy, emulated tf32 operands vs exact: {err:.2e}")
+    assert err < 1e-6, err
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("read_dtype", [F8, torch.bfloat16], ids=["fp8", "bf16"])
+def test_read_copy_refresh_extremes(read_dtype):
+    """Flush rows whose checkpoint rows are zero, tiny (1e-30), huge (1e30), or whose max lies in
+    the second (masked) N-chunk only: the copy and fp8 scales bit-identical to ``quantize_rows``
+    of the stored checkpoint (A = 0 and x = 0 keep the checkpoint's values through the fold)."""
+    shape, T = SHAPE_RC, 2
+    gen = torch.Generator().manual_seed(9)
+    slots, R = 3, 4
+    state = torch.randn(slots, shape.H, shape.P, shape.N, generator=gen)
+    state[1, 0, :4] = 0.0
+    state[1, 0, 4:8] *= 1e-30
+    state[1, 1, :4] *= 1e30
+    state[1, 1, 4:8, :32] = 0.0  # the row max in the last, half-masked chunk (columns 32..47)
+    state[1, 1, 8:12, 40] = 1e20
+    state[2, 0, 17:, :32] *= 1e-30
+    state = state.to(DEVICE)
+    rc = make_read_copy(state, read_dtype, "permuted")
+    rc.read.fill_(float("nan"))
+    ring_x = torch.zeros(slots, shape.H, R, shape.P, dtype=torch.bfloat16, device=DEVICE)
+    ring_dt = torch.full((slots, shape.H, R), 0.1, device=DEVICE)
+    ring_B = torch.randn(slots, shape.G, R, shape.N, generator=gen).to(DEVICE, torch.bfloat16)
+    batch = 2
+    x = torch.zeros(batch, T, shape.H, shape.P, dtype=torch.bfloat16, device=DEVICE)
+    B = torch.randn(batch, T, shape.G, shape.N, generator=gen).to(DEVICE, torch.bfloat16)
+    C = torch.randn(batch, T, shape.G, shape.N, generator=gen).to(DEVICE, torch.bfloat16)
+    dt = torch.full((batch, T, shape.H), 0.1, device=DEVICE)
+    out = torch.empty(batch, T, shape.H, shape.P, device=DEVICE)
+    idx = torch.tensor([1, 2], dtype=torch.int32, device=DEVICE)
+    rs = torch.tensor([3, 0], dtype=torch.int32, device=DEVICE)
+    rl = torch.tensor([2, 1], dtype=torch.int32, device=DEVICE)
+    before = state.clone()
+    mamba2_replay_verify(state, ring_x, ring_dt, ring_B, x, dt, torch.zeros(shape.H,
+                         device=DEVICE), B, C, out, idx, rs, rl,
+                         torch.ones(batch, dtype=torch.bool, device=DEVICE),
+                         read_state=rc.read, read_scale=rc.scale)
+    assert torch.equal(state, before)  # values kept
+    q, scale = quantize_rows(state[1:], read_dtype)
+    assert _bits_equal(rc.read[1:], q)
+    if scale is not None:
+        assert _bits_equal(rc.scale[1:], scale)
+        assert (scale[0, 0, :4] == 2.0**-126).all()  # zero rows: the floor scale, zeros stored
+
+
+# --------------------------------------------------------------------------------------------
 # Validation
 # --------------------------------------------------------------------------------------------
 
@@ -637,6 +900,21 @@ def test_value_error_z_window(impl):
         VERIFY[impl](*args.values(), **kw)
 
 
+@pytest.mark.parametrize("impl", ["kernel", "ref"])
+@pytest.mark.parametrize("case", list(_bad_read_cases()))
+def test_value_errors_read_copy(impl, case):
+    """The decode kernel's read-copy cases (shape, dtype, the checkpoint's own dtype, fp8 without
+    or with bad scales, scales without fp8, device) on verify's arguments."""
+    read_dtype, mutate, match = _bad_read_cases()[case]
+    args, kw = _valid_args()
+    st = args["state"]
+    kw["read_state"] = torch.zeros(st.shape, dtype=read_dtype, device=st.device)
+    kw["read_scale"] = torch.ones(st.shape[:-1], device=st.device) if read_dtype == F8 else None
+    mutate(args, kw)
+    with pytest.raises(ValueError, match=match):
+        VERIFY[impl](*args.values(), **kw)
+
+
 # --------------------------------------------------------------------------------------------
 # GPU (H200): the same driver at the real shape
 # --------------------------------------------------------------------------------------------
@@ -666,6 +944,29 @@ def test_gpu_nano4b_spec_cycles(state_dtype):
     _check(rep, state_dtype, torch.bfloat16, 4)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("read_dtype", [torch.bfloat16, F8], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("T", [2, 4], ids=lambda t: f"T{t}")
+def test_gpu_nano4b_spec_read_copy(T, read_dtype):
+    """The read-copy driver at Nano-4B: outputs vs float64, the copy bitwise round(checkpoint)
+    after every flush, and the fp32 checkpoint bit-identical to SGLang's selective_state_update
+    over the accepted tokens (the copy does not touch the fold)."""
+    rep = run_spec("kernel", NANO_4B, T, 16, torch.float32, torch.bfloat16, active=24, pads=8,
+                   steps=48, seed=800 + T, sglang_check=True, read_dtype=read_dtype,
+                   read_layout="permuted" if T == 4 else "layer")
+    _check(rep, torch.float32, torch.bfloat16, T, read_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("read_dtype", [torch.bfloat16, F8], ids=["bf16", "fp8"])
+def test_gpu_nano4b_read_copy_vs_reference_and_no_copy(read_dtype):
+    kw = dict(shape=NANO_4B, T=4, L=16, device="cuda")
+    rel = _assert_kernel_matches_reference(read_dtype, **kw)
+    assert rel < 1e-5, rel  # tensor-core products vs torch's fp32 GEMMs, other summation orders
+    rel = _assert_flush_rows_match_no_copy(read_dtype, **kw)
+    assert 0 < rel < READ_OUT_TOL[read_dtype, torch.float32], rel
+
+
 # --------------------------------------------------------------------------------------------
 # Codegen: the verify fold compiles (sm_90a, no GPU needed) like selective_state_update's update
 # --------------------------------------------------------------------------------------------
@@ -685,7 +986,8 @@ K = mk._mamba2_replay_verify_fwd_kernel
 ptrs = dict(state_ptr="*fp32", ring_x_ptr="*bf16", ring_dt_ptr="*fp32", ring_B_ptr="*bf16",
             x_ptr="*bf16", dt_ptr="*bf16", A_ptr="*fp32", B_ptr="*bf16", C_ptr="*bf16",
             D_ptr="*fp32", z_ptr="*bf16", dt_bias_ptr="*fp32", out_ptr="*bf16",
-            slot_idx_ptr="*i32", ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1")
+            slot_idx_ptr="*i32", ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1",
+            read_scale_ptr="*fp32")
 const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_P=cfg.block_p,
              BLOCK_K=cfg.block_k, NUM_NK=-(-N // cfg.block_k), BLOCK_J=cfg.block_j,
              BLOCK_T=cfg.block_t,
@@ -695,26 +997,36 @@ const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_
 ones = {"stride_state_n", "stride_rx_p", "stride_rdt_row", "stride_rB_n", "stride_x_p",
         "stride_B_n", "stride_C_n", "stride_out_p", "stride_dt_head", "stride_A_head",
         "stride_D_head", "stride_dt_bias_head"}
-sig, cx = {}, dict(const)
-for n in K.arg_names:
-    if n in const:
-        sig[n] = "constexpr"
-    elif n in ones:
-        sig[n], cx[n] = "constexpr", 1
-    else:
-        sig[n] = ptrs.get(n, "i32")
-def ptx(**over):
-    k = triton.compile(ASTSource(fn=K, signature=sig, constexprs=cx | over),
+def ptx(read=None, **over):
+    # read: None (no copy; the read pointers are None, as the JIT passes them), "bf16" or "fp8"
+    cx = dict(const, HAS_READ=read is not None, READ_FP8=read == "fp8") | over
+    unit = ones | ({"stride_read_n", "stride_rs_p"} if read else set())
+    sig = {}
+    for n in K.arg_names:
+        if n in cx:
+            sig[n] = "constexpr"
+        elif n in unit:
+            sig[n], cx[n] = "constexpr", 1
+        elif (n == "read_ptr" and read is None) or (n == "read_scale_ptr" and read != "fp8"):
+            sig[n], cx[n] = "constexpr", None
+        elif n == "read_ptr":
+            sig[n] = {"bf16": "*bf16", "fp8": "*fp8e4nv"}[read]
+        else:
+            sig[n] = ptrs.get(n, "i32")
+    k = triton.compile(ASTSource(fn=K, signature=sig, constexprs=cx),
                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.num_warps))
     return k.asm["ptx"]
-# ours: the bf16 launch (split fp32 operands); x3: the same kernel with tf32x3 on every product
-json.dump(dict(ours=ptx(), x3=ptx(ACT_TF32_EXACT=False)), sys.stdout)
+# ours: the bf16 launch (split fp32 operands); x3: the same kernel with tf32x3 on every product;
+# bf16copy / fp8copy: ours with a split-precision read copy
+json.dump(dict(ours=ptx(), x3=ptx(ACT_TF32_EXACT=False), bf16copy=ptx("bf16"),
+               fp8copy=ptx("fp8")), sys.stdout)
 """
 
 
 @functools.lru_cache(maxsize=None)
 def _codegen() -> dict[str, str] | str:
-    """PTX of the bf16 launch (``ours``) and of the tf32x3 build (``x3``), or why not."""
+    """PTX of the bf16 launch (``ours``), of the tf32x3 build (``x3``) and of the read-copy
+    builds (``bf16copy``, ``fp8copy``), or why not."""
     import json
     import os
     import subprocess
@@ -745,7 +1057,8 @@ def test_split_products_use_fewer_tensor_core_ops():
 def test_fold_codegen_matches_sglang():
     """Compile the verify kernel for sm_90a (no GPU) at the Nano-4B shape and check that its fold
     site is built exactly like SGLang 0.5.17's ``state = state * dA + dB * x[:, None]``:
-    fma(state, ex2.approx(·), mul(cvt(x), mul(Δ, B))) — the signature the decode test pins."""
+    fma(state, ex2.approx(·), mul(cvt(x), mul(Δ, B))) — the signature the decode test pins — in
+    the no-copy build and in both read-copy builds (bf16, fp8)."""
     import inspect
 
     from test_mamba2_decode import _update_signatures
@@ -755,11 +1068,11 @@ def test_fold_codegen_matches_sglang():
     got = _codegen()
     if isinstance(got, str):
         pytest.skip(got)
-    ptx = got["ours"]
     with open(inspect.getsourcefile(k)) as f:
         lines = {i + 1 for i, line in enumerate(f) if "tl.fma(b_s, dA, dB" in line}
     assert len(lines) == 1
-    got = _update_signatures(ptx, "mamba2_verify/kernel.py", lines)
     expected = {("fma.rn.f32", "a=state", ("ex2.approx.f32",), (("mul.f32",),),
                  (("mul.f32", ("cvt.f32.bf16", "mul.f32")),))}
-    assert got == expected, f"verify fold compiles to {got}, SGLang's update to {expected}"
+    for build in ("ours", "bf16copy", "fp8copy"):  # the read-copy builds fold the same way
+        sig = _update_signatures(got[build], "mamba2_verify/kernel.py", lines)
+        assert sig == expected, f"{build}: verify fold compiles to {sig}, SGLang's to {expected}"
