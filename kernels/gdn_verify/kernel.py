@@ -1,6 +1,8 @@
 """Gated DeltaNet ReplaySSM speculative verify: one Triton launch for a mixed flush/non-flush batch.
 
-Layers (fla style): ``gdn_replay_verify_recurrent_fwd_kernel`` (Triton jit),
+Layers (fla style): ``gdn_replay_verify_recurrent_fwd_kernel`` and, with a split-precision read
+copy, ``gdn_replay_verify_recurrent_read_fwd_kernel`` (Triton jit; both inline one program,
+``_gdn_verify_program``, so the launch without a copy compiles as before),
 ``gdn_replay_verify_recurrent_fwd`` (launcher, no checks), ``gdn_replay_verify`` (validated public
 function).
 
@@ -16,9 +18,11 @@ tile of one value head's checkpoint, loaded once:
 
 * flush row: the exact fold of the committed records ``[0, len)`` from the raw inputs
   (``fold_records``, the decode kernel's fold), stored once; the window runs from the stored tile.
+  With a read copy the stored tile also rewrites the copy (``store_read_tile``).
 * non-flush row: the committed history is applied to the tile in registers from the stored
   corrected updates, oldest first: ``S ← e^{g_j} S + u_j k̂_jᵀ`` (no reduction per record; u_j is
-  the value the recurrence added at that step). The checkpoint is not written.
+  the value the recurrence added at that step). The checkpoint is not written. With a read copy
+  the tile starts from the copy (dequantised) and the checkpoint is not read.
 * window, both kinds: for each token ``s`` the conventional packed-decode step, in its op order:
   ``S ← e^{g_s} S``, ``u_s = β_s (v_s − S k̂_s)``, ``S ← S + u_s k̂_sᵀ``, ``y_s = S q̃_s``. No state
   leaves registers.
@@ -39,19 +43,21 @@ import triton.language as tl
 
 from replayssm_kernels.gdn_decode._fold import fold_records, replay_updates
 from replayssm_kernels.gdn_decode._validate import validate_gdn_verify
+from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
 
 __all__ = [
     "gdn_replay_verify",
     "gdn_replay_verify_recurrent_fwd",
     "gdn_replay_verify_recurrent_fwd_kernel",
+    "gdn_replay_verify_recurrent_read_fwd_kernel",
 ]
 
 
 @triton.jit
-def gdn_replay_verify_recurrent_fwd_kernel(
+def _gdn_verify_program(
     # Pointers
     state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
-    slot_idx, ring_start, ring_len, flush, scale,
+    slot_idx, ring_start, ring_len, flush, scale, read_ptr, read_scale_ptr,
     # Matrix dimensions
     R,
     # Strides
@@ -67,11 +73,16 @@ def gdn_replay_verify_recurrent_fwd_kernel(
     stride_a_b, stride_a_t, stride_a_h,
     stride_b_b, stride_b_t, stride_b_h,
     stride_o_b, stride_o_t, stride_o_h, stride_o_v,
+    stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
+    stride_rs_n, stride_rs_h, stride_rs_v,
     # Meta-parameters
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr, READ_FP8: tl.constexpr,
 ):  # fmt: skip
+    """One program of the verify launch (kernels below); ``HAS_READ``: split precision, non-flush
+    rows start the history replay from the read copy (``read_ptr``, fp8: times ``read_scale_ptr``'s
+    per-row scale) and flush rows refresh it from the checkpoint as stored."""
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
 
@@ -105,8 +116,18 @@ def gdn_replay_verify_recurrent_fwd_kernel(
     p_rg = ring_g + i_s * stride_g_n + i_hv * stride_g_h
     p_rb = ring_beta + i_s * stride_beta_n + i_hv * stride_beta_h
 
-    b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
+    if HAS_READ:
+        # Copy accesses are declared contiguous only in runs of the checkpoint's 16-byte vector
+        # (4 fp32), so Triton gives the copy's loads and stores the checkpoint tile's layout
+        # ([1, 4] x [1, 32] per warp for fp32) instead of a wider one of its own (bf16: [1, 8] x
+        # [2, 16]), which would spread to the fold and change its reduction trees: the fold must
+        # compile as without a copy (test_fold_codegen_matches_decode).
+        o_kr = tl.max_contiguous(o_k, 128 // state.dtype.element_ty.primitive_bitwidth)
+    else:
+        b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
     if is_flush:
+        if HAS_READ:
+            b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
         b_h = fold_records(
             b_h, p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
             stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r,
@@ -114,9 +135,28 @@ def gdn_replay_verify_recurrent_fwd_kernel(
         )
         b_h = b_h.to(state.dtype.element_ty)
         tl.store(p_s, b_h, mask=mask_h)
+        if HAS_READ:
+            # Refresh the copy from the checkpoint as stored (masked lanes of b_h are zeros).
+            p_rs_head = read_scale_ptr
+            if READ_FP8:
+                p_rs_head = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
+            store_read_tile(
+                b_h, read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h, p_rs_head, o_v, o_kr,
+                mask_v, mask_k, stride_rd_v, stride_rd_k, stride_rs_v, READ_FP8,
+            )
         # The window runs from the stored (possibly 16-bit) checkpoint: what later steps read.
         b_h = b_h.to(tl.float32)
     else:
+        if HAS_READ:
+            # Split precision: S0 is the read copy; the checkpoint is not read.  The fp8 scale is
+            # a power of two, so q·scale is exact (dequantize_rows' values).
+            b_h = tl.load(read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h
+                          + o_v[:, None] * stride_rd_v + o_kr[None, :] * stride_rd_k,
+                          mask=mask_h, other=0.0).to(tl.float32)
+            if READ_FP8:
+                b_rs = tl.load(read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
+                               + o_v * stride_rs_v, mask=mask_v, other=0.0)
+                b_h = b_h * b_rs[:, None]
         b_h = replay_updates(
             b_h, p_rk, p_ru, p_rg, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
             stride_rk_r, stride_rk_k, stride_u_r, stride_u_v, stride_g_r, USE_QK_L2NORM,
@@ -159,6 +199,94 @@ def gdn_replay_verify_recurrent_fwd_kernel(
                          b_k_raw.to(ring_k.dtype.element_ty), mask=mask_k)
 
 
+@triton.jit
+def gdn_replay_verify_recurrent_fwd_kernel(
+    state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
+    slot_idx, ring_start, ring_len, flush, scale,
+    R,
+    stride_s_n, stride_s_h, stride_s_v, stride_s_k,
+    stride_u_n, stride_u_h, stride_u_r, stride_u_v,
+    stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
+    stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+    stride_g_n, stride_g_h, stride_g_r,
+    stride_beta_n, stride_beta_h, stride_beta_r,
+    stride_q_b, stride_q_t, stride_q_h, stride_q_k,
+    stride_k_b, stride_k_t, stride_k_h, stride_k_k,
+    stride_v_b, stride_v_t, stride_v_h, stride_v_v,
+    stride_a_b, stride_a_t, stride_a_h,
+    stride_b_b, stride_b_t, stride_b_h,
+    stride_o_b, stride_o_t, stride_o_h, stride_o_v,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+):  # fmt: skip
+    """The verify launch without a read copy (see the module docstring)."""
+    _gdn_verify_program(
+        state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
+        slot_idx, ring_start, ring_len, flush, scale, None, None, R,
+        stride_s_n, stride_s_h, stride_s_v, stride_s_k,
+        stride_u_n, stride_u_h, stride_u_r, stride_u_v,
+        stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
+        stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+        stride_g_n, stride_g_h, stride_g_r,
+        stride_beta_n, stride_beta_h, stride_beta_r,
+        stride_q_b, stride_q_t, stride_q_h, stride_q_k,
+        stride_k_b, stride_k_t, stride_k_h, stride_k_k,
+        stride_v_b, stride_v_t, stride_v_h, stride_v_v,
+        stride_a_b, stride_a_t, stride_a_h,
+        stride_b_b, stride_b_t, stride_b_h,
+        stride_o_b, stride_o_t, stride_o_h, stride_o_v,
+        0, 0, 0, 0, 0, 0, 0,
+        H, HV, K, V, T, BK, BV, SOFTPLUS_THRESHOLD, USE_QK_L2NORM, False, False,
+    )  # fmt: skip
+
+
+@triton.jit
+def gdn_replay_verify_recurrent_read_fwd_kernel(
+    state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
+    slot_idx, ring_start, ring_len, flush, scale, read_ptr, read_scale_ptr,
+    R,
+    stride_s_n, stride_s_h, stride_s_v, stride_s_k,
+    stride_u_n, stride_u_h, stride_u_r, stride_u_v,
+    stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
+    stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+    stride_g_n, stride_g_h, stride_g_r,
+    stride_beta_n, stride_beta_h, stride_beta_r,
+    stride_q_b, stride_q_t, stride_q_h, stride_q_k,
+    stride_k_b, stride_k_t, stride_k_h, stride_k_k,
+    stride_v_b, stride_v_t, stride_v_h, stride_v_v,
+    stride_a_b, stride_a_t, stride_a_h,
+    stride_b_b, stride_b_t, stride_b_h,
+    stride_o_b, stride_o_t, stride_o_h, stride_o_v,
+    stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
+    stride_rs_n, stride_rs_h, stride_rs_v,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, READ_FP8: tl.constexpr,
+):  # fmt: skip
+    """The verify launch with a split-precision read copy (``read_ptr``, fp8 scales
+    ``read_scale_ptr``)."""
+    _gdn_verify_program(
+        state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
+        slot_idx, ring_start, ring_len, flush, scale, read_ptr, read_scale_ptr, R,
+        stride_s_n, stride_s_h, stride_s_v, stride_s_k,
+        stride_u_n, stride_u_h, stride_u_r, stride_u_v,
+        stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
+        stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+        stride_g_n, stride_g_h, stride_g_r,
+        stride_beta_n, stride_beta_h, stride_beta_r,
+        stride_q_b, stride_q_t, stride_q_h, stride_q_k,
+        stride_k_b, stride_k_t, stride_k_h, stride_k_k,
+        stride_v_b, stride_v_t, stride_v_h, stride_v_v,
+        stride_a_b, stride_a_t, stride_a_h,
+        stride_b_b, stride_b_t, stride_b_h,
+        stride_o_b, stride_o_t, stride_o_h, stride_o_v,
+        stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
+        stride_rs_n, stride_rs_h, stride_rs_v,
+        H, HV, K, V, T, BK, BV, SOFTPLUS_THRESHOLD, USE_QK_L2NORM, True, READ_FP8,
+    )  # fmt: skip
+
+
 def gdn_replay_verify_recurrent_fwd(
     state: torch.Tensor,
     ring_u: torch.Tensor,
@@ -183,11 +311,17 @@ def gdn_replay_verify_recurrent_fwd(
     use_qk_l2norm: bool = True,
     block_v: int = 32,
     num_warps: int = 1,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
 ) -> None:
     """Launch the kernel without checks (caller: ``gdn_replay_verify``).
 
     ``block_v=32, num_warps=1`` is the tile and warp count of ``gdn_replay_decode``'s fold and of
     SGLang's packed decode; the bitwise checkpoint claim is made for this configuration only.
+
+    ``read_state`` (and ``read_scale`` for fp8): split precision, launched as
+    ``gdn_replay_verify_recurrent_read_fwd_kernel`` (same program, read-copy code compiled in);
+    without it the launch is ``gdn_replay_verify_recurrent_fwd_kernel``, compiled as before.
     """
     batch, T, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -197,14 +331,23 @@ def gdn_replay_verify_recurrent_fwd(
     BK = triton.next_power_of_2(K)
     BV = min(triton.next_power_of_2(V), block_v)
     grid = (triton.cdiv(V, BV), HV, batch)
-    gdn_replay_verify_recurrent_fwd_kernel[grid](
+    kernel = gdn_replay_verify_recurrent_fwd_kernel
+    read_args: tuple = ()
+    read_strides: tuple = ()
+    meta = dict(H=Hk, HV=HV, K=K, V=V, T=T, BK=BK, BV=BV, SOFTPLUS_THRESHOLD=20.0,
+                USE_QK_L2NORM=use_qk_l2norm, num_warps=num_warps, num_stages=1)  # fmt: skip
+    if read_state is not None:
+        kernel = gdn_replay_verify_recurrent_read_fwd_kernel
+        read_args = (read_state, read_scale)
+        read_strides = (*read_state.stride(),
+                        *(read_scale.stride() if read_scale is not None else (0, 0, 0)))
+        meta["READ_FP8"] = read_scale is not None
+    kernel[grid](
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
-        slot_idx, ring_start, ring_len, flush, float(scale), R,
+        slot_idx, ring_start, ring_len, flush, float(scale), *read_args, R,
         *state.stride(), *ring_u.stride(), *ring_k.stride(), *ring_v.stride(),
         *ring_g.stride(), *ring_beta.stride(), *q.stride(), *k.stride(), *v.stride(),
-        *a.stride(), *b.stride(), *out.stride(),
-        H=Hk, HV=HV, K=K, V=V, T=T, BK=BK, BV=BV, SOFTPLUS_THRESHOLD=20.0,
-        USE_QK_L2NORM=use_qk_l2norm, num_warps=num_warps, num_stages=1,
+        *a.stride(), *b.stride(), *out.stride(), *read_strides, **meta,
     )  # fmt: skip
 
 
@@ -230,6 +373,8 @@ def gdn_replay_verify(
     *,
     scale: float,
     use_qk_l2norm: bool = True,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
 ) -> None:
     """Verify ``T`` tokens per row (linear draft chain) on the Gated DeltaNet ReplaySSM ring.
 
@@ -249,6 +394,14 @@ def gdn_replay_verify(
     accepted ones).  The caller guarantees ``ring_len[b] + T <= R`` (not checked: on device).
     β is ``sigmoid(b)`` rounded to ``b.dtype``, as ``gdn_replay_decode`` and SGLang's packed decode
     use it, so a later fold of these records reproduces that kernel's checkpoint.
+
+    Split precision (optional ``read_state``, as ``gdn_replay_decode``): non-flush rows start from
+    the read copy ``read_state[s]`` (fp8: times ``read_scale[s]``) instead of the checkpoint, which
+    they do not read; the history replay and the window run from those values.  Flush rows fold
+    into ``state[s]`` exactly as without a copy (same bits), store it, refresh ``read_state[s]``
+    (and ``read_scale[s]``) from the checkpoint as stored
+    (``replayssm_kernels.mamba2_decode.read_copy``, rows = V, scaled over K), and run the window
+    from the stored checkpoint.
 
     Parameters
     ----------
@@ -279,17 +432,26 @@ def gdn_replay_verify(
         Query scale (``K ** -0.5`` in the models).
     use_qk_l2norm : bool
         Normalise q and k in-kernel (division form), as SGLang does (``True``).
+    read_state : torch.Tensor, optional
+        ``[slots, HV, V, K]`` read copy, bf16 / fp16 / fp8 e4m3 (not ``state``'s dtype), any
+        strides.  Read by non-flush rows; rewritten in place on flush rows.
+    read_scale : torch.Tensor, optional
+        ``[slots, HV, V]`` fp32 per-row scales, with (and only with) an fp8 copy, any strides;
+        rewritten in place on flush rows.
 
     Raises
     ------
     ValueError
-        On any shape, dtype or device mismatch (the message names expected and actual).
+        On any shape, dtype or device mismatch, or a bad read copy (the message names expected
+        and actual).
     """
     validate_gdn_verify(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale,
     )  # fmt: skip
+    validate_read_copy(state, read_state, read_scale)
     gdn_replay_verify_recurrent_fwd(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
+        read_state=read_state, read_scale=read_scale,
     )  # fmt: skip

@@ -2,7 +2,10 @@
 
 fp32 arithmetic, one row at a time, all value heads at once.  Flush rows run the sequential fold in
 the conventional kernel's expression order (torch's reductions: close to the kernel, not bitwise);
-the window uses the same math as the kernel (inner-product history term, forward substitution).
+the window uses the chunkwise closed form (inner-product history term, forward substitution), not
+the kernel's recurrent form, so the two are independent derivations of the same outputs.  With a
+split-precision read copy, non-flush rows take ``S0`` from the dequantised copy and flush rows
+refresh it with ``quantize_rows`` (``mamba2_decode/read_copy.py``), the kernel's bits.
 """
 
 from __future__ import annotations
@@ -10,6 +13,11 @@ from __future__ import annotations
 import torch
 
 from replayssm_kernels.gdn_decode._validate import validate_gdn_verify
+from replayssm_kernels.mamba2_decode.read_copy import (
+    dequantize_rows,
+    quantize_rows,
+    validate_read_copy,
+)
 
 __all__ = ["gdn_replay_verify_ref"]
 
@@ -43,17 +51,22 @@ def gdn_replay_verify_ref(
     *,
     scale: float,
     use_qk_l2norm: bool = True,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
 ) -> None:
     """Reference of ``replayssm_kernels.gdn_verify.gdn_replay_verify`` (see its docstring).
 
     Same arguments, same in-place updates of ``state`` (flush rows), the ring tensors (window rows
-    of every live row) and ``out`` (non-padding rows).  Reads the per-row cursors on the host and
-    raises ``ValueError`` if a row breaks ``ring_len + T <= R``.
+    of every live row), ``out`` (non-padding rows) and, with a split-precision copy,
+    ``read_state`` / ``read_scale`` (flush rows: ``quantize_rows`` of the stored checkpoint).
+    Reads the per-row cursors on the host and raises ``ValueError`` if a row breaks
+    ``ring_len + T <= R``.
     """
     dims = validate_gdn_verify(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale,
     )  # fmt: skip
+    validate_read_copy(state, read_state, read_scale)
     group = dims.HV // dims.Hk
     R, T = dims.R, dims.T
     A = -torch.exp(A_log.to(_F32))
@@ -94,10 +107,18 @@ def gdn_replay_verify_ref(
                 vj = vj * ring_beta[s, :, r][:, None]
                 S = S + vj[:, :, None] * kj[:, None, :]
             state[s] = S.to(state.dtype)
+            if read_state is not None:  # refresh the copy from the checkpoint as stored
+                qc, sc = quantize_rows(state[s], read_state.dtype)
+                read_state[s] = qc
+                if sc is not None:
+                    read_scale[s] = sc
             S0 = state[s].to(_F32)  # the window runs from the stored checkpoint
             n_hist = 0
-        else:
+        elif read_state is None:
             S0 = state[s].to(_F32)
+            n_hist = n
+        else:  # split precision: non-flush rows read the copy, never the checkpoint
+            S0 = dequantize_rows(read_state[s], None if read_scale is None else read_scale[s])
             n_hist = n
         hk = torch.einsum("hvk,thk->thv", S0, kh)  # [T, HV, V]
         hq = torch.einsum("hvk,thk->thv", S0, qh)

@@ -28,6 +28,7 @@ Measured bounds are printed (``pytest -s``) and recorded in kernels/README.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -38,9 +39,15 @@ from replayssm_kernels.conventional.gdn import gdn_conventional_f64
 from replayssm_kernels.cursors import decode_cursor_step
 from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
 from replayssm_kernels.gdn_verify import gdn_replay_verify, gdn_replay_verify_ref
+from replayssm_kernels.mamba2_decode.read_copy import (
+    dequantize_rows,
+    quantize_rows,
+    refresh_read_copy,
+)
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+CPU = torch.device("cpu")
 
 pytestmark = [
     pytest.mark.usefixtures("interpreter_bf16_rtne"),
@@ -353,7 +360,7 @@ class Sim:
 # ---------------------------------------------------------------------------------------------
 # Cases.  CPU (interpreter) cases are small; the gpu cases use the Qwen3.5-4B head shape.
 
-BF16, FP32 = torch.bfloat16, torch.float32
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 CPU_CASES = [
     Case(HV=4, Hk=2, K=32, V=32, L=3, T=1),
     Case(HV=2, Hk=1, K=16, V=16, L=6, T=2, act_dtype=FP32, u_dtype=FP32, tol_out=1e-5),
@@ -668,6 +675,312 @@ def test_all_padding_touches_nothing():
 
 
 # ---------------------------------------------------------------------------------------------
+# Split precision: a low-precision read copy beside the checkpoint (kernels/README.md, "Split
+# precision").  Non-flush rows start from the copy (the checkpoint is not read); flush rows fold
+# the checkpoint exactly as without a copy and refresh the copy from it as stored.
+
+F8 = torch.float8_e4m3fn
+# Output tolerance vs float64 (relative L2 per step, worst step), test_split_precision_gdn.py's:
+# the copy adds one rounding of S0 (bf16 2^-9, fp16 2^-11, e4m3 2^-4 relative per element) to the
+# ~2e-3 of bf16 outputs.
+TOL_OUT_COPY = {BF16: 1e-2, FP16: 1e-2, F8: 6e-2}
+
+
+class SplitSim(Sim):
+    """``Sim`` with a read copy passed to every verify and decode call and checked after it: flush
+    rows' copy (and fp8 scales) bit-identical to ``quantize_rows`` of the stored checkpoint,
+    non-flush rows' copy unchanged; untouched slots and padding rows leave the copy alone (the copy
+    is part of ``full_tensors``, so ``Sim.check`` covers it)."""
+
+    def __init__(self, case: Case, read_dtype: torch.dtype, seed: int, ops: str,
+                 device: torch.device = DEVICE):  # fmt: skip
+        super().__init__(case, seed, ops, device)
+        c = case
+        self.read_dtype = read_dtype
+
+        def alloc(shape, dtype):
+            full = (shape[0], 2, *shape[1:]) if c.noncontig else shape
+            t = torch.full(full, math.nan, device=device).to(dtype)
+            return t, (t[:, 1] if c.noncontig else t)
+
+        self.read_full, self.read = alloc((self.slots, c.HV, c.V, c.K), read_dtype)
+        self.scale_full = self.read_scale = None
+        if read_dtype == F8:
+            self.scale_full, self.read_scale = alloc((self.slots, c.HV, c.V), FP32)
+        refresh_read_copy(self.state, self.read, self.read_scale,
+                          torch.arange(self.slots, device=device))  # fmt: skip
+        kw = dict(read_state=self.read, read_scale=self.read_scale)
+        self.verify_fn = functools.partial(self.verify_fn, **kw)
+        self.decode_fn = functools.partial(self.decode_fn, **kw)
+        self.copy_checks = 0
+        self.after: list[torch.Tensor] = []
+
+    def copy_tensors(self) -> list[torch.Tensor]:
+        return [self.read] + ([self.read_scale] if self.read_scale is not None else [])
+
+    def full_tensors(self):
+        extra = [self.read_full] + ([self.scale_full] if self.scale_full is not None else [])
+        return super().full_tensors() + extra
+
+    def poison_uncommitted(self):
+        # The pool as the step left it (before the rejected rows are poisoned), for lockstep checks.
+        self.after = [t.clone() for t in self.tensors() + self.copy_tensors()]
+        super().poison_uncommitted()
+
+    def step(self, inp):
+        copy0 = [t.clone() for t in self.copy_tensors()]
+        out, flush = super().step(inp)
+        for i, s in enumerate(inp["slot_idx"].tolist()):
+            if s < 0:
+                continue
+            if bool(flush[i]):
+                q, sc = quantize_rows(self.state[s], self.read_dtype)
+                assert_bits_equal(self.read[s], q, f"slot {s}: read copy != round(checkpoint)")
+                if sc is not None:
+                    assert_bits_equal(self.read_scale[s], sc, f"slot {s}: fp8 scales")
+                self.copy_checks += 1
+            else:
+                for t, t0 in zip(self.copy_tensors(), copy0):
+                    assert_bits_equal(t[s], t0[s], f"non-flush row wrote the copy of slot {s}")
+        return out, flush
+
+
+def _split_id(cr) -> str:
+    case, rd = cr
+    return f"{case.id}-read-{str(rd)[6:]}"
+
+
+def _run_split(op: str, case: Case, read_dtype: torch.dtype, seed: int) -> SplitSim:
+    case = dataclasses.replace(case, tol_out=TOL_OUT_COPY[read_dtype])
+    dev = DEVICE if op == "kernel" else torch.device("cpu")
+    sim = SplitSim(case, read_dtype, seed, op, dev).run()
+    assert sim.verify_steps >= 3 and sim.copy_checks >= 3
+    print(f"\n[split-gdn-verify] {op} {_split_id((case, read_dtype))}: out vs f64 "
+          f"{sim.max_out_err:.2e}, state vs f64 {sim.max_state_err:.2e} (verify "
+          f"{sim.verify_steps}, decode {sim.decode_steps}, flushes {sim.flushes}, copy checks "
+          f"{sim.copy_checks}, bitwise {getattr(sim, 'bitwise_checks', 0)}, "
+          f"a {sorted(sim.accepted_seen)})")  # fmt: skip
+    return sim
+
+
+SPLIT_CPU_CASES = [
+    # 16-bit checkpoint: the copy is refreshed from the checkpoint as stored (rounded)
+    (Case(HV=2, Hk=1, K=16, V=16, L=6, T=2, state_dtype=FP16, tol_state=2e-3, steps=12), BF16),
+    # masked K and V lanes, fp32 u, non-contiguous pool and copy, int64 slot_idx
+    (Case(HV=2, Hk=1, K=24, V=20, L=8, T=4, u_dtype=FP32, noncontig=True, idx64=True,
+          requests=2, steps=12), F8),  # fmt: skip
+    # fp32 activations: the copy's rounding alone
+    (Case(HV=2, Hk=1, K=16, V=16, L=6, T=4, act_dtype=FP32, u_dtype=FP32, requests=2,
+          steps=12), FP16),  # fmt: skip
+]
+SPLIT_REF_ONLY = [
+    (Case(HV=2, Hk=1, K=16, V=16, L=6, T=4, act_dtype=FP32, u_dtype=FP32, steps=12), F8),
+    (Case(HV=4, Hk=2, K=16, V=16, L=6, T=2, state_dtype=BF16, tol_state=2e-3, steps=12), FP16),
+]
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("cr", SPLIT_CPU_CASES, ids=[_split_id(c) for c in SPLIT_CPU_CASES])
+def test_kernel_split_vs_f64(cr):
+    """Kernel with a read copy over many steps (random accepted counts, decode steps, forced
+    flushes): outputs vs float64, the copy after every flush, and the fp32 checkpoint bitwise vs
+    ``gdn_replay_decode``'s fold without a copy."""
+    sim = _run_split("kernel", *cr, seed=12)
+    if sim.bitwise:
+        assert sim.bitwise_checks >= 3
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("cr", SPLIT_CPU_CASES + SPLIT_REF_ONLY,
+                         ids=[_split_id(c) for c in SPLIT_CPU_CASES + SPLIT_REF_ONLY])  # fmt: skip
+def test_reference_split_vs_f64(cr):
+    _run_split("ref", *cr, seed=11)
+
+
+def split_lockstep(case: Case, read_dtype: torch.dtype, seed: int) -> dict:
+    """Verify steps of the kernel with a copy (``SplitSim``: its own checks) and, on clones of the
+    same pool with the same cursor snapshot, the reference with the copy and the kernel without
+    it.  Checks: kernel vs reference (outputs, checkpoint, rings; the reference's copy is
+    ``quantize_rows`` of its checkpoint); flush rows of the launch without a copy: checkpoint
+    bit-identical, and under the interpreter outputs and window records bit-identical too (on
+    the GPU: within 1e-6, reported); non-flush rows: checkpoint untouched in all three."""
+    case = dataclasses.replace(case, tol_out=TOL_OUT_COPY[read_dtype])
+    sim = SplitSim(case, read_dtype, seed, "kernel")
+    T, dev = case.T, sim.dev
+    res = {"out_vs_ref": 0.0, "flush_out_vs_nocopy": 0.0, "flush_rows": 0, "nonflush_rows": 0}
+    bitwise_out = not HAS_CUDA
+    for _ in range(case.steps):
+        inp = sim.make_inputs(T)
+        pool = [t.clone() for t in sim.tensors()]
+        copy = [t.clone() for t in sim.copy_tensors()]
+        cursors = sim.cursors.clone()
+        out_k, flush = sim.step(inp)
+        B = inp["slot_idx"].shape[0]
+        start = torch.empty(B, dtype=torch.int32, device=dev)
+        length = torch.empty(B, dtype=torch.int32, device=dev)
+        flush2 = torch.empty(B, dtype=torch.bool, device=dev)
+        verify_cursor_step(cursors, inp["slot_idx"], inp["force"], case.L, sim.R, T, start,
+                           length, flush2)  # fmt: skip
+        assert torch.equal(flush2, flush)
+        args = (inp["q"], inp["k"], inp["v"], inp["a"], inp["b"], sim.A_log, sim.dt_bias)
+        snap = (inp["slot_idx"], start, length, flush)
+
+        def launch(fn, pool_c, **kw):
+            out = torch.full_like(out_k, math.nan)
+            fn(*pool_c, *args, out, *snap, scale=sim.scale, **kw)
+            return out
+
+        ref_pool = [t.clone() for t in pool]
+        ref_copy = [t.clone() for t in copy]
+        out_r = launch(gdn_replay_verify_ref, ref_pool, read_state=ref_copy[0],
+                       read_scale=ref_copy[1] if len(ref_copy) > 1 else None)  # fmt: skip
+        nc_pool = [t.clone() for t in pool]
+        out_n = launch(gdn_replay_verify, nc_pool)
+
+        live = inp["slot_idx"] >= 0
+        d = (out_k[live].double() - out_r[live].double()).norm() / out_r[live].double().norm()
+        res["out_vs_ref"] = max(res["out_vs_ref"], float(d))
+        for tk, tr in zip(sim.after, ref_pool):
+            torch.testing.assert_close(tk, tr, equal_nan=True, atol=1e-5, rtol=1e-5)
+        for i, s in enumerate(inp["slot_idx"].tolist()):
+            if s < 0:
+                for o in (out_r, out_n):
+                    assert torch.isnan(o[i]).all(), "padding row written"
+                continue
+            if not bool(flush[i]):
+                res["nonflush_rows"] += 1
+                for p in (sim.after, ref_pool, nc_pool):
+                    assert_bits_equal(p[0][s], pool[0][s], f"non-flush row {i} wrote the state")
+                continue
+            res["flush_rows"] += 1
+            q, sc = quantize_rows(ref_pool[0][s], read_dtype)
+            assert_bits_equal(ref_copy[0][s], q, f"reference copy of slot {s}")
+            if sc is not None:
+                assert_bits_equal(ref_copy[1][s], sc, f"reference fp8 scales of slot {s}")
+            assert_bits_equal(sim.after[0][s], nc_pool[0][s], f"flushed checkpoint of slot {s}")
+            dn = (out_k[i].double() - out_n[i].double()).norm() / out_n[i].double().norm()
+            res["flush_out_vs_nocopy"] = max(res["flush_out_vs_nocopy"], float(dn))
+            if bitwise_out:
+                assert_bits_equal(out_k[i], out_n[i], f"flush row {i}: outputs")
+                for tk, tn in zip(sim.after[1:], nc_pool[1:]):
+                    assert_bits_equal(tk[s], tn[s], f"flush row {i}: ring records")
+        assert res["out_vs_ref"] < 1e-5 and res["flush_out_vs_nocopy"] < 1e-6, res
+    assert res["flush_rows"] >= 2 and res["nonflush_rows"] >= 2, res
+    print(f"\n[split-gdn-verify lockstep] {_split_id((case, read_dtype))}: out kernel vs ref "
+          f"{res['out_vs_ref']:.2e}, flush rows vs no copy {res['flush_out_vs_nocopy']:.2e} "
+          f"({res['flush_rows']} flush / {res['nonflush_rows']} non-flush rows)")
+    return res
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("T,rd", [(2, BF16), (4, F8)], ids=["T2-bf16", "T4-fp8"])
+def test_split_kernel_vs_ref_and_no_copy(T, rd):
+    case = Case(HV=2, Hk=1, K=24, V=20, L=6, T=T, act_dtype=FP32, u_dtype=FP32, requests=3,
+                steps=6, decode_p=0.0, force_p=0.25)  # fmt: skip
+    split_lockstep(case, rd, seed=13)
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("rd", [BF16, F8], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("op", ["kernel", "ref"])
+def test_split_nonflush_rows_never_read_the_checkpoint(op, rd):
+    """NaN in every checkpoint: non-flush rows (with committed histories) give the outputs and
+    records of the same launch without a copy on a checkpoint holding the copy's dequantised
+    values, bit for bit."""
+    case = Case(HV=2, Hk=1, K=16, V=16, L=6, T=2, act_dtype=FP32, u_dtype=FP32, pad_rows=1,
+                force_p=0.0, decode_p=0.0, tol_out=TOL_OUT_COPY[rd])  # fmt: skip
+    sim = SplitSim(case, rd, seed=14, ops=op, device=DEVICE if op == "kernel" else CPU)
+    for _ in range(2):  # committed histories (len 2..4 per slot)
+        sim.step(sim.make_inputs(case.T))
+    inp = sim.make_inputs(case.T)
+    B = inp["slot_idx"].shape[0]
+    start = torch.empty(B, dtype=torch.int32, device=sim.dev)
+    length = torch.empty(B, dtype=torch.int32, device=sim.dev)
+    flush = torch.empty(B, dtype=torch.bool, device=sim.dev)
+    verify_cursor_step(sim.cursors, inp["slot_idx"], inp["force"], case.L, sim.R, case.T,
+                       start, length, flush)  # fmt: skip
+    flush.zero_()
+    assert int(length.max()) > 0
+    args = (inp["q"], inp["k"], inp["v"], inp["a"], inp["b"], sim.A_log, sim.dt_bias)
+    snap = (inp["slot_idx"], start, length, flush)
+    fn = OPS[op][0]
+    deq = dequantize_rows(sim.read, sim.read_scale)
+    rings_want = [t.clone() for t in sim.tensors()[1:]]
+    want = torch.full((B, case.T, case.HV, case.V), math.nan, device=sim.dev)
+    fn(deq, *rings_want, *args, want, *snap, scale=sim.scale)
+    sim.state.fill_(math.nan)
+    out = torch.full_like(want, math.nan)
+    fn(*sim.tensors(), *args, out, *snap, scale=sim.scale, read_state=sim.read,
+       read_scale=sim.read_scale)  # fmt: skip
+    live = inp["slot_idx"] >= 0
+    assert torch.isfinite(out[live]).all()
+    assert_bits_equal(out, want, "outputs")
+    for got, exp in zip(sim.tensors()[1:], rings_want):
+        assert_bits_equal(got, exp, "ring records")
+
+
+def _copy_args(read_dtype=BF16, with_scale=False, **kw):
+    args = _args(**kw)
+    st = args["state"]
+    args["read_state"] = torch.zeros(st.shape, device=DEVICE).to(read_dtype)
+    args["read_scale"] = (torch.ones(st.shape[:-1], device=DEVICE) if with_scale else None)
+    return args
+
+
+BAD_COPY = {
+    "copy-shape": (lambda: {**_copy_args(), "read_state": _copy_args()["read_state"][:, :1]},
+                   "read_state"),
+    "copy-dtype-fp32": (lambda: _copy_args(FP32), "read_state"),
+    "copy-is-checkpoint-dtype": (lambda: {**_copy_args(), "state": _args()["state"].to(BF16)},
+                                 "read_state"),
+    "fp8-without-scale": (lambda: _copy_args(F8), "read_scale"),
+    "scale-with-bf16": (lambda: _copy_args(BF16, with_scale=True), "read_scale"),
+    "scale-shape": (lambda: {**_copy_args(F8, with_scale=True),
+                             "read_scale": torch.ones(4, 4, 15, device=DEVICE)}, "read_scale"),
+    "scale-dtype": (lambda: {**_copy_args(F8, with_scale=True),
+                             "read_scale": torch.ones(4, 4, 16, device=DEVICE).double()},
+                    "read_scale"),
+    "scale-without-copy": (lambda: {**_args(), "read_scale": torch.ones(4, 4, 16, device=DEVICE)},
+                           "read_scale"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", ["kernel", "ref"])
+@pytest.mark.parametrize("bad", list(BAD_COPY))
+def test_split_value_errors(op, bad):
+    make, match = BAD_COPY[bad]
+    with pytest.raises(ValueError, match=match):
+        OPS[op][0](**make(), scale=0.25)
+
+
+SPLIT_GPU_CASES = [
+    (Case(HV=32, Hk=16, K=128, V=128, L=16, T=2, requests=24, pad_rows=3, steps=30), BF16),
+    (Case(HV=32, Hk=16, K=128, V=128, L=16, T=4, requests=24, pad_rows=3, noncontig=True,
+          steps=30), F8),  # fmt: skip
+    (Case(HV=32, Hk=16, K=128, V=128, L=16, T=4, requests=8, state_dtype=BF16,
+          tol_state=2e-3), FP16),  # fmt: skip
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cr", SPLIT_GPU_CASES, ids=[_split_id(c) for c in SPLIT_GPU_CASES])
+def test_gpu_qwen35_split_vs_f64(cr):
+    """(1) at the Qwen3.5-4B shape: outputs vs float64, the copy after every flush, the fp32
+    checkpoint bitwise vs ``gdn_replay_decode``'s fold (compiled code)."""
+    _run_split("kernel", *cr, seed=15)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,rd", [(2, BF16), (4, F8)], ids=["T2-bf16", "T4-fp8"])
+def test_gpu_qwen35_split_vs_ref_and_no_copy(T, rd):
+    """(2) and (3) at the Qwen3.5-4B shape: kernel vs reference with the copy, and the flushed
+    checkpoint bit-identical to the launch without a copy (compiled: two different kernels)."""
+    case = Case(HV=32, Hk=16, K=128, V=128, L=16, T=T, act_dtype=FP32, u_dtype=FP32,
+                requests=12, pad_rows=2, steps=10, decode_p=0.0, force_p=0.25)  # fmt: skip
+    split_lockstep(case, rd, seed=16)
+
+
+# ---------------------------------------------------------------------------------------------
 # Codegen: the verify kernel's fold compiles (for sm_90, no GPU needed) to gdn_replay_decode's.
 
 _CODEGEN_SCRIPT = r'''
@@ -675,7 +988,8 @@ import inspect, json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from replayssm_kernels.gdn_verify.kernel import gdn_replay_verify_recurrent_fwd_kernel
+from replayssm_kernels.gdn_verify.kernel import (
+    gdn_replay_verify_recurrent_fwd_kernel, gdn_replay_verify_recurrent_read_fwd_kernel)
 H, HV, K, V, R, T = 16, 32, 128, 128, 24, int(sys.argv[1])
 TARGET = GPUTarget("cuda", 90, 32)
 def build(kern, ptrs, ints, const, num_stages, nw=1):
@@ -711,12 +1025,17 @@ strides = dict(
     stride_o_b=T * HV * V, stride_o_t=HV * V, stride_o_h=V, stride_o_v=1,
 )
 const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True)
-k = build(gdn_replay_verify_recurrent_fwd_kernel,
-    dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
-         ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
-         A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
-         ring_len="*i32", flush="*i1", scale="fp32"),
-    strides, const, 1)
+ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
+            ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
+            A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
+            ring_len="*i32", flush="*i1", scale="fp32")
+k = build(gdn_replay_verify_recurrent_fwd_kernel, ptrs, strides, const, 1)
+# With a split-precision read copy (bf16, fp8 + scales): the launch for read_state=...
+rstr = dict(strides, stride_rd_n=HV * V * K, stride_rd_h=V * K, stride_rd_v=K, stride_rd_k=1,
+            stride_rs_n=HV * V, stride_rs_h=V, stride_rs_v=1)
+k_read = {rd: build(gdn_replay_verify_recurrent_read_fwd_kernel,
+                    dict(ptrs, read_ptr=f"*{rd}", read_scale_ptr="*fp32"), rstr,
+                    dict(const, READ_FP8=rd == "fp8e4nv"), 1) for rd in ("bf16", "fp8e4nv")}
 
 from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_fwd_kernel as dec_kernel
 dstr = {n: v for n, v in strides.items() if not n.endswith("_t")}
@@ -752,7 +1071,8 @@ def fold_body(txt):
     return seq(txt, i_for, i_yield), lines[i_for]
 ours, _ = fold_body(k.asm["ttgir"])
 dec, _ = fold_body(dk.asm["ttgir"])
-json.dump(dict(verify=ours, decode=dec), sys.stdout)
+read = {rd: fold_body(kr.asm["ttgir"])[0] for rd, kr in k_read.items()}
+json.dump(dict(verify=ours, decode=dec, read=read), sys.stdout)
 '''
 
 
@@ -762,8 +1082,9 @@ def test_fold_codegen_matches_decode():
     ``test_gdn_decode.py::test_fold_codegen_matches_sglang`` shows the decode kernel's replayed
     record is SGLang's packed-decode step op for op (same layouts, so the same reduction trees);
     here the verify kernel's fold loop must be the decode kernel's, op for op, so a checkpoint the
-    verify kernel folds is the one the decode path (and SGLang's packed decode) would hold.
-    Qwen3.5-4B head shape, T = 2, bf16 activations, fp32 state.
+    verify kernel folds is the one the decode path (and SGLang's packed decode) would hold; the
+    same for the launch with a split-precision read copy (bf16, fp8), whose flush rows must fold
+    as without it.  Qwen3.5-4B head shape, T = 2, bf16 activations, fp32 state.
     """
     import json
     import os
@@ -785,3 +1106,5 @@ def test_fold_codegen_matches_decode():
     got = json.loads(proc.stdout)
     assert len(got["decode"]) == 23, "decode fold body changed shape: re-check test_gdn_decode"
     assert got["verify"] == got["decode"], "verify fold loop differs from gdn_replay_decode's"
+    for rd, body in got["read"].items():
+        assert body == got["decode"], f"verify fold loop with a {rd} read copy differs"
