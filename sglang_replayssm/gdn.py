@@ -16,8 +16,9 @@ Installed by class REPLACE (``hooks/backends.py``).  What changes:
   SGLang's verify unchanged (``spec.py``).
 - **Mixed chunks** (``--enable-mixed-chunk``) are refused: SGLang runs the decode rows of a MIXED
   forward through ``chunk_gated_delta_rule`` on ``temporal``, which would ignore a non-empty ring.
-- **Split precision** (``--replayssm-read-dtype``): as in ``mamba2.py``: decode passes the layer's
-  read copy to ``gdn_replay_decode``; after each layer's extend its rows' copies are refreshed.
+- **Split precision** (``--replayssm-read-dtype``): as in ``mamba2.py``: decode and verify pass the
+  layer's read copy to ``gdn_replay_decode`` / ``gdn_replay_verify``; after each layer's extend its
+  rows' copies are refreshed, and after a snapshot-path commit the committed rows' (``spec.py``).
 - **CPU**: ``forward_extend`` / ``forward_decode`` run ``cpu.gdn`` for CPU tensors (torch conv with
   the conv state, fp32 delta rule for extend, ring decode through ``gdn_replay_decode_ref``); the
   model-layer Triton pieces SGLang runs outside the backend are routed to torch by ``hooks/cpu.py``.
@@ -184,7 +185,9 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         layer_cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
         conv_states = layer_cache.conv[0]
         windows = layer_cache.intermediate_conv_window[0]
-        rings = self.pool.layer_rings(self.req_to_token_pool.mamba_map[layer.layer_id])
+        pool_layer = self.req_to_token_pool.mamba_map[layer.layer_id]
+        rings = self.pool.layer_rings(pool_layer)
+        read = self.pool.layer_read_copy(pool_layer)  # split precision: as in decode
         x = mixed_qkv.view(bs, T, -1)
         if step.snapshot:
             if mixed_qkv.device.type == "cpu":
@@ -239,6 +242,7 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
             step.flush,
             scale=layer.head_k_dim**-0.5,
             use_qk_l2norm=True,
+            **read,
         )
         if step.snapshot:
             return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)

@@ -28,7 +28,9 @@ Installed by class REPLACE (``hooks/backends.py``), so NemotronH / Falcon-H1 / G
 - **Split precision** (``--replayssm-read-dtype``): decode passes the layer's read copy
   (``pool.layer_read_copy``) to the decode kernel, which reads it on non-flush rows and refreshes it
   on flush rows; after each layer's extend rows the copy of those slots is refreshed from the new
-  checkpoint (``pool.refresh_read``).  Speculative decoding with a copy is refused at startup.
+  checkpoint (``pool.refresh_read``).  Verify forwards pass it to the verify kernel the same way
+  (non-flush rows read it, flush rows refresh it); after a snapshot-path commit (SGLang writes the
+  accepted state into the checkpoint) the committed rows' copies are refreshed (``spec.py``).
 """
 
 from __future__ import annotations
@@ -216,10 +218,11 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
         md = self.forward_metadata
         pool_layer = self.req_to_token_pool.mamba_map[layer_id]
         rings = self.pool.layer_rings(pool_layer)
-        decode = self._decode
+        decode, verify = self._decode, self._verify
         read = self.pool.layer_read_copy(pool_layer)
-        if read:  # split precision: non-flush decode rows read the copy
+        if read:  # split precision: non-flush rows read the copy, flush rows refresh it
             decode = functools.partial(self._decode, **read)
+            verify = functools.partial(self._verify, **read)
         if hidden_states.device.type == "cpu":
             from sglang_replayssm.cpu.mamba2_mixer import mamba2_mixer_forward_cpu
 
@@ -237,7 +240,7 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
                 metadata=md,
                 rings=rings,
                 step=self._step if md.num_decodes else None,
-                decode_fn=self._verify if md.is_target_verify else decode,
+                decode_fn=verify if md.is_target_verify else decode,
                 mup_vector=mup_vector,
             )
             self._refresh_extend_rows(pool_layer)
@@ -250,7 +253,7 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
             return result
         if self._step is None:
             raise RuntimeError("ReplaySSM: decode rows without a cursor snapshot")
-        kernel = self._verify if isinstance(self._step, VerifyStep) else decode
+        kernel = verify if isinstance(self._step, VerifyStep) else decode
         ctx = _LayerContext(rings=rings, step=self._step, decode=kernel)
         _ACTIVE = ctx
         try:

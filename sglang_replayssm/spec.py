@@ -295,7 +295,8 @@ class VerifyMetadataMixin:
 
         Replay path: cursors advanced by the accepted counts, conv rolled back; ``temporal`` untouched.
         Snapshot path: ``stock_commit()`` (SGLang writes the accepted per-draft state into the
-        checkpoint and rolls the conv back), then the rows' rings are emptied.
+        checkpoint and rolls the conv back), then the rows' rings are emptied and their read copies
+        (split precision) refreshed from the new checkpoints.
         ``last_correct_step_indices [requests]`` is SGLang's window step of each request's last
         accepted token (``accepted - 1`` for a linear chain).
         """
@@ -307,6 +308,7 @@ class VerifyMetadataMixin:
         if step.snapshot:
             stock_commit()
             self.pool.reset_slots(step.slot_idx[:m])
+            self.pool.refresh_read(step.slot_idx[:m])  # split precision: the copy follows the commit
             return
         accepted = (last_correct_step_indices + 1).to(torch.int32)
         commit_verify(self.pool.cursors, step, accepted, window=self.window, rows=self.rows)

@@ -60,11 +60,6 @@ def _refusals(model_config, server_args) -> list[str]:
         )
     config = ReplaySSMConfig.from_env()
     problems += startup_refusals(server_args, config.verify)
-    if config.read_dtype != "same" and getattr(server_args, "speculative_algorithm", None):
-        problems.append(
-            f"--replayssm-read-dtype {config.read_dtype} with speculative decoding: the verify kernels do not read "
-            "the read copy yet; use --replayssm-read-dtype same or run without --speculative-algorithm"
-        )
     tp_problem = tp.startup_refusal(family, model_config, server_args)
     if tp_problem:
         problems.append(tp_problem)
@@ -96,8 +91,8 @@ def validate_startup(result, *args, **kwargs):
     """AFTER ``ModelConfig.from_server_args(server_args, ..., is_draft_model=...)``: refuse bad setups.
 
     Refused with ``ReplaySSMStartupError``: an unsupported model family, SGLang's built-in ReplaySSM
-    flags, speculative setups that cannot run (``spec_plan.startup_refusals``), a read copy with
-    speculative decoding, TP layouts that cannot
+    flags, speculative setups that cannot run (``spec_plan.startup_refusals``), stochastic
+    rounding of the SSM cache, TP layouts that cannot
     shard the SSM heads and groups (``tp.startup_refusal``), unified memory,
     PD disaggregation, and (GDN)
     ``--enable-mixed-chunk`` or Qwen3.5 on ``--device cpu``.  Draft model configs are not checked.

@@ -34,11 +34,12 @@ LAYERS = {0: 0, 2: 1, 4: 2}
 LAYER_ID = 2
 SLOTS = (3, 5)
 WINDOW = 4
+READ_DTYPES = {"same": None, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 STEPS = 16  # verify steps; with decode steps mixed in, > 3 ring cycles at L = 4 for every pattern
 
 
 def _cpu_spec_pool(family: str, window: int, spec_tokens: int | None, monkeypatch,
-                   verify: str = "replay") -> ReplayMambaPool:
+                   verify: str = "replay", read: str = "same") -> ReplayMambaPool:
     import sglang.srt.mem_cache.memory_pool as mp
 
     zeros = torch.zeros
@@ -52,7 +53,8 @@ def _cpu_spec_pool(family: str, window: int, spec_tokens: int | None, monkeypatc
         m.setattr(mp.torch, "zeros", cpu_zeros)
         m.setenv("SGLANG_REPLAYSSM_CONFIG", f'{{"backend": "replay", "verify": "{verify}"}}')
         return ReplayMambaPool(
-            replay=ReplayPoolSpec(family=family, window=window, act_dtype=torch.float32),
+            replay=ReplayPoolSpec(family=family, window=window, act_dtype=torch.float32,
+                                  read_dtype=READ_DTYPES[read]),
             size=SIZE, spec_state_size=SIZE, cache_params=_params(family), mamba_layer_ids=list(LAYERS),
             device="cpu", speculative_num_draft_tokens=spec_tokens, speculative_eagle_topk=1 if spec_tokens else None,
         )
@@ -71,6 +73,7 @@ def _init_state(pool: ReplayMambaPool) -> None:
     g = torch.Generator().manual_seed(7)
     pool.mamba_cache.temporal.copy_(0.2 * torch.randn(pool.mamba_cache.temporal.shape, generator=g))
     pool.mamba_cache.conv[0].copy_(torch.randn(pool.mamba_cache.conv[0].shape, generator=g))
+    pool.refresh_read(torch.arange(pool.mamba_cache.temporal.shape[1]))  # split precision: no-op without a copy
 
 
 # ----------------------------------------------------------------------------- families
@@ -196,7 +199,7 @@ def test_verify_equals_decode_triton_kernels(fam_cls, monkeypatch) -> None:
 
 def _verify_equals_decode(fam_cls, T: int, pattern: str, monkeypatch, *, triton: bool) -> None:
     fam = fam_cls()
-    g = torch.Generator().manual_seed(11)
+    g = torch.Generator().manual_seed(11)  # the stream _spec_run decodes
     n_tokens = STEPS * T + 8
     stream = torch.randn(len(SLOTS), n_tokens, fam.width, generator=g)
     slots = torch.tensor(SLOTS, dtype=torch.int32)
@@ -207,24 +210,63 @@ def _verify_equals_decode(fam_cls, T: int, pattern: str, monkeypatch, *, triton:
     ref_be = fam.backend(ref_pool)
     ref = torch.stack([fam.run(ref_be, slots, stream[:, i], 0) for i in range(n_tokens)], dim=1)
 
-    # Spec: verify windows of T tokens with controlled acceptance, a decode step every 5th step.
-    pool = _cpu_spec_pool(fam.family, WINDOW, T, monkeypatch)
+    outs, where, flushes, pool = _spec_run(fam, T, pattern, monkeypatch, triton=triton)
+    assert ref_pool.mamba_cache.temporal.shape == pool.mamba_cache.temporal.shape
+    checked = 0
+    for out, (r, p) in zip(outs, where):
+        torch.testing.assert_close(out, ref[r, p : p + out.shape[0]], rtol=2e-5, atol=2e-5)
+        checked += out.shape[0]
+    assert checked >= STEPS * len(SLOTS) * (0.9 if pattern == "zero" else 1)
+    assert flushes >= 3 * len(SLOTS)  # > 3 ring cycles per request (at least 3 folds each)
+
+
+@pytest.mark.parametrize("fam_cls,read,tol", [(_Mamba2, "bf16", 1e-2), (_GDN, "fp8", 6e-2)],
+                         ids=["mamba2-bf16", "gdn-fp8"])
+def test_spec_with_a_read_copy_keeps_the_recurrence(fam_cls, read: str, tol: float, monkeypatch) -> None:
+    """Split precision with speculative decoding: the same spec run (same tokens, acceptances, decode
+    steps) with and without a read copy. The copy never feeds the recurrence: checkpoints, rings and
+    cursors end bit-identical (GDN's ``u`` records, computed against S0 for the outputs only, within
+    the tolerance); accepted outputs differ by about one rounding of the copy (and do
+    differ: non-flush verify and decode rows read it)."""
+    runs = {r: _spec_run(fam_cls(), 3, "partial", monkeypatch, triton=False, read=r) for r in ("same", read)}
+    (outs0, _, _, pool0), (outs1, _, _, pool1) = runs["same"], runs[read]
+    assert torch.equal(pool0.mamba_cache.temporal, pool1.mamba_cache.temporal)
+    assert torch.equal(pool0.cursors, pool1.cursors)
+    for name in pool0.rings:
+        a, b = pool0.rings[name].nan_to_num(7.0), pool1.rings[name].nan_to_num(7.0)
+        if name == "u":  # GDN's corrected updates feed outputs only (the fold replays raw k, v, g, beta)
+            assert float((a - b).norm() / a.norm()) < tol
+        else:
+            assert torch.equal(a, b), name
+    worst = max(float((a - b).norm() / b.norm()) for a, b in zip(outs1, outs0))
+    print(f"\n[spec {fam_cls.family} read copy {read}] accepted outputs vs no copy: max rel {worst:.2e}")
+    assert 1e-7 < worst < tol
+
+
+def _spec_run(fam, T: int, pattern: str, monkeypatch, *, triton: bool, read: str = "same"):
+    """Verify windows of ``T`` tokens with controlled acceptance, a decode step every 5th step, on
+    the token stream of seed 11. Returns ``(outs, where, flushes, pool)``: the accepted outputs in
+    order, ``(row, first position)`` of each, the verify rows that flushed, the pool."""
+    g = torch.Generator().manual_seed(11)
+    n_tokens = STEPS * T + 8
+    stream = torch.randn(len(SLOTS), n_tokens, fam.width, generator=g)
+    slots = torch.tensor(SLOTS, dtype=torch.int32)
+    pool = _cpu_spec_pool(fam.family, WINDOW, T, monkeypatch, read=read)
+    assert (pool.read_state is None) == (read == "same")
     assert pool.ring_spec.rows == replayssm_kernels.min_ring_size(WINDOW, T)
     assert pool.mamba_cache.intermediate_ssm is None  # --replayssm-verify replay: no per-draft SSM state
-    assert ref_pool.mamba_cache.temporal.shape == pool.mamba_cache.temporal.shape
     _init_state(pool)
     be = fam.backend(pool, triton=triton)
-    pos = [0] * len(SLOTS)
-    flushes, checked = 0, 0
+    pos, outs, where, flushes = [0] * len(SLOTS), [], [], 0
     padded = torch.tensor([*SLOTS, -1], dtype=torch.int32)
     for step in range(STEPS + STEPS // 4):
         if max(pos) + T >= n_tokens:
             break
         if step % 5 == 4:
             out = fam.run(be, slots, stream[torch.arange(len(SLOTS)), pos], 0)
-            for r in range(len(SLOTS)):
-                torch.testing.assert_close(out[r], ref[r, pos[r]], rtol=2e-5, atol=2e-5)
-                pos[r] += 1
+            outs += [out[r : r + 1] for r in range(len(SLOTS))]
+            where += [(r, pos[r]) for r in range(len(SLOTS))]
+            pos = [p + 1 for p in pos]
             continue
         acc = _accepts(pattern, T, g)
         window = torch.randn(len(SLOTS) + 1, T, fam.width, generator=g)  # drafts to reject; padding row
@@ -232,15 +274,12 @@ def _verify_equals_decode(fam_cls, T: int, pattern: str, monkeypatch, *, triton:
             window[r, : acc[r]] = stream[r, pos[r] : pos[r] + acc[r]]
         out = fam.run(be, padded, window.reshape(-1, fam.width), T).view(len(SLOTS) + 1, T, -1)
         flushes += int(be._step.flush.sum())
-        for r in range(len(SLOTS)):
-            torch.testing.assert_close(out[r, : acc[r]], ref[r, pos[r] : pos[r] + acc[r]], rtol=2e-5, atol=2e-5)
-            checked += acc[r]
+        outs += [out[r, : acc[r]] for r in range(len(SLOTS))]
+        where += [(r, pos[r]) for r in range(len(SLOTS))]
         _commit(be, acc + [1])
-        for r in range(len(SLOTS)):
-            pos[r] += acc[r]
-    assert checked >= STEPS * len(SLOTS) * (0.9 if pattern == "zero" else 1)
-    assert flushes >= 3 * len(SLOTS)  # > 3 ring cycles per request (at least 3 folds each)
+        pos = [p + a for p, a in zip(pos, acc)]
     assert be._last_verify is None  # every verify was committed once
+    return outs, where, flushes, pool
 
 
 def test_graph_buffers_refresh_in_place_and_match_the_eager_snapshot():
@@ -361,3 +400,32 @@ def test_snapshot_materialise_flushes_only_rings_with_records():
     view = bufs.view(4, slots, snapshot=True)
     assert view.flush.tolist() == step.flush.tolist() and view.ring_len.tolist() == step.ring_len.tolist()
     assert cursors.tolist() == [[0, 0], [4, 0], [2, 3], [7, 1]]  # read only
+
+
+def test_snapshot_commit_refreshes_the_read_copy(monkeypatch):
+    """Split precision on the snapshot path: SGLang's commit writes the accepted state into the
+    checkpoint, so the committed rows' read copies are refreshed from it (all layers); other slots'
+    copies stay as they were."""
+    from replayssm_kernels.mamba2_decode.read_copy import quantize_rows
+
+    from sglang_replayssm.spec import build_verify_eager
+
+    fam = _Mamba2()
+    pool = _cpu_spec_pool("mamba2", WINDOW, 3, monkeypatch, verify="auto", read="bf16")
+    _init_state(pool)
+    be = fam.backend(pool)
+    slots = torch.tensor(SLOTS, dtype=torch.int32)
+    be._last_verify = build_verify_eager(cursors=pool.cursors, slot_idx=slots, window=WINDOW,
+                                         rows=pool.ring_spec.rows, num_tokens=3, snapshot=True)
+    temporal = pool.mamba_cache.temporal
+    before = pool.read_state.clone()
+
+    def stock_commit():  # stands in for SGLang's scatter of the accepted per-draft states
+        temporal[:, list(SLOTS)] += 1.0
+
+    be.commit_after_verify(torch.tensor([0, 2]), stock_commit)
+    for s in SLOTS:
+        assert torch.equal(pool.read_state[:, s], quantize_rows(temporal[:, s], torch.bfloat16)[0])
+        assert not torch.equal(pool.read_state[:, s], before[:, s])
+    others = [s for s in range(1, temporal.shape[1]) if s not in SLOTS]
+    assert torch.equal(pool.read_state[:, others], before[:, others])
