@@ -172,6 +172,14 @@ def _gdn_decode_program(
     mask_k = o_k < K
     mask_v = o_v < V
     mask_h = mask_v[:, None] & mask_k[None, :]
+    o_kr = o_k
+    if HAS_READ:
+        # Copy accesses are declared contiguous only in runs of the checkpoint's 16-byte vector,
+        # so the copy's loads and stores take the checkpoint tile's layout ([1, 4] x [1, 32] per
+        # warp for fp32) instead of a wider one of their own (bf16: [1, 8] x [2, 16]), which would
+        # spread to the fold and change its reduction trees (test_fold_codegen_matches_sglang
+        # compiles the copy variants too).
+        o_kr = tl.max_contiguous(o_k, 128 // state.dtype.element_ty.primitive_bitwidth)
 
     # Gates of the current token: the conventional kernel's expressions, so g and β (stored in
     # the ring and replayed by a later flush) carry the bits that kernel would have used.
@@ -226,7 +234,7 @@ def _gdn_decode_program(
                 p_rs_head = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
             store_read_tile(
                 b_h.to(state.dtype.element_ty), read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h,
-                p_rs_head, o_v, o_k, mask_v, mask_k, stride_rd_v, stride_rd_k, stride_rs_v,
+                p_rs_head, o_v, o_kr, mask_v, mask_k, stride_rd_v, stride_rd_k, stride_rs_v,
                 READ_FP8,
             )
     else:
@@ -235,7 +243,7 @@ def _gdn_decode_program(
         if HAS_READ:
             # Split precision: the read copy instead of the checkpoint (not read at all).
             p_rd = (read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h
-                    + o_v[:, None] * stride_rd_v + o_k[None, :] * stride_rd_k)
+                    + o_v[:, None] * stride_rd_v + o_kr[None, :] * stride_rd_k)
             b_h0 = tl.load(p_rd, mask=mask_h, other=0.0).to(tl.float32)
             if READ_FP8:
                 b_rs = tl.load(read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h

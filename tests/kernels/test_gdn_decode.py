@@ -487,17 +487,20 @@ strides = dict(
     stride_b_b=2 * HV, stride_b_h=1, stride_o_b=HV * V, stride_o_h=V, stride_o_v=1,
 )
 MODE = int(sys.argv[1])
-ours = build(
-    our_kernel,
-    dict(state="*fp32", ring_u="*bf16", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
-         ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
-         A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
-         ring_len="*i32", flush="*i1", scale="fp32"),
-    strides,
-    dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, BR=16, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True,
-         MODE=MODE),
-    1,  # as gdn_replay_decode_fwd
-)
+READ = sys.argv[2]  # "none", or the read copy's dtype: the split-precision variant
+ptrs = dict(state="*fp32", ring_u="*bf16", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
+            ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
+            A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
+            ring_len="*i32", flush="*i1", scale="fp32")
+const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, BR=16, SOFTPLUS_THRESHOLD=20.0,
+             USE_QK_L2NORM=True, MODE=MODE)
+if READ != "none":
+    from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_read_fwd_kernel as our_kernel
+    ptrs.update(read_ptr={"bf16": "*bf16", "fp8": "*fp8e4nv"}[READ], read_scale_ptr="*fp32")
+    strides.update(stride_rd_n=HV * V * K, stride_rd_h=V * K, stride_rd_v=K, stride_rd_k=1,
+                   stride_rs_n=HV * V, stride_rs_h=V, stride_rs_v=1)
+    const.update(READ_FP8=READ == "fp8")
+ours = build(our_kernel, ptrs, strides, const, 1)  # num_stages as gdn_replay_decode_fwd
 
 KEEP = re.compile(r"^(arith\.(mulf|addf|subf|divf|extf|truncf)|math\.\w+|\"tt\.reduce\"|"
                   r"tt\.reshape|ttg\.convert_layout|tt\.expand_dims|tt\.broadcast|tt\.splat|"
@@ -529,14 +532,16 @@ json.dump(dict(sglang=seq(sg), body=seq(ours, i_for, i_yield), tail=seq(ours, i_
 '''
 
 
+@pytest.mark.parametrize("read", ["none", "bf16", "fp8"], ids=["no-copy", "bf16-copy", "fp8-copy"])
 @pytest.mark.parametrize("mode", [1, 0], ids=["fold-launch", "one-launch"])
-def test_fold_codegen_matches_sglang(mode):
+def test_fold_codegen_matches_sglang(mode, read):
     """Compile both kernels for sm_90 on any machine and compare the fold's TTGIR.
 
     The checkpoint is bitwise equal only if every fp32 op of the fold compiles as in SGLang's
     kernel: the same ops in the same order on tensors of the same layouts (the layout fixes the
     reduction tree of every ``tl.sum``).  The current-token step must equal SGLang's kernel op for
-    op; each replayed record must be the same sequence without the q / output ops.
+    op; each replayed record must be the same sequence without the q / output ops.  The same for
+    the split-precision variant (bf16 / fp8 read copy), whose flush rows must fold as without it.
     """
     import inspect
     import json
@@ -546,7 +551,7 @@ def test_fold_codegen_matches_sglang(mode):
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-c", _CODEGEN_SCRIPT, str(mode)],
+        [sys.executable, "-c", _CODEGEN_SCRIPT, str(mode), read],
         env=env,
         capture_output=True,
         text=True,
@@ -562,6 +567,8 @@ def test_fold_codegen_matches_sglang(mode):
     params = inspect.signature(gdn_replay_decode_fwd).parameters
     assert params["block_v"].default == 32 and params["num_warps"].default == 1
     assert len(sg) == 39, "SGLang 0.5.17's packed decode step changed shape: re-derive the slices"
+    if read != "none":  # after the fold and the checkpoint store, the copy refresh (its own ops)
+        tail = tail[: len(sg)]
     assert tail == sg, "current-token fold step differs from SGLang's packed decode"
     # SGLang's step is: q, k loads [0:6), v load [6:8), q norm [8:13), k norm [13:18),
     # q * scale [18:20), the state update [20:33), the output [33:39).  A replayed record is the
