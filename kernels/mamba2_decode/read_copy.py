@@ -31,6 +31,7 @@ __all__ = [
     "READ_DTYPES",
     "FP8_MAX_SCALED",
     "quantize_rows",
+    "fp8_row_scale",
     "store_read_tile",
     "dequantize_rows",
     "refresh_read_copy",
@@ -75,6 +76,16 @@ def quantize_rows(
 
 
 @triton.jit
+def fp8_row_scale(amax):
+    """The fp8 scale rule in kernel form: ``(scale, 1 / scale)`` for rows of max |value| ``amax``
+    (fp32), ``scale = 2^(E-7)`` with ``2^E <= amax < 2^(E+1)``, floor ``2^-126``; both exact."""
+    e = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 8)  # _MIN_BIASED_EXP
+    scale = ((e - 7) << 23).to(tl.float32, bitcast=True)
+    inv = ((261 - e) << 23).to(tl.float32, bitcast=True)  # exactly 1 / scale
+    return scale, inv
+
+
+@triton.jit
 def store_read_tile(b_s, p_r_head, p_rs_head, o_p, o_n, m_p, m_n, stride_read_p, stride_read_n,
                     stride_rs_p, READ_FP8: tl.constexpr):
     """Kernel form of ``quantize_rows``: write one ``[rows, cols]`` tile of the read copy from the
@@ -83,10 +94,7 @@ def store_read_tile(b_s, p_r_head, p_rs_head, o_p, o_n, m_p, m_n, stride_read_p,
     b_v = b_s.to(tl.float32)
     p_r = p_r_head + o_p[:, None] * stride_read_p + o_n[None, :] * stride_read_n
     if READ_FP8:
-        amax = tl.max(tl.abs(b_v), axis=1)
-        e = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 8)
-        scale = ((e - 7) << 23).to(tl.float32, bitcast=True)
-        inv = ((261 - e) << 23).to(tl.float32, bitcast=True)  # exactly 1 / scale
+        scale, inv = fp8_row_scale(tl.max(tl.abs(b_v), axis=1))
         tl.store(p_rs_head + o_p * stride_rs_p, scale, mask=m_p)
         b_v = b_v * inv[:, None]
     tl.store(p_r, b_v.to(p_r.dtype.element_ty), mask=m_p[:, None] & m_n[None, :])

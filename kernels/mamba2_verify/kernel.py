@@ -56,7 +56,11 @@ import triton.language as tl
 from replayssm_kernels._checks import check_launch_device, interpreting
 from replayssm_kernels.mamba2_decode._fold import record_factors
 from replayssm_kernels.mamba2_decode.kernel import _softplus
-from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
+from replayssm_kernels.mamba2_decode.read_copy import (
+    fp8_row_scale,
+    store_read_tile,
+    validate_read_copy,
+)
 from replayssm_kernels.mamba2_verify._validate import validate_mamba2_verify
 
 __all__ = ["mamba2_replay_verify", "mamba2_replay_verify_fwd", "launch_config"]
@@ -91,13 +95,10 @@ def _store_read_rows_fp8(p_s_head, p_r_head, p_rs_head, amax, o_p, m_p, o_k, N, 
                          stride_state_n, stride_read_p, stride_read_n, stride_rs_p,
                          BLOCK_K: tl.constexpr, NUM_NK: tl.constexpr):
     """fp8 refresh of rows ``o_p`` of the read copy from the checkpoint as stored, with
-    ``amax`` the rows' max |value| over all N: ``store_read_tile``'s scale rule
-    (``mamba2_decode/read_copy.py``, ``2^(E-7)``, ``2^E <= amax < 2^(E+1)``, floor ``2^-126``) on
+    ``amax`` the rows' max |value| over all N: ``fp8_row_scale`` (as ``store_read_tile``) on
     whole rows whose chunks are re-read from the checkpoint. The caller has stored the chunks and
     synchronised the program (``tl.debug_barrier``) so every thread sees them."""
-    e = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 8)
-    scale = ((e - 7) << 23).to(tl.float32, bitcast=True)
-    inv = ((261 - e) << 23).to(tl.float32, bitcast=True)  # exactly 1 / scale
+    scale, inv = fp8_row_scale(amax)
     tl.store(p_rs_head + o_p * stride_rs_p, scale, mask=m_p)
     for kc in tl.static_range(NUM_NK):
         o_n = kc * BLOCK_K + o_k
