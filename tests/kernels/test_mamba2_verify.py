@@ -688,7 +688,10 @@ def _assert_kernel_matches_reference(read_dtype, **kw) -> float:
     """Kernel and reference on identical inputs with a read copy (fp32 activations): outputs
     within fp32 rounding, records bitwise, checkpoints and Δ within an ulp (exp / log of the
     interpreter's numpy or the GPU vs torch), copies rounded from their own checkpoints and
-    within one copy ulp of each other. Returns the relative output difference."""
+    within one copy ulp (relative) of each other, plus the checkpoints' own 1e-6 absolute
+    tolerance: two checkpoint values of ~1e-6 that differ within it may round to copies more
+    than one relative ulp apart (2 of 5.9M elements on the H200, 0.82% at ~1.8e-6). Returns the
+    relative output difference."""
     (kp, krc, kout, _), (rp, rrc, rout, _) = (_one_verify(i, read_dtype, **kw)
                                               for i in ("kernel", "ref"))
     assert torch.isnan(kout[1]).all() and torch.isnan(rout[1]).all(), "padding row written"
@@ -704,7 +707,7 @@ def _assert_kernel_matches_reference(read_dtype, **kw) -> float:
         _assert_copy_is_rounded_checkpoint(p, rc)
     ulp = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, F8: 2.0**-3}[read_dtype]
     torch.testing.assert_close(dequantize_rows(krc.read, krc.scale),
-                               dequantize_rows(rrc.read, rrc.scale), rtol=ulp, atol=0.0)
+                               dequantize_rows(rrc.read, rrc.scale), rtol=ulp, atol=1e-6)
     return rel
 
 
