@@ -1,0 +1,876 @@
+"""Speculative serving on two GPUs: stock spec vs replay spec vs stock without spec (issue 6).
+
+One command, bounded in time end to end (``--time-budget``), for one device call on
+``nvidia-h200-x2``:
+
+1. the shape-faithful target (``bench_serving_ab``'s model step: ``tests/models/make_model.py``
+   preset, bf16 shards under ``--model-dir``) and the draft: ``tests/models/llama_tiny`` with the
+   target's vocabulary and context, attention heads of 64 (FlashInfer has no head_dim 16 kernels),
+   config and tokenizer only: the servers load it with ``--speculative-draft-load-format dummy``;
+2. three servers, all with ``--disable-overlap-schedule`` and CUDA graphs at the same sparse bucket
+   list (powers of two up to the largest concurrency, plus every concurrency):
+
+   - ``stock_spec`` (``--ssm-backend default``) alone on the first GPU, and ``replay_spec``
+     (``--ssm-backend replay --replayssm-window L --replayssm-verify auto``) alone on the second,
+     started at once; both STANDALONE with that draft, ``--speculative-num-steps T-1
+     --speculative-eagle-topk 1 --speculative-num-draft-tokens T`` (T = 4, as
+     ``tests/e2e/test_spec_gpu.py``), the same ``--mem-fraction-static`` and the radix cache on
+     with ``--mamba-radix-cache-strategy no_buffer`` (the replay verify refuses ``extra_buffer``), so
+     SGLang derives their running-request limit from memory (below);
+   - ``stock_nospec`` (``--ssm-backend default``, no speculation) on the first GPU, started once
+     ``stock_spec`` has sized its pools (its log's first ``Memory pool end``), with explicit pools:
+     radix cache off (one mamba slot per request), ``--max-running-requests`` = the largest
+     concurrency;
+
+3. per server, once it answers ``/health_generate``, a warm-up of ``max(concurrency)`` requests
+   (``bench_serving_ab``'s); no run starts before all three are ready (a server still capturing
+   CUDA graphs on the first GPU would slow ``stock_spec``'s runs and not ``replay_spec``'s); one
+   that fails, or that is not ready while ``NOSPEC_READY_RESERVE_S`` of the budget is left
+   (``stock_nospec``), is stopped and the others go on;
+4. per concurrency, in the order given (the table is sorted): ``python -m sglang.bench_serving
+   --dataset-name random-ids`` against both spec servers **at the same time** (different GPUs; both
+   clients share the host, symmetrically); then ``stock_nospec`` alone at every concurrency, c = 1
+   first (the c = 1 target needs it).  A run that the time budget cannot fit is skipped, so give the
+   concurrencies by importance (default 256, 512, 1, 64);
+5. writes ``results.md``, ``results.json``, ``bench_raw.jsonl``, ``bench_stdout.log``, ``gen.log``
+   and ``server_<variant>.log`` x 3 under ``--out`` (8 files, one folder), and prints the report.
+
+Every server's process group is killed in every case (normal end, error, timeout, SIGTERM).
+
+Design decisions
+----------------
+**(1) Max running requests at equal memory.**  SGLang 0.5.17 budgets each server from the GPU
+memory free when *that* server profiles (``KVCacheConfigurator._profile_available_bytes``: free
+after its weights minus ``(1 - --mem-fraction-static)`` x free before them), so two servers on one
+GPU do not get equal budgets: whichever allocates first shrinks the other's.  Hence one spec
+server per GPU, each alone until its pools are sized; ``stock_nospec`` joins the first GPU only
+after ``stock_spec``'s ``Memory pool end`` (the draft worker reuses the target's pool config and
+budgets nothing).  The figure is SGLang's own derivation, not ours: with speculation SGLang always
+sets ``--max-running-requests`` (48 if unset) and, with the radix cache off, takes the mamba pool
+size from it instead of from memory (``_handle_max_mamba_cache``), so the spec servers run with the
+radix cache on (``no_buffer``) and ask for ``SPEC_MAX_RUNNING_REQUESTS`` (4096, SGLang's own upper
+estimate): the mamba budget ``rest x r/(1+r)`` (``--mamba-full-memory-ratio`` r = 0.9) solves the
+mamba slots ``K`` (stock spec jointly with ``intermediate_ssm``, ``T`` per-draft states per running
+request), and ``max_running_requests = K // 3`` (3 slots per request with the radix cache on); the
+plug-in re-solves ``K`` with the ring bytes (``hooks/pool.py``).  Parsed from each log: the
+scheduler's ``max_running_requests=``, the capping warning, ``Mamba Cache is allocated`` (slots,
+state, per-draft GB), the plug-in's ``ReplaySSM memory`` / rings / released-buffer lines, and the free
+memory before the weights and after the pools (the check that both budgets started equal).
+Arithmetic (Nano-4B: 21 Mamba-2 layers of 96 x 80 x 128, fp32 state; per slot ``p`` = 78.75 MiB
+state + 1.2 MiB conv; ring ``r`` ~ 7.1 MiB at L = 16, T = 4): stock spec fits ``B / (7p)`` running
+requests in a mamba budget ``B`` (``K (1 + T/3) p = B``), replay without a per-draft buffer
+``B / (3 (p + r))``, at most 2.14x; at one slot per request (radix off) it would be
+``(1 + T) p / (p + r)`` = 4.6x.  What the current plug-in reaches is what the run reports (see
+``benchmarks/README.md``).  Default ``--mem-fraction-static`` 0.6 for the spec servers: ~36 GiB of
+mamba budget each (stock spec ~60 running requests) and ~56 GiB resident on the first GPU, leaving
+room for ``stock_nospec`` (0.75 of what is free when it starts: ~40 GiB of state for 512 slots +
+~6 GiB of KV + weights ~7.4 GiB).  A separate memory-only launch per variant would cost ~1 min of
+start-up each before or after the ~5 min cold start of the measured servers: it does not fit in the
+call; one GPU cannot give two servers equal budgets; so the measured spec servers are the memory
+probes, and the throughput at c = 256-512 is measured **at equal memory** too.
+
+**(2) Which variants run at which concurrencies.**  All three at every concurrency.  SGLang's
+snapshot verify keeps ``T`` per-draft states per running request: 96 x 80 x 128 x 4 B x 21 layers x
+T = 330 MB at T = 4 (0.31 GiB), so c = 256 needs 84.6 GB of them beside 21 GB of state and c = 512
+169 GB: more than an H200 (explicitly sized, stock spec at c = 512 cannot start at all, and c = 256
+needs the whole GPU).  Here the spec servers size themselves at equal memory and requests beyond
+their limit queue in the server: the ``peak #running`` column (the largest ``#running-req`` of the
+run's decode log lines) says how many each actually held.  ``stock_nospec`` holds all 512.  The
+plug-in's pool allocates SGLang's per-draft buffer before releasing it (``--replayssm-verify
+replay``) or keeps it (``auto``), so an explicitly sized replay spec at c = 512 would fail at start
+as stock spec does; memory-derived it cannot.  Time (estimated, not yet measured): install ~40 s,
+models ~30 s, the spec servers ready ~4.5-5 min after launch and ``stock_nospec`` ~1-1.5 min after
+them, then ~2-2.5 min of runs (output 128 tokens and ``max(8, c)`` prompts keep each run to
+~5-20 s plus ~10 s of bench_serving start-up): ~9-9.5 min in all, so within ``--time-budget`` 530
+(plus the install: under the call's 600 s) the last runs (c = 64) may be skipped.
+
+**(3) Acceptance.**  The draft has random (dummy) weights: nearly every draft token is rejected, so
+the accept length is ~1 (the bonus token).  Speculation cannot pay at that acceptance, so both spec
+servers are expected to be slower than ``stock_nospec``, and the c = 1 target (replay spec >= 0.98x
+the better of stock spec and stock without spec) is expected to be missed for that reason alone; the
+report says so.  Two accept lengths per run: bench_serving's ``accept_length`` (the server's average
+since it started: warm-up and earlier runs included) and this run's, from the decode log lines the
+server wrote during the run (``accept len`` weighted by ``#running-req``); the latter decides
+"equal acceptance length" (``|replay - stock| <= ACCEPT_TOL``).
+
+The heuristic's choices: ``--replayssm-verify auto`` (default ``--replay-verify``) logs one
+``ReplaySSM verify bs=.. T=..: <path> (...)`` line per CUDA-graph bucket (``heuristic.Decision
+.log_line``), timed by the plug-in's probe; they are parsed into a table (buckets above the server's
+``max_running_requests`` are never captured and are marked so).  The decisions cache is a file of
+this run (``SGLANG_REPLAYSSM_VERIFY_CACHE``), so they are measured, not read back.
+
+No CPU mode: STANDALONE has no CPU path in SGLang 0.5.17 (no ``torch_native`` draft attention
+backend) and ``--ssm-backend replay`` refuses it on a CPU (``spec_plan.startup_refusals``,
+``benchmarks/notes/spec_algorithms.md``).  CPU tests cover the arguments, the commands
+(against SGLang's and the plug-in's parsers), the log parsers and the report, and ``main()`` with
+fake servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import datetime as _dt
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks import bench_serving_ab as ab
+
+import make_model  # tests/models/make_model.py (bench_serving_ab put tests/models on sys.path)
+
+__all__ = [
+    "VARIANTS",
+    "parse_args",
+    "draft_config",
+    "graph_buckets",
+    "gpu_env_ids",
+    "common_flags",
+    "variant_flags",
+    "parse_decode_log",
+    "parse_memory_log",
+    "parse_heuristic_log",
+    "nospec_order",
+    "build_report",
+    "main",
+]
+
+#: order matters: ``stock_spec`` is the baseline of every ratio; the first two are the spec servers
+VARIANTS = ("stock_spec", "replay_spec", "stock_nospec")
+SPEC_VARIANTS = VARIANTS[:2]
+#: ``--max-running-requests`` of the spec servers: SGLang's own upper estimate, so memory decides
+SPEC_MAX_RUNNING_REQUESTS = 4096
+#: issue 6's targets (the shape-faithful models): replay spec / stock spec output throughput at these
+#: concurrencies, replay / stock spec max running requests, c = 1 against the better stock variant
+THROUGHPUT_X_MIN = 1.8
+THROUGHPUT_TARGET_CONCURRENCY = (256, 512)
+MAX_RUNNING_X_MIN = 2.5
+C1_X_MIN = 0.98
+#: "equal acceptance length": |replay - stock| of the runs' accept lengths at most this
+ACCEPT_TOL = 0.05
+POOL_MARK = "Memory pool end"
+MIN_RUN_S = 20.0
+#: seconds kept for the runs after waiting for a server: the spec servers', stock without spec's
+#: (enough for the spec runs; a stock without spec that is not ready by then is stopped)
+SPEC_READY_RESERVE_S = 60.0
+NOSPEC_READY_RESERVE_S = 150.0
+BENCH_TIMEOUT_S = 300.0
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and complete the command line (defaults that depend on other options are filled in)."""
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_spec_serving",
+        description="Speculative serving on two GPUs: stock spec vs replay spec vs stock without spec.",
+    )
+    p.add_argument("--family", choices=tuple(ab.FAMILY_MODELS), default="mamba2",
+                   help="mamba2: nemotron_h_nano4b; gdn: qwen3_next_4b")
+    p.add_argument("--model", default=None, help="preset of tests/models/make_model.py (default: the family's)")
+    p.add_argument("--model-dir", default=None,
+                   help="where the target is written (default /tmp/replayssm_bench_models/<model>); reused if complete")
+    p.add_argument("--gpus", default="0,1",
+                   help="two GPU indices (of CUDA_VISIBLE_DEVICES when set): stock spec and stock without "
+                        "spec on the first, replay spec on the second")
+    p.add_argument("--concurrency", type=ab._int_list, default=[256, 512, 1, 64],
+                   help="comma list, run in this order (default 256,512,1,64: the targets first)")
+    p.add_argument("--num-prompts", type=ab._int_list, default=None,
+                   help="comma list, one per concurrency (default: max(8, c))")
+    p.add_argument("--input-len", type=int, default=512, help="random-ids input length")
+    p.add_argument("--output-len", type=int, default=128, help="random-ids output length")
+    p.add_argument("--draft-tokens", type=int, default=4,
+                   help="T = --speculative-num-draft-tokens (steps T-1, topk 1)")
+    p.add_argument("--window", type=int, default=16, help="--replayssm-window of the replay server")
+    p.add_argument("--replay-verify", choices=("auto", "replay", "snapshot"), default="auto",
+                   help="--replayssm-verify of the replay server (auto: the heuristic decides per bucket)")
+    p.add_argument("--spec-mem-fraction", type=float, default=0.6,
+                   help="--mem-fraction-static of both spec servers (equal memory)")
+    p.add_argument("--nospec-mem-fraction", type=float, default=0.75,
+                   help="--mem-fraction-static of stock without spec (of what is free when it starts)")
+    p.add_argument("--server-args", default="", help="extra flags for every server (one shell-quoted string)")
+    p.add_argument("--replay-args", default="", help="extra flags for the replay server only")
+    p.add_argument("--out", default="bench_spec_out", help="output folder (created)")
+    p.add_argument("--commit", default=None, help="recorded in the outputs (default: git rev-parse --short HEAD)")
+    p.add_argument("--time-budget", type=float, default=530.0,
+                   help="seconds for the whole command; later runs are skipped when it runs out")
+    p.add_argument("--seed", type=int, default=1, help="bench_serving --seed (same prompts for every server)")
+    # read by bench_serving_ab's helpers (model generation, bench_serving command)
+    p.set_defaults(dataset="random-ids", device="cuda")
+    args = p.parse_args(argv)
+    try:
+        _complete(args)
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def _complete(args: argparse.Namespace) -> None:
+    """Fill the derived defaults in ``args``; ValueError (expected vs actual) on bad values."""
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    if len(gpus) != 2 or len(set(gpus)) != 2 or not all(g.isdigit() for g in gpus):
+        raise ValueError(f"--gpus: expected two different GPU indices (one per spec server, so each budgets "
+                         f"from the same free memory), got {args.gpus!r}")
+    args.gpus = [int(g) for g in gpus]
+    if args.num_prompts is None:
+        args.num_prompts = [max(8, c) for c in args.concurrency]
+    if len(args.num_prompts) != len(args.concurrency):
+        raise ValueError(f"--num-prompts: expected {len(args.concurrency)} values (one per concurrency), "
+                         f"got {len(args.num_prompts)}")
+    for name in ("input_len", "output_len", "window"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
+    if args.draft_tokens < 2:
+        raise ValueError(f"--draft-tokens: expected an integer >= 2, got {args.draft_tokens}")
+    for name in ("spec_mem_fraction", "nospec_mem_fraction"):
+        if not 0 < getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: expected a fraction in (0, 1), got {getattr(args, name)}")
+    if args.time_budget <= 0:
+        raise ValueError(f"--time-budget: expected seconds > 0, got {args.time_budget}")
+    if args.model is None:
+        args.model = ab.FAMILY_MODELS[args.family]
+    if args.model_dir is None:
+        args.model_dir = f"/tmp/replayssm_bench_models/{args.model}"
+    if args.commit is None:
+        args.commit = ab._git_commit()
+
+
+def gpu_env_ids(gpus: Sequence[int], visible: str | None) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` values for GPU indices given relative to the parent's visible list.
+
+    Parameters
+    ----------
+    gpus : sequence of int
+        ``--gpus``.
+    visible : str or None
+        The parent's ``CUDA_VISIBLE_DEVICES`` (None or empty: all devices, indices as given).
+    """
+    if not visible:
+        return [str(g) for g in gpus]
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    bad = [g for g in gpus if g >= len(ids)]
+    if bad:
+        raise ValueError(f"--gpus: expected indices < {len(ids)} (CUDA_VISIBLE_DEVICES={visible!r}), got {bad}")
+    return [ids[g] for g in gpus]
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def draft_config(target: dict, base: dict) -> dict:
+    """The draft's config: ``base`` (``tests/models/llama_tiny``) with the target's vocabulary and context
+    and attention heads of 64 (FlashInfer's smallest head_dim; the tiny Llama's own is 64 / 4 = 16)."""
+    return base | {"vocab_size": int(target["vocab_size"]), "head_dim": 64,
+                   "max_position_embeddings": int(target["max_position_embeddings"])}
+
+
+def graph_buckets(concurrency: Sequence[int]) -> list[int]:
+    """CUDA-graph batch sizes of every server: powers of two up to the largest concurrency, plus each
+    concurrency (a short list keeps the cold start down; SGLang also adds a server's own request limit)."""
+    top = max(concurrency)
+    return sorted({1 << k for k in range(top.bit_length()) if 1 << k <= top} | set(concurrency))
+
+
+def max_total_tokens(args: argparse.Namespace) -> int:
+    """KV tokens of every server: the largest concurrency x (input + output + T + 64) + 8192."""
+    return max(args.concurrency) * (args.input_len + args.output_len + args.draft_tokens + 64) + 8192
+
+
+def common_flags(args: argparse.Namespace) -> list[str]:
+    """Flags of every server (before ``variant_flags``)."""
+    return [
+        "--dtype", "bfloat16",
+        # the device payload strips sgl_kernel's FA3 library; FlashInfer serves every server (and the draft)
+        "--attention-backend", "flashinfer",
+        "--load-format", "safetensors",
+        # no_buffer (the spec servers' radix strategy) needs it; every server gets it, for a fair c=1
+        "--disable-overlap-schedule",
+        "--cuda-graph-bs-decode", *map(str, graph_buckets(args.concurrency)),
+        "--max-total-tokens", str(max_total_tokens(args)),
+        "--random-seed", "0", "--log-level", "info",
+    ]
+
+
+def _spec_flags(draft_dir: str | Path, num_tokens: int) -> list[str]:
+    return ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(draft_dir),
+            "--speculative-draft-load-format", "dummy", "--speculative-num-steps", str(num_tokens - 1),
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(num_tokens)]
+
+
+def variant_flags(variant: str, args: argparse.Namespace, draft_dir: str | Path) -> list[str]:
+    """One server's own flags (after ``common_flags``).
+
+    Spec servers: the same memory fraction, radix cache on (``no_buffer``), running requests left to
+    the memory; ``stock_nospec``: explicit pools for the largest concurrency, radix cache off.
+    ``--server-args`` come last (they override), then the replay server's ``--replay-args``.
+    """
+    extra = shlex.split(args.server_args)
+    if variant == "stock_nospec":
+        return ["--ssm-backend", "default", "--mem-fraction-static", str(args.nospec_mem_fraction),
+                "--max-running-requests", str(max(args.concurrency)), "--disable-radix-cache", *extra]
+    if variant not in SPEC_VARIANTS:
+        raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
+    flags = ["--mem-fraction-static", str(args.spec_mem_fraction),
+             "--max-running-requests", str(SPEC_MAX_RUNNING_REQUESTS),
+             "--mamba-radix-cache-strategy", "no_buffer", *_spec_flags(draft_dir, args.draft_tokens)]
+    if variant == "stock_spec":
+        return ["--ssm-backend", "default", *flags, *extra]
+    return ["--ssm-backend", "replay", "--replayssm-window", str(args.window),
+            "--replayssm-verify", args.replay_verify, *flags, *extra, *shlex.split(args.replay_args)]
+
+
+# ----------------------------------------------------------------------------- log parsers
+
+
+_DECODE_RX = re.compile(r"Decode batch[^,]*, #running-req: (\d+),(.*)$", re.M)
+_ACCEPT_RX = re.compile(r"accept len: ([\d.]+)")
+
+
+def parse_decode_log(text: str) -> dict:
+    """This run's decode log lines (SGLang 0.5.17 ``Decode batch, #running-req: N, ..., accept len: X, ...``).
+
+    ``text``: the part of a server log written during one run.  Returns ``{"decode_lines",
+    "peak_running", "accept_len"}``: the largest ``#running-req`` and the mean ``accept len`` weighted
+    by ``#running-req`` (None without spec lines / without lines).
+    """
+    lines = peak = 0
+    weighted = weight = 0.0
+    for m in _DECODE_RX.finditer(text):
+        running = int(m.group(1))
+        lines += 1
+        peak = max(peak, running)
+        acc = _ACCEPT_RX.search(m.group(2))
+        if acc:
+            weighted += running * float(acc.group(1))
+            weight += running
+    return {"decode_lines": lines, "peak_running": peak if lines else None,
+            "accept_len": round(weighted / weight, 4) if weight else None}
+
+
+_MEMORY_RX = {
+    "avail_before_weights_gb": (r"Load weight begin\. avail mem=([\d.]+) GB", float),
+    "avail_after_pools_gb": (re.escape(POOL_MARK) + r"\. avail mem=([\d.]+) GB", float),
+    "mamba_slots": (r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+)", int),
+    "conv_gb": (r"Mamba Cache is allocated\..*?conv_state size: ([\d.]+)GB", float),
+    "state_gb": (r"Mamba Cache is allocated\..*?ssm_state size: ([\d.]+)GB", float),
+    "per_draft_gb": (r"Mamba Cache is allocated\..*?intermediate_ssm_state_cache size: ([\d.]+)GB", float),
+    "per_draft_conv_gb": (r"Mamba Cache is allocated\..*?intermediate_conv_window_cache size: ([\d.]+)GB", float),
+    "ring_gb": (r"ReplaySSM rings are allocated\..*?ring size: ([\d.]+)GB", float),
+    "ring_bytes_per_slot": (r"ReplaySSM memory: (\d+) B of ring", int),
+    "state_bytes_per_slot": (r"ReplaySSM memory: .*?\(state (\d+) B per slot\)", int),
+    "replay_slots_before": (r"ReplaySSM memory: .*?max_mamba_cache_size (\d+) -> \d+", int),
+    "per_draft_released_gb": (r"released SGLang's per-draft SSM buffer intermediate_ssm \(([\d.]+)GB\)", float),
+    "capped_by_mamba_to": (r"max_running_requests is capped to (\d+) by the mamba state cache", int),
+}
+
+
+def parse_memory_log(text: str) -> dict:
+    """Pool sizes a server logged at start (first occurrence each: the target's, before the draft's).
+
+    Returns every key of ``_MEMORY_RX`` (None when absent) plus ``max_running_requests`` (the
+    scheduler's start-up summary, the last one) and ``per_draft_gb_per_request``: SGLang's per-draft
+    buffers (SSM states + conv windows) over their ``max_running_requests + 1`` rows.
+    """
+    out: dict = {}
+    for key, (rx, cast) in _MEMORY_RX.items():
+        m = re.search(rx, text)
+        out[key] = cast(m.group(1)) if m else None
+    runs = re.findall(r"max_total_num_tokens=\d+.*?max_running_requests=(\d+)", text)
+    out["max_running_requests"] = int(runs[-1]) if runs else None
+    drafts = [out[k] for k in ("per_draft_gb", "per_draft_conv_gb") if out[k] is not None]
+    rows = out["max_running_requests"]
+    out["per_draft_gb_per_request"] = round(sum(drafts) / (rows + 1), 4) if drafts and rows else None
+    return out
+
+
+_DECISION_RX = re.compile(
+    r"ReplaySSM verify bs=(?P<bs>\d+) T=(?P<T>\d+): (?P<path>\w+) \((?P<reason>.*); source=(?P<source>.*); "
+    r"snapshot (?P<snapshot_mb>\S+) MB (?P<snapshot_us>\S+) us util (?P<snapshot_util>\S+), "
+    r"replay (?P<replay_mb>\S+) MB (?P<replay_us>\S+) us util (?P<replay_util>\S+)\)\s*$", re.M)
+
+
+def parse_heuristic_log(text: str) -> list[dict]:
+    """The verify plan's per-bucket lines (``heuristic.Decision.log_line``), one per bucket (the last
+    wins: the int32 guard re-logs the buckets it moves), sorted by batch size."""
+    found: dict[tuple[int, int], dict] = {}
+    for m in _DECISION_RX.finditer(text):
+        d = m.groupdict()
+        row = {"bs": int(d["bs"]), "T": int(d["T"]), "path": d["path"], "reason": d["reason"],
+               "source": d["source"]}
+        row.update({k: float(d[k]) for k in d if k.startswith(("snapshot_", "replay_"))})
+        found[row["bs"], row["T"]] = row
+    return [found[k] for k in sorted(found)]
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _accept(result: dict) -> float | None:
+    """A run's accept length: this run's (server log) when there, else bench_serving's."""
+    run_acc = (result.get("server_log_decode") or {}).get("accept_len")
+    return run_acc if run_acc is not None else result.get("accept_length")
+
+
+def _throughput_rows(runs: dict) -> list[str]:
+    lines = [
+        "| concurrency | variant | prompts | completed | out tok/s | x vs stock spec | median TPOT ms "
+        "| median ITL ms | accept len (bench_serving) | accept len (this run) | peak #running |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in sorted(runs):
+        base = (runs[c].get("stock_spec") or {}).get("output_throughput")
+        for v in VARIANTS:
+            r = runs[c].get(v) or {}
+            log = r.get("server_log_decode") or {}
+            tput = r.get("output_throughput")
+            lines.append(
+                f"| {c} | {v} | {runs[c].get('num_prompts', '—')} | {ab._done(r) if r else '—'} | {ab._fmt(tput)} "
+                f"| {ab._fmt(ab._ratio(tput, base), '.3f')} | {ab._fmt(r.get('median_tpot_ms'), '.2f')} "
+                f"| {ab._fmt(r.get('median_itl_ms'), '.2f')} | {ab._fmt(r.get('accept_length'), '.3f')} "
+                f"| {ab._fmt(log.get('accept_len'), '.3f')} | {ab._fmt(log.get('peak_running'), 'd')} |")
+    return lines + [
+        "",
+        "x = output throughput / stock spec's at the same concurrency. accept len (bench_serving): its "
+        "`accept_length`, the server's average since it started (warm-up and earlier runs included); "
+        "(this run): the decode log lines written during the run, weighted by #running-req. peak #running: "
+        "the largest #running-req of those lines (requests beyond a server's limit queue).",
+    ]
+
+
+def _memory_rows(memory: dict, meta: dict) -> list[str]:
+    base = (memory.get("stock_spec") or {}).get("max_running_requests")
+    lines = [
+        "| variant | GPU | --mem-fraction-static | free before weights GB | max_running_requests | mamba slots "
+        "| state + conv GB | per-draft GB (per request) | rings GB | free after pools GB | x vs stock spec |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for v in VARIANTS:
+        m = memory.get(v) or {}
+        state = None if m.get("state_gb") is None else m["state_gb"] + (m.get("conv_gb") or 0.0)
+        per_draft = ab._fmt(m.get("per_draft_gb"), ".2f")
+        if m.get("per_draft_gb_per_request") is not None:
+            per_draft += f" ({m['per_draft_gb_per_request']:.3f})"
+        if m.get("per_draft_released_gb") is not None:
+            per_draft += ", released"
+        mrr = m.get("max_running_requests")
+        lines.append(
+            f"| {v} | {(meta.get('gpu_of') or {}).get(v, '—')} | {(meta.get('mem_fraction') or {}).get(v, '—')} "
+            f"| {ab._fmt(m.get('avail_before_weights_gb'), '.2f')} | {ab._fmt(mrr, 'd')} "
+            f"| {ab._fmt(m.get('mamba_slots'), 'd')} "
+            f"| {ab._fmt(state, '.2f')} | {per_draft} | {ab._fmt(m.get('ring_gb'), '.3f')} "
+            f"| {ab._fmt(m.get('avail_after_pools_gb'), '.2f')} "
+            f"| {ab._fmt(ab._ratio(mrr, base) if v in SPEC_VARIANTS else None, '.2f')} |")
+    return lines + [
+        "",
+        "Spec servers: each alone on its GPU while it sized its pools, radix cache on (no_buffer), "
+        f"--max-running-requests {SPEC_MAX_RUNNING_REQUESTS}: max_running_requests is SGLang's derivation "
+        "(mamba slots // 3). stock_nospec: explicit (radix off, one slot per request), not a memory figure.",
+    ]
+
+
+def _heuristic_rows(decisions: list[dict], max_running: int | None) -> list[str]:
+    if not decisions:
+        return ["No `ReplaySSM verify bs=` lines in the replay server's log."]
+    lines = ["| bs | T | path | source | snapshot us | replay us | snapshot / replay | snapshot util "
+             "| captured | reason |", "|---:|---:|---|---|---:|---:|---:|---:|---|---|"]
+    for d in decisions:
+        captured = "—" if max_running is None else ("yes" if d["bs"] <= max_running else "no (> limit)")
+        lines.append(
+            f"| {d['bs']} | {d['T']} | {d['path']} | {d['source']} | {d['snapshot_us']:.1f} | {d['replay_us']:.1f} "
+            f"| {ab._fmt(ab._ratio(d['snapshot_us'], d['replay_us']), '.2f')} | {d['snapshot_util']:.2f} | {captured} "
+            f"| {d['reason']} |")
+    return lines
+
+
+def _verdict(x: float | None, goal: float) -> str:
+    return "not measured" if x is None else ("met" if x >= goal else "MISSED")
+
+
+def _target_lines(runs: dict, memory: dict) -> list[str]:
+    lines = []
+    for c in THROUGHPUT_TARGET_CONCURRENCY:
+        r = runs.get(c) or {}
+        s, p = r.get("stock_spec") or {}, r.get("replay_spec") or {}
+        x = ab._ratio(p.get("output_throughput"), s.get("output_throughput"))
+        sa, pa = _accept(s), _accept(p)
+        equal = "not measured" if None in (sa, pa) else (
+            "equal" if abs(pa - sa) <= ACCEPT_TOL else f"NOT equal (|diff| > {ACCEPT_TOL})")
+        lines.append(f"target c={c}: replay spec / stock spec output throughput >= {THROUGHPUT_X_MIN:.2f}: "
+                     f"{ab._fmt(x, '.3f')} {_verdict(x, THROUGHPUT_X_MIN)}; accept len {ab._fmt(sa, '.3f')} vs "
+                     f"{ab._fmt(pa, '.3f')}: {equal}")
+    mx = ab._ratio((memory.get("replay_spec") or {}).get("max_running_requests"),
+                   (memory.get("stock_spec") or {}).get("max_running_requests"))
+    lines.append(f"target: replay spec / stock spec max running requests at equal memory >= "
+                 f"{MAX_RUNNING_X_MIN:.2f}: {ab._fmt(mx, '.2f')} {_verdict(mx, MAX_RUNNING_X_MIN)}")
+    r1 = runs.get(1) or {}
+    best = max((v for v in ((r1.get(k) or {}).get("output_throughput") for k in ("stock_spec", "stock_nospec"))
+                if v is not None), default=None)
+    x1 = ab._ratio((r1.get("replay_spec") or {}).get("output_throughput"), best)
+    lines.append(f"target c=1: replay spec / the better of stock spec and stock without spec >= {C1_X_MIN:.2f}: "
+                 f"{ab._fmt(x1, '.3f')} {_verdict(x1, C1_X_MIN)}")
+    return lines
+
+
+def build_report(runs: dict, memory: dict, decisions: list[dict], meta: dict) -> str:
+    """Markdown: throughput per concurrency and variant, memory at equal fraction, the verify plan, targets.
+
+    Parameters
+    ----------
+    runs : dict
+        ``{concurrency: {"num_prompts": n, variant: result}}``; a result is a bench_serving JSON line
+        plus our ``server_log_decode`` (``parse_decode_log``), or ``{"skipped": why}`` / ``{"error": why}``.
+    memory : dict
+        ``{variant: parse_memory_log(...)}``.
+    decisions : list of dict
+        ``parse_heuristic_log`` of the replay server's log.
+    meta : dict
+        Run description: ``model``, ``family``, ``commit``, ``date``, ``gpu``, ``input_len``,
+        ``output_len``, ``draft_tokens``, ``window``, ``replay_verify``, ``gpu_of``, ``mem_fraction``,
+        ``flags``, ``warnings``.
+    """
+    t = meta.get("draft_tokens")
+    lines = [
+        f"### Speculative serving (T={t}): {meta.get('model')} ({meta.get('family')}), stock spec vs replay spec "
+        "vs stock without spec",
+        "",
+        f"commit `{meta.get('commit')}`, {meta.get('date')}, {meta.get('gpu') or '—'}; bench_serving random-ids, "
+        f"input {meta.get('input_len')}, output {meta.get('output_len')}, range ratio 1.0; STANDALONE draft "
+        f"(tiny Llama, dummy weights), {t - 1 if t else '—'} steps, topk 1, {t} draft tokens; replay "
+        f"--replayssm-window {meta.get('window')} --replayssm-verify {meta.get('replay_verify')}; server flags "
+        f"in results.json.",
+        "",
+        *_throughput_rows(runs),
+        "",
+        "Acceptance: the draft has random (dummy) weights, so nearly every draft token is rejected and the "
+        "accept length is ~1 (the bonus token): speculation cannot pay at that acceptance, and the spec servers "
+        "are expected to be slower than stock without spec.",
+        "",
+        "#### Max running requests at equal memory",
+        "",
+        *_memory_rows(memory, meta),
+        "",
+        f"#### Verify path per bucket (replay spec, --replayssm-verify {meta.get('replay_verify')})",
+        "",
+        *_heuristic_rows(decisions, (memory.get("replay_spec") or {}).get("max_running_requests")),
+        "",
+        *_target_lines(runs, memory),
+    ]
+    lines += [f"WARNING: {w}" for w in meta.get("warnings", [])]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def _log(msg: str) -> None:
+    print(f"[bench_spec_serving {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclasses.dataclass
+class _Server:
+    """One server of the run: where it runs, how it was started, whether it is ready."""
+
+    name: str
+    gpu: str
+    port: int
+    log: Path
+    flags: list[str]
+    proc: subprocess.Popen | None = None
+    ready: bool = False
+    error: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def usable(self) -> bool:
+        return self.proc is not None and self.error is None
+
+
+class _Session:
+    """State of one ``main()`` run: servers, results, deadline; every step is a method."""
+
+    def __init__(self, args: argparse.Namespace, argv: Sequence[str], out: Path, work: Path) -> None:
+        self.args = args
+        self.out = out
+        self.work = work
+        self.dl = ab._Deadline(args.time_budget)
+        self.target_cfg = json.loads((ab.ROOT / "tests" / "models" / args.model / "config.json").read_text())
+        self.draft_dir = Path(f"{args.model_dir}_draft")
+        gpu_a, gpu_b = gpu_env_ids(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self.base_flags = common_flags(args)
+        self.servers = {
+            v: _Server(v, gpu, ab.srv.free_port(), out / f"server_{v}.log", variant_flags(v, args, self.draft_dir))
+            for v, gpu in zip(VARIANTS, (gpu_a, gpu_b, gpu_a))
+        }
+        self.runs: dict[int, dict] = {c: {"num_prompts": n} for c, n in zip(args.concurrency, args.num_prompts)}
+        self.memory: dict[str, dict] = {}
+        self.decisions: list[dict] = []
+        self.timings: dict[str, float] = {}
+        self.status = 0
+        self.unequal_warned = False
+        self.lock = threading.Lock()
+        self.meta = self._meta(argv)
+
+    def _meta(self, argv: Sequence[str]) -> dict:
+        a = self.args
+        cmd = [sys.executable, "-m", "benchmarks.bench_spec_serving", *argv]
+        return {
+            "model": a.model, "family": a.family, "commit": a.commit, "gpu": ab._gpu_name(),
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "input_len": a.input_len, "output_len": a.output_len, "draft_tokens": a.draft_tokens,
+            "window": a.window, "replay_verify": a.replay_verify,
+            "gpu_of": {v: s.gpu for v, s in self.servers.items()},
+            "mem_fraction": {v: a.nospec_mem_fraction if v == "stock_nospec" else a.spec_mem_fraction
+                             for v in VARIANTS},
+            "flags": {v: " ".join(self.base_flags + s.flags) for v, s in self.servers.items()},
+            "draft_config": draft_config(self.target_cfg, self._draft_base()),
+            "command": " ".join(shlex.quote(x) for x in cmd), "warnings": [],
+        }
+
+    @staticmethod
+    def _draft_base() -> dict:
+        return json.loads((ab.ROOT / "tests" / "models" / "llama_tiny" / "config.json").read_text())
+
+    def warn(self, msg: str) -> None:
+        with self.lock:
+            self.meta["warnings"].append(msg)
+        _log(f"warning: {msg}")
+
+    def write(self) -> str:
+        report = build_report(self.runs, self.memory, self.decisions, self.meta)
+        (self.out / "results.md").write_text(report)
+        (self.out / "results.json").write_text(json.dumps(
+            {"meta": self.meta, "timings_s": self.timings, "memory": self.memory, "verify_plan": self.decisions,
+             "runs": {str(c): r for c, r in self.runs.items()}, "model_config": self.target_cfg,
+             "args": vars(self.args)}, indent=1, default=str))
+        return report
+
+    # -- models and servers
+
+    def make_models(self) -> None:
+        self.timings["generate"] = ab._generate_model(self.args, self.out,
+                                                      min(240.0, self.dl.left() - ab.TEARDOWN_RESERVE_S))
+        make_model.materialize("llama_tiny", self.draft_dir, config=self.meta["draft_config"])
+        _log(f"models ready in {self.dl.elapsed():.0f}s")
+
+    def _launch(self, s: _Server) -> None:
+        env = {"SGLANG_MAMBA_CONV_DTYPE": "bfloat16", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": s.gpu,
+               "SGLANG_REPLAYSSM_VERIFY_CACHE": str(self.work / "verify_decisions.json")}
+        s.proc = ab.srv.launch(Path(self.args.model_dir), s.flags, s.log, port=s.port, env=env,
+                               base_flags=self.base_flags)
+        self.timings[f"launch_{s.name}"] = self.dl.elapsed()
+        _log(f"started {s.name} on GPU {s.gpu} (pid {s.proc.pid}, port {s.port})")
+
+    def _wait_mark(self, s: _Server, mark: str, timeout: float) -> None:
+        """Until ``mark`` is in the server's log; RuntimeError if it exits, TimeoutError after ``timeout``."""
+        end = time.monotonic() + timeout
+        while mark not in (s.log.read_text(errors="replace") if s.log.exists() else ""):
+            if s.proc.poll() is not None:
+                raise RuntimeError(f"{s.name} exited with {s.proc.returncode} before {mark!r}")
+            if time.monotonic() > end:
+                raise TimeoutError(f"{s.name}: no {mark!r} in {timeout:.0f}s")
+            time.sleep(1.0)
+
+    def start(self) -> None:
+        """The spec servers at once, each alone on its GPU; stock without spec once stock spec sized its pools."""
+        for v in SPEC_VARIANTS:
+            self._launch(self.servers[v])
+        first = self.servers["stock_spec"]
+        try:
+            self._wait_mark(first, POOL_MARK, timeout=min(300.0, max(self.dl.left() - 60.0, 1.0)))
+            self.timings["stock_spec_pools_sized"] = self.dl.elapsed()
+        except (RuntimeError, TimeoutError) as e:
+            self.warn(f"stock_nospec started without stock_spec's pools sized ({e}): stock_spec's budget may "
+                      "include stock_nospec's allocations")
+        self._launch(self.servers["stock_nospec"])
+
+    def prepare(self, names: Sequence[str], reserve_s: float) -> None:
+        """Wait for these servers, keeping ``reserve_s`` of the budget (one that fails or is late is stopped,
+        so it disturbs no run, and the others go on), then warm the new ones up at once."""
+        fresh = []
+        for v in names:
+            s = self.servers[v]
+            if s.ready or not s.usable():
+                continue
+            try:
+                ready = ab._wait_ready({v: s.proc}, {v: s.port}, {v: s.log},
+                                       deadline=time.monotonic() + max(self.dl.left() - reserve_s, 1.0))
+                s.ready = True
+                self.timings[f"ready_{v}"] = self.dl.elapsed()
+                fresh.append(v)
+                _log(f"{v} ready ({ready[v]:.0f}s of waiting)")
+            except Exception as e:  # reported; the other servers go on
+                s.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                self.warn(f"{v} did not start: {s.error} (see server_{v}.log)")
+                self.status = 1
+                ab.srv.stop(s.proc)
+        self.refresh_logs()
+        self._check_backends(fresh)
+        if fresh and self.dl.left() > 90:
+            t = time.monotonic()
+            ab._warmup({v: self.servers[v].url for v in fresh}, max(self.args.concurrency), self.args.input_len,
+                       int(self.target_cfg["vocab_size"]), timeout=min(120.0, self.dl.left() - 60.0))
+            self.timings[f"warmup_{'+'.join(fresh)}"] = time.monotonic() - t
+
+    def _check_backends(self, fresh: Sequence[str]) -> None:
+        """Warn when a server that just came up runs the other SSM backend than its name says."""
+        for v in fresh:
+            rings = ab.REPLAY_LOG_MARK in self.servers[v].log.read_text(errors="replace")
+            if rings != (v == "replay_spec"):
+                self.warn(f"{v}: its log {'shows' if rings else 'lacks'} {ab.REPLAY_LOG_MARK!r}: "
+                          f"{'ReplaySSM is active' if rings else 'ReplaySSM may not be active'} there")
+
+    def refresh_logs(self) -> None:
+        """Pool sizes of every server and the replay server's verify plan, from their logs."""
+        for v, s in self.servers.items():
+            if s.log.exists():
+                self.memory[v] = parse_memory_log(s.log.read_text(errors="replace"))
+        replay = self.servers["replay_spec"].log
+        if replay.exists():
+            self.decisions = parse_heuristic_log(replay.read_text(errors="replace"))
+        before = [self.memory.get(v, {}).get("avail_before_weights_gb") for v in SPEC_VARIANTS]
+        if None not in before and abs(before[0] - before[1]) > 1.0 and not self.unequal_warned:
+            self.unequal_warned = True
+            self.warn(f"the spec servers found {before[0]:.2f} vs {before[1]:.2f} GB free before their weights: "
+                      "their memory budgets are not equal")
+
+    # -- benchmark runs
+
+    def bench_one(self, s: _Server, c: int, n: int) -> tuple[dict, str]:
+        """One bench_serving run; returns (result, its stdout)."""
+        tag = f"{s.name}-c{c}"
+        ofile = self.work / f"{tag}.jsonl"
+        cmd = ab.bench_cmd(self.args, self.args.model_dir, s.port, c, n, ofile, tag)
+        benv = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
+                    SGLANG_PLUGINS="replayssm")
+        log_from = s.log.stat().st_size if s.log.exists() else 0
+        t = time.monotonic()
+        try:
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=benv,
+                               cwd=self.work, timeout=min(self.dl.left() - ab.TEARDOWN_RESERVE_S, BENCH_TIMEOUT_S))
+            rc, text = r.returncode, r.stdout or ""
+        except subprocess.TimeoutExpired as e:
+            rc, text = "timeout", e.output.decode(errors="replace") if isinstance(e.output, bytes) else e.output or ""
+        self.timings[f"bench_{tag}"] = time.monotonic() - t
+        text = f"\n===== {tag}: {' '.join(cmd)}\n{text}"
+        res = ab.read_bench_jsonl(ofile)
+        if rc != 0 or res is None:
+            return {"error": f"bench_serving exit {rc}"}, text
+        res = {k: v for k, v in res.items() if k != "server_info"}
+        res["server_log_decode"] = parse_decode_log(ab._read_from(s.log, log_from))
+        return res, text
+
+    def phase(self, names: Sequence[str], c: int, n: int) -> None:
+        """bench_serving against these servers at once (they are on different GPUs)."""
+        names = [v for v in names if self.servers[v].ready]
+        if not names:
+            return
+        if self.dl.left() - ab.TEARDOWN_RESERVE_S < MIN_RUN_S:
+            for v in names:
+                self.runs[c][v] = {"skipped": "time budget"}
+            self.warn(f"c={c} {'+'.join(names)}: skipped (time budget)")
+            return
+        ex = cf.ThreadPoolExecutor(len(names))
+        try:
+            done = {v: ex.submit(self.bench_one, self.servers[v], c, n) for v in names}
+            results = {v: f.result() for v, f in done.items()}
+        finally:  # on SIGTERM do not wait here: the teardown stops the servers, which ends the runs
+            ex.shutdown(wait=False)
+        for v, (res, text) in results.items():
+            self._record(v, c, n, res, text)
+
+    def _record(self, v: str, c: int, n: int, res: dict, text: str) -> None:
+        with open(self.out / "bench_stdout.log", "a") as fh:
+            fh.write(text)
+        self.runs[c][v] = res
+        if "error" in res:
+            self.warn(f"c={c} {v}: {res['error']} (see bench_stdout.log)")
+            self.status = 1
+            return
+        with open(self.out / "bench_raw.jsonl", "a") as fh:
+            fh.write(json.dumps({**res, "spec_variant": v, "spec_max_concurrency": c}) + "\n")
+        if res.get("completed") != n:
+            self.warn(f"c={c} {v}: {res.get('completed')}/{n} requests completed")
+        log = res["server_log_decode"]
+        _log(f"{v}-c{c}: {res.get('output_throughput') or 0:.1f} out tok/s, median TPOT "
+             f"{res.get('median_tpot_ms') or 0:.2f} ms, accept len {ab._fmt(log['accept_len'], '.3f')}, "
+             f"peak #running {log['peak_running']}")
+
+    def stop(self) -> None:
+        with contextlib.suppress(BaseException):
+            _log("stopping servers")
+            ab._stop_all({v: s.proc for v, s in self.servers.items() if s.proc is not None})
+
+
+def nospec_order(concurrency: Sequence[int]) -> list[int]:
+    """Stock without spec's concurrencies: c = 1 first (the c = 1 target needs it), then as given."""
+    return sorted(concurrency, key=lambda c: c != 1)
+
+
+def _run(session: _Session) -> None:
+    """Models, servers, warm-ups; then every spec pair (both spec servers at once), then stock without spec.
+
+    No run starts before all three servers are ready (or given up): a server still starting (weights,
+    CUDA-graph capture) on the first GPU would slow stock spec's runs there and not replay spec's.
+    """
+    session.make_models()
+    session.start()
+    session.prepare(SPEC_VARIANTS, SPEC_READY_RESERVE_S)
+    session.prepare(("stock_nospec",), NOSPEC_READY_RESERVE_S)
+    prompts = dict(zip(session.args.concurrency, session.args.num_prompts))
+    for c in session.args.concurrency:
+        session.phase(SPEC_VARIANTS, c, prompts[c])
+        session.write()
+    for c in nospec_order(session.args.concurrency):
+        session.phase(("stock_nospec",), c, prompts[c])
+        session.write()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; exit status 0, 1 if a step failed (the report says which), 2 if terminated."""
+    args = parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"replayssm_spec_{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("bench_raw.jsonl", "bench_stdout.log", "gen.log"):
+        (out / name).write_text("")
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, ab._on_signal)
+    session = _Session(args, sys.argv[1:] if argv is None else argv, out, work)
+    try:
+        _run(session)
+    except ab._Terminated as e:
+        session.warn(f"terminated by {e}")
+        session.status = 2
+    except Exception as e:  # keep whatever was measured; the report still comes out
+        session.warn(f"aborted: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        session.status = 1
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # let the teardown finish
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, signal.SIG_IGN)
+        session.stop()
+    session.refresh_logs()
+    session.timings["total"] = session.dl.elapsed()
+    report = session.write()
+    print("\n" + report, flush=True)
+    return session.status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,501 @@
+"""CPU tests of ``benchmarks/bench_spec_serving.py`` (the speculative serving benchmark the lead runs on two H200s).
+
+- arguments, defaults and refusals; GPU ids under ``CUDA_VISIBLE_DEVICES``; the CUDA-graph buckets;
+- the draft's config (the target's vocabulary, heads of 64) and that SGLang 0.5.17 loads it as a
+  Llama draft; every server's flags parse with SGLang's own parser plus the plug-in's flags, and the
+  bench_serving command with 0.5.17's bench_serving parser;
+- the log parsers on lines in the formats SGLang 0.5.17 and the plug-in write (the anchors are checked
+  against their sources; the verify plan's lines come from ``heuristic.Decision.log_line`` itself);
+- the report (ratios, targets, equal acceptance, skipped and failed runs);
+- ``main()`` end to end with fake servers and a fake bench_serving: launch order and GPUs, the stagger
+  of stock without spec behind stock spec's pool sizing, the run order, the per-run log slices, the outputs;
+  and a server that does not start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_serving_ab as ab
+from benchmarks import bench_spec_serving as bs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cfg(name: str) -> dict:
+    return json.loads((ROOT / "tests" / "models" / name / "config.json").read_text())
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def test_defaults():
+    a = bs.parse_args(["--commit", "abc"])
+    assert a.model == "nemotron_h_nano4b" and a.model_dir == "/tmp/replayssm_bench_models/nemotron_h_nano4b"
+    assert a.gpus == [0, 1] and a.concurrency == [256, 512, 1, 64] and a.num_prompts == [256, 512, 8, 64]
+    assert (a.input_len, a.output_len, a.draft_tokens, a.window, a.replay_verify) == (512, 128, 4, 16, "auto")
+    assert (a.spec_mem_fraction, a.nospec_mem_fraction, a.time_budget) == (0.6, 0.75, 530.0)
+    assert (a.dataset, a.device) == ("random-ids", "cuda")  # what bench_serving_ab's helpers read
+    g = bs.parse_args(["--family", "gdn", "--gpus", "1,0", "--concurrency", "4,2", "--num-prompts", "8,16"])
+    assert g.model == "qwen3_next_4b" and g.gpus == [1, 0] and g.num_prompts == [8, 16]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--gpus", "0"],
+    ["--gpus", "0,0"],
+    ["--gpus", "a,b"],
+    ["--gpus", "0,1,2"],
+    ["--concurrency", "1,64", "--num-prompts", "4"],
+    ["--concurrency", "0"],
+    ["--draft-tokens", "1"],
+    ["--window", "0"],
+    ["--output-len", "0"],
+    ["--spec-mem-fraction", "1.2"],
+    ["--nospec-mem-fraction", "0"],
+    ["--time-budget", "0"],
+    ["--replay-verify", "always"],
+    ["--family", "llama"],
+])
+def test_bad_arguments(argv):
+    with pytest.raises(SystemExit):
+        bs.parse_args(["--commit", "x", *argv])
+
+
+def test_gpu_env_ids():
+    assert bs.gpu_env_ids([0, 1], None) == ["0", "1"] and bs.gpu_env_ids([1, 0], "") == ["1", "0"]
+    assert bs.gpu_env_ids([0, 1], "3, 5") == ["3", "5"] and bs.gpu_env_ids([1, 0], "3,5") == ["5", "3"]
+    with pytest.raises(ValueError, match="expected indices < 2"):
+        bs.gpu_env_ids([0, 2], "3,5")
+
+
+def test_graph_buckets():
+    assert bs.graph_buckets([256, 512, 1, 64]) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    assert bs.graph_buckets([3, 100]) == [1, 2, 3, 4, 8, 16, 32, 64, 100]
+    assert bs.graph_buckets([1]) == [1]
+
+
+def test_nospec_order():
+    assert bs.nospec_order([256, 512, 1, 64]) == [1, 256, 512, 64]
+    assert bs.nospec_order([64, 256]) == [64, 256]
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+@pytest.mark.parametrize("target", ["nemotron_h_nano4b", "qwen3_next_4b"])
+def test_draft_config_loads_as_llama_draft(target: str, tmp_path: Path):
+    """The draft has the target's vocabulary and context and heads of 64, and SGLang loads it as a Llama
+    (a NemotronH-architecture draft would be turned into an MTP head: spec_algorithms.md)."""
+    import make_model
+    from sglang.srt.configs.model_config import ModelConfig
+
+    base = _cfg("llama_tiny")
+    cfg = bs.draft_config(_cfg(target), base)
+    assert cfg["vocab_size"] == _cfg(target)["vocab_size"] and cfg["head_dim"] == 64
+    assert cfg["max_position_embeddings"] == _cfg(target)["max_position_embeddings"]
+    assert {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "architectures")} == {
+        k: base[k] for k in ("hidden_size", "num_hidden_layers", "architectures")}
+    draft = make_model.materialize("llama_tiny", tmp_path / "draft", config=cfg)
+    assert not list(draft.glob("*.safetensors"))  # dummy weights: --speculative-draft-load-format dummy
+    mc = ModelConfig(str(draft), is_draft_model=True)
+    assert mc.hf_config.architectures == ["LlamaForCausalLM"] and mc.head_dim == 64
+    assert mc.vocab_size == cfg["vocab_size"]
+
+
+def _server_parser() -> argparse.ArgumentParser:
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_replayssm.hooks.args import add_flags
+
+    p = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(p)
+    add_flags(None, p)
+    return p
+
+
+def test_server_flags_parse_with_sglang_and_the_plugin():
+    a = bs.parse_args(["--commit", "x", "--server-args", "--chunked-prefill-size 4096 --mem-fraction-static 0.5",
+                       "--replay-args", "--replayssm-read-dtype same"])
+    p = _server_parser()
+    ns = {v: p.parse_args(["--model-path", "/m", *bs.common_flags(a), *bs.variant_flags(v, a, "/d")])
+          for v in bs.VARIANTS}
+    for v, n in ns.items():
+        assert n.cuda_graph_bs_decode == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512] and n.disable_overlap_schedule
+        assert n.attention_backend == "flashinfer" and n.dtype == "bfloat16" and n.load_format == "safetensors"
+        assert n.max_total_tokens == 512 * (512 + 128 + 4 + 64) + 8192
+        assert n.chunked_prefill_size == 4096 and n.mem_fraction_static == 0.5  # --server-args override
+    for v in bs.SPEC_VARIANTS:
+        n = ns[v]
+        assert n.speculative_algorithm == "STANDALONE" and n.speculative_draft_model_path == "/d"
+        assert n.speculative_draft_load_format == "dummy" and n.speculative_eagle_topk == 1
+        assert (n.speculative_num_steps, n.speculative_num_draft_tokens) == (3, 4)
+        assert n.mamba_radix_cache_strategy == "no_buffer" and not n.disable_radix_cache
+        assert n.max_running_requests == bs.SPEC_MAX_RUNNING_REQUESTS
+    assert ns["stock_spec"].ssm_backend == "default" and ns["stock_nospec"].ssm_backend == "default"
+    r = ns["replay_spec"]
+    assert (r.ssm_backend, r.replayssm_window, r.replayssm_verify, r.replayssm_read_dtype) == (
+        "replay", 16, "auto", "same")
+    n = ns["stock_nospec"]
+    assert n.speculative_algorithm is None and n.disable_radix_cache and n.max_running_requests == 512
+    plain = bs.parse_args(["--commit", "x", "--draft-tokens", "8", "--replay-verify", "replay"])
+    s = bs.variant_flags("replay_spec", plain, "/d")
+    assert s[s.index("--speculative-num-steps") + 1] == "7" and s[s.index("--replayssm-verify") + 1] == "replay"
+    assert bs.variant_flags("stock_spec", plain, "/d")[
+        bs.variant_flags("stock_spec", plain, "/d").index("--mem-fraction-static") + 1] == "0.6"
+    assert "--replayssm-read-dtype" not in bs.variant_flags("stock_spec", a, "/d")
+    with pytest.raises(ValueError, match="expected one of"):
+        bs.variant_flags("replay_nospec", a, "/d")
+
+
+def test_bench_cmd_parses_with_bench_serving(monkeypatch):
+    """The run command is bench_serving_ab's, from this CLI's arguments: 0.5.17's bench_serving takes it."""
+    from sglang.benchmark import serving
+
+    a = bs.parse_args(["--commit", "x"])
+    cmd = ab.bench_cmd(a, a.model_dir, 30001, 256, 256, "/o.jsonl", "replay_spec-c256")
+    seen = {}
+    monkeypatch.setattr(serving, "run_benchmark", lambda ns: seen.setdefault("args", ns))
+    monkeypatch.setattr(sys, "argv", ["bench_serving", *cmd[3:]])
+    serving.cli_main()
+    ns = seen["args"]
+    assert ns.dataset_name == "random-ids" and ns.random_output_len == 128 and ns.random_input_len == 512
+    assert ns.max_concurrency == 256 and ns.num_prompts == 256 and ns.tag == "replay_spec-c256"
+
+
+# ----------------------------------------------------------------------------- log parsers
+
+#: lines in the formats of SGLang 0.5.17 (memory_pool.py, kv_cache_configurator.py, model_runner.py,
+#: scheduler.py, metrics_reporter.py) and the plug-in (pool.py, hooks/pool.py), prefixed as SGLang logs them
+MEMORY_LOG_STOCK_SPEC = """\
+[2026-11-30 10:00:01 TP0] Load weight begin. avail mem=139.52 GB
+[2026-11-30 10:00:09 TP0] Load weight end. elapsed=7.1 s, type=NemotronHForCausalLM, avail mem=132.01 GB, mem usage=7.51 GB.
+[2026-11-30 10:00:09 TP0] max_running_requests is capped to 61 by the mamba state cache (max_mamba_cache_size=184, 3 state slots per request). To raise it: ...
+[2026-11-30 10:00:10 TP0] Mamba Cache is allocated. max_mamba_cache_size: 184, conv_state size: 0.21GB, ssm_state size: 14.32GB intermediate_ssm_state_cache size: 19.01GB intermediate_conv_window_cache size: 0.29GB 
+[2026-11-30 10:00:10 TP0] KV Cache is allocated. #tokens: 370688, K size: 2.83 GB, V size: 2.83 GB
+[2026-11-30 10:00:10 TP0] Memory pool end. avail mem=84.90 GB
+[2026-11-30 10:00:12 TP0] Load weight begin. avail mem=80.10 GB
+[2026-11-30 10:00:12 TP0] Memory pool end. avail mem=79.00 GB
+[2026-11-30 10:02:00 TP0] max_total_num_tokens=370688, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=61, context_len=8192, available_gpu_mem=70.11 GB
+"""
+MEMORY_LOG_REPLAY_SPEC = """\
+[2026-11-30 10:00:01 TP0] Load weight begin. avail mem=139.50 GB
+[2026-11-30 10:00:09 TP0] ReplaySSM memory: 7472648 B of ring (+ read copy) per mamba slot (state 83800064 B per slot); max_mamba_cache_size 184 -> 168 (budget re-solved); rings charged 1.182 GB
+[2026-11-30 10:00:10 TP0] Mamba Cache is allocated. max_mamba_cache_size: 168, conv_state size: 0.19GB, ssm_state size: 13.07GB intermediate_ssm_state_cache size: 17.46GB intermediate_conv_window_cache size: 0.27GB 
+[2026-11-30 10:00:10 TP0] ReplaySSM: released SGLang's per-draft SSM buffer intermediate_ssm (17.460GB)
+[2026-11-30 10:00:10 TP0] ReplaySSM rings are allocated. family=mamba2, window L=16, rows R=20, slots=169, layers=21, x=(21, 169, 96, 20, 80) torch.bfloat16, ring size: 1.176GB (7472648 B per slot), mamba cache total: 14.500GB
+[2026-11-30 10:00:10 TP0] Memory pool end. avail mem=86.01 GB
+[2026-11-30 10:02:00 TP0] max_total_num_tokens=370688, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=56, context_len=8192, available_gpu_mem=71.20 GB
+"""
+MEMORY_LOG_NOSPEC = """\
+[2026-11-30 10:01:20 TP0] Load weight begin. avail mem=84.70 GB
+[2026-11-30 10:01:30 TP0] Mamba Cache is allocated. max_mamba_cache_size: 512, conv_state size: 0.57GB, ssm_state size: 39.38GB 
+[2026-11-30 10:01:30 TP0] Memory pool end. avail mem=31.50 GB
+[2026-11-30 10:03:30 TP0] max_total_num_tokens=370688, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=512, context_len=8192, available_gpu_mem=25.00 GB
+"""
+
+
+def test_log_anchors_exist_in_the_sources():
+    """Every log text the parsers look for is written by SGLang 0.5.17 or the plug-in."""
+    import sglang
+
+    import sglang_replayssm
+
+    sg = Path(sglang.__file__).parent / "srt"
+    rs = Path(sglang_replayssm.__file__).parent
+    anchors = {
+        sg / "mem_cache" / "memory_pool.py": ["Mamba Cache is allocated. ", "max_mamba_cache_size: {size}, ",
+                                              "conv_state size: ", "ssm_state size: ",
+                                              "intermediate_ssm_state_cache size: ",
+                                              "intermediate_conv_window_cache size: "],
+        sg / "mem_cache" / "kv_cache_configurator.py": [
+            f"{bs.POOL_MARK}. ", "avail mem=", '"max_running_requests is capped to %d by the mamba state "',
+            '"cache (max_mamba_cache_size=%d, '],
+        sg / "model_executor" / "model_runner.py": ["Load weight begin. avail mem="],
+        sg / "managers" / "scheduler.py": ["max_total_num_tokens=", "max_running_requests="],
+        sg / "managers" / "scheduler_components" / "metrics_reporter.py": [
+            'f"Decode batch{iter_msg}, #running-req: {num_running_reqs}, ', "accept len: "],
+        rs / "pool.py": ["ReplaySSM rings are allocated. ", "ring size: %.3fGB",
+                         "released SGLang's per-draft SSM buffer intermediate_ssm (%.3fGB)"],
+        rs / "hooks" / "pool.py": ["ReplaySSM memory: %d B of ring (+ read copy) per mamba slot ",
+                                   "(state %d B per slot); ",
+                                   "max_mamba_cache_size %d -> %d "],
+    }
+    for path, texts in anchors.items():
+        src = path.read_text()
+        for text in texts:
+            assert text in src, f"{path.name} no longer writes {text!r}"
+
+
+def test_parse_memory_log():
+    s = bs.parse_memory_log(MEMORY_LOG_STOCK_SPEC)
+    assert s["max_running_requests"] == 61 and s["capped_by_mamba_to"] == 61 and s["mamba_slots"] == 184
+    assert (s["avail_before_weights_gb"], s["avail_after_pools_gb"]) == (139.52, 84.90)  # the target's, not the draft's
+    assert (s["state_gb"], s["conv_gb"], s["per_draft_gb"], s["per_draft_conv_gb"]) == (14.32, 0.21, 19.01, 0.29)
+    assert s["per_draft_gb_per_request"] == round((19.01 + 0.29) / 62, 4)
+    assert s["ring_gb"] is None and s["ring_bytes_per_slot"] is None and s["per_draft_released_gb"] is None
+    r = bs.parse_memory_log(MEMORY_LOG_REPLAY_SPEC)
+    assert r["max_running_requests"] == 56 and r["mamba_slots"] == 168 and r["replay_slots_before"] == 184
+    assert (r["ring_bytes_per_slot"], r["state_bytes_per_slot"], r["ring_gb"]) == (7472648, 83800064, 1.176)
+    assert r["per_draft_released_gb"] == 17.46 and r["capped_by_mamba_to"] is None
+    n = bs.parse_memory_log(MEMORY_LOG_NOSPEC)
+    assert n["max_running_requests"] == 512 and n["per_draft_gb"] is None and n["per_draft_gb_per_request"] is None
+    assert bs.parse_memory_log("")["max_running_requests"] is None
+
+
+def _decode_line(running: int, accept: float | None) -> str:
+    spec = "" if accept is None else f"accept len: {accept:.2f}, accept rate: {(accept - 1) / 3:.2f}, "
+    return (f"[2026-11-30 10:05:00 TP0] Decode batch, #running-req: {running}, #full token: 9000, "
+            f"full token usage: 0.03, mamba num: {running}, mamba usage: 0.30, {spec}cuda graph: True, "
+            f"gen throughput (token/s): 4000.00, #queue-req: 3\n")
+
+
+def test_parse_decode_log():
+    text = ("[t] Prefill batch, #new-seq: 4, #new-token: 2048, #cached-token: 0, token usage: 0.01, "
+            "#running-req: 0, #queue-req: 60\n" + _decode_line(10, 1.10) + _decode_line(30, 1.02)
+            + _decode_line(61, 1.00) + "[t] Decode batch [77], #running-req: 5, accept len: 2.00, \n")
+    d = bs.parse_decode_log(text)
+    assert d["decode_lines"] == 4 and d["peak_running"] == 61
+    assert d["accept_len"] == round((10 * 1.10 + 30 * 1.02 + 61 * 1.00 + 5 * 2.00) / 106, 4)
+    nospec = bs.parse_decode_log(_decode_line(512, None) * 3)
+    assert nospec == {"decode_lines": 3, "peak_running": 512, "accept_len": None}
+    assert bs.parse_decode_log("") == {"decode_lines": 0, "peak_running": None, "accept_len": None}
+
+
+def _decision(bs_: int, path: str, source: str, reason: str, snap_us: float, rep_us: float):
+    from sglang_replayssm.heuristic import Decision
+
+    return Decision(batch_size=bs_, num_tokens=4, path=path, reason=reason, source=source,
+                    snapshot_bytes=bs_ * 4.2e6, replay_bytes=bs_ * 1.2e6, snapshot_s=snap_us * 1e-6,
+                    replay_s=rep_us * 1e-6, snapshot_util=0.12 * bs_ ** 0.5, replay_util=0.05)
+
+
+def test_parse_heuristic_log_reads_the_plugins_own_lines():
+    lines = [
+        _decision(1, "snapshot", "measured", "snapshot path not bandwidth-bound (util 0.12 < 0.5)", 17.0, 31.0),
+        _decision(64, "replay", "measured (interpolated between measured bs=32 and bs=128)",
+                  "snapshot path bandwidth-bound (util 0.96 >= 0.5) and replay 1.28x faster", 453.1, 353.1),
+        _decision(512, "snapshot", "byte-model (probe failed: RuntimeError: x; y)", "replay not faster enough "
+                  "(1.01x < 1.05x) although the snapshot path is bandwidth-bound (util 2.72)", 4000.0, 3960.0),
+        # the int32 guard re-logs a bucket it moves: the later line wins
+        _decision(512, "replay", "byte-model (probe failed: RuntimeError: x; y)",
+                  "snapshot commit would overflow SGLang 0.5.17's int32 offsets above batch 546", 4000.0, 3960.0),
+    ]
+    text = "".join(f"[2026-11-30 10:01:00 TP0] {d.log_line()}\n" for d in lines)
+    text += "[2026-11-30 10:01:00 TP0] ReplaySSM verify probe bs=64 T=4: interpolated between measured bs=32 and 128\n"
+    rows = bs.parse_heuristic_log(text)
+    assert [(r["bs"], r["path"]) for r in rows] == [(1, "snapshot"), (64, "replay"), (512, "replay")]
+    assert rows[1]["source"] == "measured (interpolated between measured bs=32 and bs=128)"
+    assert rows[1]["reason"] == "snapshot path bandwidth-bound (util 0.96 >= 0.5) and replay 1.28x faster"
+    assert (rows[1]["snapshot_us"], rows[1]["replay_us"], rows[1]["T"]) == (453.1, 353.1, 4)
+    assert rows[2]["source"] == "byte-model (probe failed: RuntimeError: x; y)"
+    assert rows[2]["reason"].startswith("snapshot commit would overflow")
+    assert rows[0]["snapshot_mb"] == pytest.approx(4.2) and rows[0]["snapshot_util"] == 0.12
+    assert bs.parse_heuristic_log("nothing") == []
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _result(tput: float, tpot: float, accept: float | None, run_accept: float | None, peak: int, n: int) -> dict:
+    return {"completed": n, "output_throughput": tput, "median_tpot_ms": tpot, "median_itl_ms": tpot,
+            "accept_length": accept,
+            "server_log_decode": {"decode_lines": 9, "peak_running": peak, "accept_len": run_accept}}
+
+
+def _meta() -> dict:
+    return {"model": "nemotron_h_nano4b", "family": "mamba2", "commit": "abc", "date": "d", "gpu": "NVIDIA H200",
+            "input_len": 512, "output_len": 128, "draft_tokens": 4, "window": 16, "replay_verify": "auto",
+            "gpu_of": {"stock_spec": "0", "replay_spec": "1", "stock_nospec": "0"},
+            "mem_fraction": {"stock_spec": 0.6, "replay_spec": 0.6, "stock_nospec": 0.75}, "warnings": ["odd"]}
+
+
+def test_report():
+    runs = {
+        1: {"num_prompts": 8, "stock_spec": _result(150.0, 6.5, 1.01, 1.01, 1, 8),
+            "replay_spec": _result(149.0, 6.6, 1.02, 1.01, 1, 8),
+            "stock_nospec": _result(380.0, 2.6, None, None, 1, 8)},
+        256: {"num_prompts": 256, "stock_spec": _result(4000.0, 14.0, 1.03, 1.00, 61, 256),
+              "replay_spec": _result(8000.0, 7.0, 1.05, 1.02, 140, 256),
+              "stock_nospec": _result(9000.0, 25.0, None, None, 256, 256)},
+        512: {"num_prompts": 512, "stock_spec": _result(4000.0, 14.0, 1.0, 1.0, 61, 512),
+              "replay_spec": _result(7000.0, 7.0, 1.2, 1.1, 140, 512), "stock_nospec": {"skipped": "time budget"}},
+    }
+    memory = {"stock_spec": bs.parse_memory_log(MEMORY_LOG_STOCK_SPEC),
+              "replay_spec": bs.parse_memory_log(MEMORY_LOG_REPLAY_SPEC),
+              "stock_nospec": bs.parse_memory_log(MEMORY_LOG_NOSPEC)}
+    decisions = bs.parse_heuristic_log(
+        f"[t] {_decision(32, 'snapshot', 'measured', 'r', 200.0, 250.0).log_line()}\n"
+        f"[t] {_decision(64, 'replay', 'measured', 'r2', 453.1, 353.1).log_line()}\n")
+    report = bs.build_report(runs, memory, decisions, _meta())
+    assert report.startswith("### Speculative serving (T=4): nemotron_h_nano4b (mamba2)")
+    rows = {}
+    for ln in report.splitlines():
+        cells = [x.strip() for x in ln.split("|")[1:-1]]
+        if len(cells) == 11 and cells[0].isdigit() and cells[1] in bs.VARIANTS:
+            rows[int(cells[0]), cells[1]] = cells
+    assert len(rows) == 9
+    assert rows[256, "replay_spec"][4:6] == ["8000.0", "2.000"] and rows[256, "replay_spec"][8:11] == [
+        "1.050", "1.020", "140"]
+    assert rows[1, "stock_nospec"][5] == f"{380 / 150:.3f}" and rows[512, "stock_nospec"][3] == "skipped"
+    assert "target c=256: replay spec / stock spec output throughput >= 1.80: 2.000 met; accept len 1.000 vs " \
+           "1.020: equal" in report
+    assert "target c=512: replay spec / stock spec output throughput >= 1.80: 1.750 MISSED; accept len 1.000 vs " \
+           "1.100: NOT equal (|diff| > 0.05)" in report
+    assert f"max running requests at equal memory >= 2.50: {56 / 61:.2f} MISSED" in report
+    assert f"stock without spec >= 0.98: {149 / 380:.3f} MISSED" in report
+    assert "| stock_spec | 0 | 0.6 | 139.52 | 61 | 184 | 14.53 | 19.01 (0.311) | — | 84.90 | 1.00 |" in report
+    assert "| replay_spec | 1 | 0.6 | 139.50 | 56 | 168 | 13.26 | 17.46 (0.311), released | 1.176 | 86.01 | 0.92 |" \
+        in report
+    assert "| stock_nospec | 0 | 0.75 | 84.70 | 512 | 512 | 39.95 | — | — | 31.50 | — |" in report
+    # the replay server holds 56 requests: bucket 64 is never captured
+    assert "| 64 | 4 | replay | measured | 453.1 | 353.1 | 1.28 | 0.96 | no (> limit) | r2 |" in report
+    assert "| 32 | 4 | snapshot | measured | 200.0 | 250.0 | 0.80 | " in report and "| yes | r |" in report
+    assert "accept length is ~1" in report and "WARNING: odd" in report
+    # nothing measured: dashes and "not measured", no crash
+    empty = bs.build_report({64: {"num_prompts": 64, "stock_spec": {"error": "bench_serving exit 1"}}}, {}, [],
+                            {**_meta(), "warnings": []})
+    assert "| 64 | stock_spec | 64 | failed |" in empty and "No `ReplaySSM verify bs=` lines" in empty
+    assert empty.count("not measured") == 6 and "WARNING" not in empty
+
+
+# ----------------------------------------------------------------------------- main() with fakes
+
+
+class _FakeProc:
+    pid = 4242
+    returncode = None
+
+    def poll(self):
+        return None
+
+
+def _bench_line(tag: str, c: int, n: int, tput: float) -> dict:
+    return {"tag": tag, "backend": "sglang", "dataset_name": "random-ids", "max_concurrency": c, "completed": n,
+            "output_throughput": tput, "median_tpot_ms": 5.0, "median_itl_ms": 5.0, "accept_length": 1.01,
+            "server_info": {"big": "blob"}}
+
+
+def _fake_world(monkeypatch, tmp_path: Path, fail: str | None = None, stock_rings: bool = False) -> dict:
+    """Fake servers (logs in 0.5.17's formats), readiness, warm-up and bench_serving; returns what they saw.
+
+    ``fail``: the server that does not start; ``stock_rings``: stock spec's log shows ReplaySSM rings."""
+    import subprocess
+
+    seen: dict = {"launch": [], "bench": [], "stopped": [], "warmup": []}
+    lock = threading.Lock()
+    logs: dict[int, Path] = {}
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(bs.signal, "signal", lambda *a: None)  # keep pytest's handlers
+    monkeypatch.setattr(ab, "_generate_model", lambda *a, **k: 0.0)
+    monkeypatch.setattr(ab, "_gpu_name", lambda: "NVIDIA H200, 143771 MiB")
+    monkeypatch.setattr(ab, "_stop_all", lambda procs: seen["stopped"].extend(procs))
+    monkeypatch.setattr(ab.srv, "stop", lambda proc: seen["stopped"].append("early"))
+    monkeypatch.setattr(ab, "_warmup", lambda urls, n, *a, **k: seen["warmup"].append((sorted(urls), n)))
+
+    def wait_ready(procs, ports, logs_, deadline):
+        (name,) = procs
+        if name == fail:
+            raise RuntimeError(f"{name} server exited with 1:\nboom")
+        return {name: 1.0}
+
+    monkeypatch.setattr(ab, "_wait_ready", wait_ready)
+    rings = f"[t] {ab.REPLAY_LOG_MARK}. family=mamba2\n"
+    plan = "".join(f"[t] {_decision(b, 'replay', 'measured', 'r', 9.0, 3.0).log_line()}\n" for b in (1, 64))
+    start_logs = {"stock_spec": MEMORY_LOG_STOCK_SPEC + (rings if stock_rings else ""),
+                  "replay_spec": MEMORY_LOG_REPLAY_SPEC + plan + rings, "stock_nospec": MEMORY_LOG_NOSPEC}
+
+    def launch(model, vargs, log, *, port, env, base_flags):
+        name = log.stem.removeprefix("server_")
+        spec_pools = (tmp_path / "out" / "server_stock_spec.log").read_text() if seen["launch"] else ""
+        seen["launch"].append((name, env["CUDA_VISIBLE_DEVICES"], bs.POOL_MARK in spec_pools, list(vargs)))
+        assert env["SGLANG_REPLAYSSM_VERIFY_CACHE"].endswith("verify_decisions.json")
+        assert base_flags[base_flags.index("--max-total-tokens") + 1] == str(4 * (64 + 16 + 4 + 64) + 8192)
+        logs[port] = log
+        log.write_text(start_logs[name])
+        return _FakeProc()
+
+    monkeypatch.setattr(ab.srv, "launch", launch)
+    real_run = subprocess.run
+
+    def fake_run(cmd, *a, **k):
+        if cmd[1:3] != ["-m", "sglang.bench_serving"]:
+            return real_run(cmd, *a, **k)
+        kv = dict(zip(cmd, cmd[1:]))
+        c, n = int(kv["--max-concurrency"]), int(kv["--num-prompts"])
+        spec = kv["--tag"].startswith(("stock_spec", "replay_spec"))
+        with lock:
+            seen["bench"].append(kv["--tag"])
+        with open(logs[int(kv["--port"])], "a") as fh:  # this run's decode lines
+            fh.write(_decode_line(c, 1.0 if spec else None) * 2)
+        tput = {"stock_spec": 100.0, "replay_spec": 180.0, "stock_nospec": 300.0}[kv["--tag"].split("-")[0]] * c
+        Path(kv["--output-file"]).write_text(json.dumps(_bench_line(kv["--tag"], c, n, tput)) + "\n")
+        return subprocess.CompletedProcess(cmd, 0, stdout=f"bench {kv['--tag']}\n")
+
+    monkeypatch.setattr(bs.subprocess, "run", fake_run)
+    return seen
+
+
+def test_main_with_fakes(monkeypatch, tmp_path: Path):
+    seen = _fake_world(monkeypatch, tmp_path)
+    out = tmp_path / "out"
+    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4,1", "--input-len", "64",
+                  "--output-len", "16", "--model-dir", str(tmp_path / "m"), "--time-budget", "300"])
+    assert rc == 0
+    # the spec servers first, one per GPU; stock without spec on the first GPU once stock spec sized its pools
+    assert [x[:3] for x in seen["launch"]] == [("stock_spec", "0", False), ("replay_spec", "1", True),
+                                               ("stock_nospec", "0", True)]
+    assert seen["launch"][1][3][:6] == ["--ssm-backend", "replay", "--replayssm-window", "16",
+                                        "--replayssm-verify", "auto"]
+    assert seen["warmup"] == [(["replay_spec", "stock_spec"], 4), (["stock_nospec"], 4)]
+    # the spec pairs per concurrency in order, then stock without spec with c=1 first
+    assert sorted(seen["bench"][:2]) == ["replay_spec-c4", "stock_spec-c4"]
+    assert sorted(seen["bench"][2:4]) == ["replay_spec-c1", "stock_spec-c1"]
+    assert seen["bench"][4:] == ["stock_nospec-c1", "stock_nospec-c4"]
+    assert sorted(seen["stopped"]) == sorted(bs.VARIANTS)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["results.md", "results.json", "bench_raw.jsonl", "bench_stdout.log", "gen.log",
+         *(f"server_{v}.log" for v in bs.VARIANTS)])
+    res = json.loads((out / "results.json").read_text())
+    r4 = res["runs"]["4"]["replay_spec"]
+    assert "server_info" not in r4 and r4["completed"] == 8 and r4["output_throughput"] == 720.0
+    # only this run's decode lines: 2 at #running-req 4
+    assert r4["server_log_decode"] == {"decode_lines": 2, "peak_running": 4, "accept_len": 1.0}
+    assert res["runs"]["1"]["stock_nospec"]["server_log_decode"]["accept_len"] is None
+    assert res["memory"]["stock_spec"]["max_running_requests"] == 61
+    assert res["memory"]["replay_spec"]["ring_bytes_per_slot"] == 7472648
+    assert [d["bs"] for d in res["verify_plan"]] == [1, 64]
+    assert res["meta"]["draft_config"]["vocab_size"] == 131072 and res["meta"]["warnings"] == []
+    assert res["meta"]["gpu_of"] == {"stock_spec": "0", "replay_spec": "1", "stock_nospec": "0"}
+    assert Path(f"{tmp_path / 'm'}_draft/config.json").exists()
+    report = (out / "results.md").read_text()
+    assert "| 4 | replay_spec | 8 | 8 | 720.0 | 1.800 |" in report
+    assert "target c=1: replay spec / the better of stock spec and stock without spec >= 0.98: 0.600 MISSED" \
+        in report
+    raw = [json.loads(x) for x in (out / "bench_raw.jsonl").read_text().splitlines()]
+    assert sorted(x["spec_variant"] for x in raw) == sorted(list(bs.VARIANTS) * 2)
+    assert (out / "bench_stdout.log").read_text().count("=====") == 6
+
+
+def test_main_goes_on_without_a_server(monkeypatch, tmp_path: Path):
+    """A spec server that does not start is stopped and reported; the others still run (and a stock server
+    that shows ReplaySSM rings is reported)."""
+    seen = _fake_world(monkeypatch, tmp_path, fail="replay_spec", stock_rings=True)
+    out = tmp_path / "out"
+    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4", "--input-len", "64",
+                  "--output-len", "16", "--model-dir", str(tmp_path / "m"), "--time-budget", "300"])
+    assert rc == 1
+    assert seen["bench"] == ["stock_spec-c4", "stock_nospec-c4"] and "early" in seen["stopped"]
+    res = json.loads((out / "results.json").read_text())
+    assert "replay_spec" not in res["runs"]["4"]
+    assert any(w.startswith("replay_spec did not start: RuntimeError") for w in res["meta"]["warnings"])
+    assert "stock_spec: its log shows 'ReplaySSM rings are allocated': ReplaySSM is active there" in res["meta"][
+        "warnings"]
+    assert "not measured" in (out / "results.md").read_text()
