@@ -95,6 +95,20 @@ class ReplaySSMConfig:
         return {"same": None, "bf16": torch.bfloat16, "fp16": torch.float16,
                 "fp8": torch.float8_e4m3fn}[self.read_dtype]
 
+    def needs_draft_states(self, eagle_topk: int | None) -> bool:
+        """Whether SGLang's per-draft SSM snapshots (``intermediate_ssm``) can be read in this server.
+
+        Only SGLang's snapshot verify reads them: tree drafts (``eagle_topk > 1``) and the
+        ``auto`` / ``snapshot`` verify modes may take it.  With ``verify="replay"`` and linear chains
+        every verify runs the replay kernels, so the buffer is neither budgeted nor kept.
+
+        Parameters
+        ----------
+        eagle_topk : int or None
+            ``--speculative-eagle-topk`` (``None``: no speculative decoding, treated as 1).
+        """
+        return self.verify != "replay" or (eagle_topk or 1) > 1
+
     def to_env(self) -> str:
         """Return the JSON value of ``SGLANG_REPLAYSSM_CONFIG`` for this configuration."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -144,8 +144,8 @@ class ReplayMambaPool(MambaPool):
         # Speculative verify of T tokens writes T window rows past len: R = max(L, T) + T.
         self.spec_tokens = int(kwargs.get("speculative_num_draft_tokens") or 0)
         # SGLang's snapshot verify (tree drafts, --replayssm-verify auto/snapshot buckets) needs it.
-        self._replay_verify_only = (
-            ReplaySSMConfig.from_env().verify == "replay" and (kwargs.get("speculative_eagle_topk") or 1) <= 1
+        self._replay_verify_only = not ReplaySSMConfig.from_env().needs_draft_states(
+            kwargs.get("speculative_eagle_topk")
         )
         self._drop_per_draft_ssm()
         cache_params = kwargs["cache_params"]
@@ -215,8 +215,9 @@ class ReplayMambaPool(MambaPool):
         The replay verify keeps no per-draft state (the window's records are ring rows); only
         SGLang's snapshot verify reads ``intermediate_ssm``, and with ``replay`` forced no bucket
         takes it.  SGLang's ``MambaPool.__init__`` allocates it unconditionally, so it is freed here
-        (a transient allocation at startup; the memory budget still reserves it).  With ``auto`` or
-        ``snapshot`` it is kept: the snapshot fallback may need it.
+        (a transient allocation at startup, before the KV pool exists; the memory budget does not
+        reserve it, ``hooks/pool.py``).  With ``auto`` or ``snapshot`` it is kept: the snapshot
+        fallback may need it.
         """
         buf = getattr(self.mamba_cache, "intermediate_ssm", None)
         if not self.spec_tokens or buf is None or not self._replay_verify_only:

@@ -20,12 +20,17 @@
     How: the original solves ``K`` slots; if ``K`` was derived from the memory budget we republish
     ``K' = floor((K+1) * per_req / (per_req + ring)) - 1`` (same bytes), otherwise (explicit
     ``--max-mamba-cache-size`` / ``--max-running-requests``) we keep ``K``; either way the returned
-    remaining memory is reduced by the ring bytes of ``K'+1`` slots.
+    remaining memory is reduced by the ring bytes of ``K'+1`` slots.  With speculative decoding and
+    ``--replayssm-verify replay`` on linear chains (nothing reads SGLang's per-draft SSM snapshots),
+    the original solves as without speculation, so the ``intermediate_ssm`` reserve (``T`` states
+    per running request) is not taken out of the budget; ``ReplayMambaPool`` frees the buffer that
+    ``MambaPool.__init__`` still allocates (before the KV pool exists, so the transient fits).
     Removal: SGLang 0.5.23 has ``extra_mamba_cache_bytes_per_req``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 
@@ -135,13 +140,40 @@ def ring_bytes_per_slot(configurator) -> int:
     ).bytes_per_slot + read_copy_bytes_per_slot(tuple(params.shape.temporal), len(layers), spec.read_dtype)
 
 
+@contextlib.contextmanager
+def _solved_without_draft_states(configurator):
+    """Let SGLang's solve see no speculative algorithm, so it reserves no per-draft SSM snapshots.
+
+    ``_handle_max_mamba_cache`` reads ``spec_algorithm`` only to reserve ``intermediate_ssm``
+    (``(reqs + 1) * T * mamba_cache_per_req``); the configurator's attribute is restored afterwards.
+    """
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    saved = configurator.spec_algorithm
+    configurator.spec_algorithm = SpeculativeAlgorithm.NONE
+    try:
+        yield
+    finally:
+        configurator.spec_algorithm = saved
+
+
 def around_handle_max_mamba_cache(original, self, total_rest_memory):
     from sglang.srt.runtime_context import get_context, get_memory, get_schedule
 
     explicit = get_schedule().max_mamba_cache_size is not None or (
         get_memory().disable_radix_cache and get_schedule().max_running_requests is not None
     )
-    rest = original(self, total_rest_memory)
+    no_draft_states = not self.spec_algorithm.is_none() and not ReplaySSMConfig.from_env().needs_draft_states(
+        self.server_args.speculative_eagle_topk
+    )
+    with _solved_without_draft_states(self) if no_draft_states else contextlib.nullcontext():
+        rest = original(self, total_rest_memory)
+    if no_draft_states:
+        logger.info(
+            "ReplaySSM memory: --replayssm-verify replay with linear drafts keeps no per-draft SSM states; "
+            "SGLang's intermediate_ssm reserve (T=%d snapshots per running request) goes to mamba slots and KV",
+            self.server_args.speculative_num_draft_tokens,
+        )
     k = get_schedule().max_mamba_cache_size
     ring = ring_bytes_per_slot(self)
     per_req = self.mambaish_config.mamba2_cache_params.mamba_cache_per_req
