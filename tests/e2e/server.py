@@ -8,12 +8,14 @@ Flags SGLang 0.5.17 needs to serve a hybrid model on a CPU (``../shared/design/c
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,6 +23,10 @@ from pathlib import Path
 import requests
 
 __all__ = ["CPU_FLAGS", "free_port", "launch", "server"]
+
+#: process groups of servers started here and not yet stopped (killed if this process is terminated)
+_LIVE: set[int] = set()
+_HANDLERS_INSTALLED = False
 
 CPU_FLAGS: tuple[str, ...] = (
     "--device", "cpu",
@@ -55,8 +61,36 @@ def launch(model: Path, args: Sequence[str], log: Path, *, port: int, env: dict[
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
            "--port", str(port), *base_flags, *args]
     fh = open(log, "w")
-    return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_env(env), start_new_session=True,
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_env(env), start_new_session=True,
                             cwd=str(log.parent))
+    _track(proc)
+    return proc
+
+
+def _kill_live(signum: int | None = None, frame=None) -> None:
+    """Kill every tracked server's process group; on a signal, then exit with ``128 + signum``.
+
+    A test run stopped by SIGTERM / SIGHUP (a CI timeout, ``kill``) does not unwind its fixtures,
+    and a server's scheduler and detokenizer processes would keep both CPUs busy after it.
+    """
+    for pgid in list(_LIVE):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        _LIVE.discard(pgid)
+    if signum is not None:
+        os._exit(128 + signum)
+
+
+def _track(proc: subprocess.Popen) -> None:
+    """Remember ``proc``'s process group (it must lead a new session) until ``stop``."""
+    global _HANDLERS_INSTALLED
+    if not _HANDLERS_INSTALLED and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                signal.signal(sig, _kill_live)
+        atexit.register(_kill_live)
+        _HANDLERS_INSTALLED = True
+    _LIVE.add(proc.pid)
 
 
 def wait_ready(proc: subprocess.Popen, port: int, log: Path, timeout: float) -> None:
@@ -74,6 +108,7 @@ def wait_ready(proc: subprocess.Popen, port: int, log: Path, timeout: float) -> 
 
 
 def stop(proc: subprocess.Popen) -> None:
+    _LIVE.discard(proc.pid)
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
