@@ -12,7 +12,8 @@ head and the flush writes it exactly once.  Per row the program branches on ``fl
   tile shape ``[32, next_pow2(K)]`` and the same warp count as SGLang's
   ``fused_recurrent_gated_delta_rule_packed_decode_kernel``, so each step compiles to the same
   reductions (layouts) and the same fp32 operations; the tile is stored once (a 16-bit state is
-  rounded once per flush).
+  rounded once per flush: to nearest, or for an fp16 state with ``SR`` stochastically,
+  ``stochastic_round.py``).
 * non-flush: the inner-product form (math.md §4).  ``S_w`` is never built: one pass over the
   checkpoint tile gives ``S0·k̂_c`` and ``S0·q̃_c``; the records add
   ``Σ_j ω_j (k̂_j·k̂_c) u_j`` and ``Σ_j ω_j (k̂_j·q̃_c) u_j``, where ``ω_j = exp(Σ_{i>j} g_i)``.
@@ -34,6 +35,11 @@ import triton.language as tl
 from replayssm_kernels.gdn_decode._fold import fold_records
 from replayssm_kernels.gdn_decode._validate import validate_gdn_decode
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
+from replayssm_kernels.stochastic_round import (
+    sr_key,
+    sr_round_fp16,
+    validate_stochastic_rounding,
+)
 
 __all__ = [
     "gdn_replay_decode",
@@ -67,8 +73,10 @@ def _gdn_decode_program(
     scale,
     read_ptr,
     read_scale_ptr,
+    sr_seed,
     # Matrix dimensions
     R,
+    sr_layer,
     # Strides
     stride_s_n,
     stride_s_h,
@@ -128,10 +136,12 @@ def _gdn_decode_program(
     MODE: tl.constexpr,
     HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr,
+    SR: tl.constexpr,
 ):
     """One program of the decode launch (kernels below); ``HAS_READ``: split precision, non-flush
     rows read ``S0`` from the read copy (``read_ptr``, fp8: times ``read_scale_ptr``'s per-row
-    scale) and flush rows refresh it after storing the checkpoint."""
+    scale) and flush rows refresh it after storing the checkpoint.  ``SR``: flush rows store the
+    fp16 checkpoint with stochastic rounding (``sr_seed`` counter, ``sr_layer`` stream)."""
     # MODE 0: one launch serves every row (both branches).  MODE 1: flush rows only (the fold;
     # other rows return at once).  MODE 2: non-flush rows only (flush rows return at once).
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -227,13 +237,18 @@ def _gdn_decode_program(
         b_h += b_v[:, None] * b_k[None, :]
         b_o = tl.sum(b_h * b_q[None, :], 1)
         tl.store(p_o, b_o.to(o.dtype.element_ty), mask=mask_v)
-        tl.store(p_s, b_h.to(state.dtype.element_ty), mask=mask_h)
+        if SR:
+            b_st = sr_round_fp16(b_h, sr_key(sr_seed, sr_layer, i_s),
+                                 (i_hv * V + o_v[:, None]) * K + o_k[None, :])
+        else:
+            b_st = b_h.to(state.dtype.element_ty)
+        tl.store(p_s, b_st, mask=mask_h)
         if HAS_READ:
             p_rs_head = read_scale_ptr
             if READ_FP8:
                 p_rs_head = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
             store_read_tile(
-                b_h.to(state.dtype.element_ty), read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h,
+                b_st, read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h,
                 p_rs_head, o_v, o_kr, mask_v, mask_k, stride_rd_v, stride_rd_k, stride_rs_v,
                 READ_FP8,
             )
@@ -342,7 +357,7 @@ def _gdn_decode_program(
                 )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sr_layer"])
 def gdn_replay_decode_fwd_kernel(
     state,
     ring_u,
@@ -363,7 +378,9 @@ def gdn_replay_decode_fwd_kernel(
     ring_len,
     flush,
     scale,
+    sr_seed,
     R,
+    sr_layer,
     stride_s_n,
     stride_s_h,
     stride_s_v,
@@ -412,22 +429,24 @@ def gdn_replay_decode_fwd_kernel(
     SOFTPLUS_THRESHOLD: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     MODE: tl.constexpr = 0,
+    SR: tl.constexpr = False,
 ):
     """The decode launch without a read copy (see the module docstring)."""
     _gdn_decode_program(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
-        slot_idx, ring_start, ring_len, flush, scale, None, None, R, stride_s_n, stride_s_h,
+        slot_idx, ring_start, ring_len, flush, scale, None, None, sr_seed, R, sr_layer,
+        stride_s_n, stride_s_h,
         stride_s_v, stride_s_k, stride_u_n, stride_u_h, stride_u_r, stride_u_v, stride_rk_n,
         stride_rk_h, stride_rk_r, stride_rk_k, stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
         stride_g_n, stride_g_h, stride_g_r, stride_beta_n, stride_beta_h, stride_beta_r,
         stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k, stride_v_b,
         stride_v_h, stride_v_v, stride_a_b, stride_a_h, stride_b_b, stride_b_h, stride_o_b,
         stride_o_h, stride_o_v, 0, 0, 0, 0, 0, 0, 0, H, HV, K, V, BK, BV, BR, SOFTPLUS_THRESHOLD,
-        USE_QK_L2NORM, MODE, False, False,
+        USE_QK_L2NORM, MODE, False, False, SR,
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sr_layer"])
 def gdn_replay_decode_read_fwd_kernel(
     state,
     ring_u,
@@ -450,7 +469,9 @@ def gdn_replay_decode_read_fwd_kernel(
     scale,
     read_ptr,
     read_scale_ptr,
+    sr_seed,
     R,
+    sr_layer,
     stride_s_n,
     stride_s_h,
     stride_s_v,
@@ -507,12 +528,14 @@ def gdn_replay_decode_read_fwd_kernel(
     USE_QK_L2NORM: tl.constexpr,
     MODE: tl.constexpr,
     READ_FP8: tl.constexpr,
+    SR: tl.constexpr = False,
 ):
     """The decode launch with a split-precision read copy (``read_ptr``, fp8 scales
     ``read_scale_ptr``)."""
     _gdn_decode_program(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
-        slot_idx, ring_start, ring_len, flush, scale, read_ptr, read_scale_ptr, R, stride_s_n,
+        slot_idx, ring_start, ring_len, flush, scale, read_ptr, read_scale_ptr, sr_seed, R,
+        sr_layer, stride_s_n,
         stride_s_h, stride_s_v, stride_s_k, stride_u_n, stride_u_h, stride_u_r, stride_u_v,
         stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k, stride_rv_n, stride_rv_h, stride_rv_r,
         stride_rv_v, stride_g_n, stride_g_h, stride_g_r, stride_beta_n, stride_beta_h,
@@ -520,7 +543,7 @@ def gdn_replay_decode_read_fwd_kernel(
         stride_v_b, stride_v_h, stride_v_v, stride_a_b, stride_a_h, stride_b_b, stride_b_h,
         stride_o_b, stride_o_h, stride_o_v, stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
         stride_rs_n, stride_rs_h, stride_rs_v, H, HV, K, V, BK, BV, BR, SOFTPLUS_THRESHOLD,
-        USE_QK_L2NORM, MODE, True, READ_FP8,
+        USE_QK_L2NORM, MODE, True, READ_FP8, SR,
     )
 
 
@@ -554,6 +577,8 @@ def gdn_replay_decode_fwd(
     out_num_warps: int = 4,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    sr_seed: torch.Tensor | None = None,
+    sr_layer: int = 0,
 ) -> None:
     """Launch the kernel without checks (callers: the validated wrapper, benchmarks).
 
@@ -569,6 +594,7 @@ def gdn_replay_decode_fwd(
 
     ``read_state`` (and ``read_scale`` for fp8): split precision, launched as
     ``gdn_replay_decode_read_fwd_kernel`` (same program, read-copy code compiled in).
+    ``sr_seed`` (fp16 ``state``): stochastic rounding of the flush store (``SR`` compiled in).
     """
     batch, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -581,7 +607,7 @@ def gdn_replay_decode_fwd(
     read_args: tuple = ()
     read_strides: tuple = ()
     meta = dict(H=Hk, HV=HV, K=K, V=V, BK=BK, BR=BR, SOFTPLUS_THRESHOLD=20.0,
-                USE_QK_L2NORM=use_qk_l2norm, num_stages=1)  # fmt: skip
+                USE_QK_L2NORM=use_qk_l2norm, SR=sr_seed is not None, num_stages=1)  # fmt: skip
     if read_state is not None:
         kernel = gdn_replay_decode_read_fwd_kernel
         read_args = (read_state, read_scale)
@@ -590,7 +616,7 @@ def gdn_replay_decode_fwd(
         meta["READ_FP8"] = read_scale is not None
     args = (
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
-        slot_idx, ring_start, ring_len, flush, float(scale), *read_args, R,
+        slot_idx, ring_start, ring_len, flush, float(scale), *read_args, sr_seed, R, sr_layer,
         *state.stride(), *ring_u.stride(), *ring_k.stride(), *ring_v.stride(),
         *ring_g.stride(), *ring_beta.stride(), *q.stride(), *k.stride(), *v.stride(),
         *a.stride(), *b.stride(), *out.stride(), *read_strides,
@@ -629,6 +655,8 @@ def gdn_replay_decode(
     use_qk_l2norm: bool = True,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    sr_seed: torch.Tensor | None = None,
+    sr_layer: int = 0,
 ) -> None:
     """One Gated DeltaNet ReplaySSM decode step for a batch of rows (one token per row).
 
@@ -649,6 +677,12 @@ def gdn_replay_decode(
     ``read_state[s]`` (the checkpoint is not read); flush rows fold into ``state[s]`` exactly as
     without a copy, then refresh ``read_state[s]`` (and ``read_scale[s]``) from the checkpoint as
     stored (``replayssm_kernels.mamba2_decode.read_copy``, rows = V, scaled over K).
+
+    Stochastic rounding (optional ``sr_seed``, fp16 ``state`` only): flush rows store the folded
+    fp32 state with unbiased stochastic rounding instead of round to nearest, bits keyed by
+    ``(sr_seed[0], sr_layer, s)`` and the element's index in ``[HV, V, K]``
+    (``replayssm_kernels.stochastic_round``); the fold and the outputs are unchanged, and a read
+    copy is refreshed from the value as stored.  Without ``sr_seed`` the SR code is compiled out.
 
     Value head ``hv`` uses key head ``hv // (HV // Hk)``.
 
@@ -694,19 +728,27 @@ def gdn_replay_decode(
     read_scale : torch.Tensor, optional
         ``[slots, HV, V]`` fp32 per-row scales, with (and only with) an fp8 copy; rewritten in
         place on flush rows.
+    sr_seed : torch.Tensor, optional
+        ``[1]`` int64 counter on ``state``'s device: stochastic rounding of the fp16 checkpoint on
+        flush rows.  Read on the device (no host sync); the caller advances it between steps.
+        Not written.
+    sr_layer : int
+        Stream id mixed into the bits (the layer index), ``[0, 2^31)``; a runtime argument.
 
     Raises
     ------
     ValueError
-        On any shape, dtype or device mismatch (the message names expected and actual).
+        On any shape, dtype or device mismatch (the message names expected and actual);
+        ``sr_seed`` with a non-fp16 ``state``.
     """
     validate_gdn_decode(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale,
     )  # fmt: skip
     validate_read_copy(state, read_state, read_scale)
+    validate_stochastic_rounding(state, sr_seed, sr_layer)
     gdn_replay_decode_fwd(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
-        read_state=read_state, read_scale=read_scale,
+        read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,
     )  # fmt: skip

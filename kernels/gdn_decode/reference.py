@@ -15,6 +15,7 @@ from replayssm_kernels.mamba2_decode.read_copy import (
     quantize_rows,
     validate_read_copy,
 )
+from replayssm_kernels.stochastic_round import round_slot_sr_ref, validate_stochastic_rounding
 
 __all__ = ["gdn_replay_decode_ref"]
 
@@ -50,17 +51,21 @@ def gdn_replay_decode_ref(
     use_qk_l2norm: bool = True,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    sr_seed: torch.Tensor | None = None,
+    sr_layer: int = 0,
 ) -> None:
     """Reference of ``replayssm_kernels.gdn_decode.gdn_replay_decode`` (see its docstring).
 
     Same arguments, same in-place updates of ``state`` (flush rows), the ring tensors (non-flush
-    rows) and ``out`` (non-padding rows).  Reads the per-row cursors on the host.
+    rows) and ``out`` (non-padding rows).  Reads the per-row cursors (and ``sr_seed``) on the host.
     """
     dims = validate_gdn_decode(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale,
     )  # fmt: skip
     validate_read_copy(state, read_state, read_scale)
+    validate_stochastic_rounding(state, sr_seed, sr_layer)
+    seed = None if sr_seed is None else int(sr_seed[0])
     group = dims.HV // dims.Hk
     R = dims.R
     A = -torch.exp(A_log.to(_F32))  # per head, as -tl.exp(A_log) in the kernel
@@ -101,7 +106,10 @@ def gdn_replay_decode_ref(
             u = (vc - (S * kh[:, None, :]).sum(-1)) * beta[:, None]
             S = S + u[:, :, None] * kh[:, None, :]
             out[i_n] = (S * qh[:, None, :]).sum(-1).to(out.dtype)
-            state[s] = S.to(state.dtype)
+            if seed is None:
+                state[s] = S.to(state.dtype)
+            else:  # stochastic rounding of the fp16 checkpoint
+                state[s] = round_slot_sr_ref(S, seed, sr_layer, s)
             if read_state is not None:  # refresh the copy from the checkpoint as stored
                 qc, sc = quantize_rows(state[s], read_state.dtype)
                 read_state[s] = qc

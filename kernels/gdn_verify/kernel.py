@@ -17,7 +17,8 @@ warp count of ``gdn_replay_decode`` and SGLang's packed decode). A program owns 
 tile of one value head's checkpoint, loaded once:
 
 * flush row: the exact fold of the committed records ``[0, len)`` from the raw inputs
-  (``fold_records``, the decode kernel's fold), stored once; the window runs from the stored tile.
+  (``fold_records``, the decode kernel's fold), stored once (an fp16 tile with ``SR``:
+  stochastically rounded, ``stochastic_round.py``); the window runs from the stored tile.
   With a read copy the stored tile also rewrites the copy (``store_read_tile``).
 * non-flush row: the committed history is applied to the tile in registers from the stored
   corrected updates, oldest first: ``S ← e^{g_j} S + u_j k̂_jᵀ`` (no reduction per record; u_j is
@@ -44,6 +45,11 @@ import triton.language as tl
 from replayssm_kernels.gdn_decode._fold import fold_records, replay_updates
 from replayssm_kernels.gdn_decode._validate import validate_gdn_verify
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
+from replayssm_kernels.stochastic_round import (
+    sr_key,
+    sr_round_fp16,
+    validate_stochastic_rounding,
+)
 
 __all__ = [
     "gdn_replay_verify",
@@ -57,9 +63,9 @@ __all__ = [
 def _gdn_verify_program(
     # Pointers
     state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
-    slot_idx, ring_start, ring_len, flush, scale, read_ptr, read_scale_ptr,
+    slot_idx, ring_start, ring_len, flush, scale, read_ptr, read_scale_ptr, sr_seed,
     # Matrix dimensions
-    R,
+    R, sr_layer,
     # Strides
     stride_s_n, stride_s_h, stride_s_v, stride_s_k,
     stride_u_n, stride_u_h, stride_u_r, stride_u_v,
@@ -79,10 +85,13 @@ def _gdn_verify_program(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr, READ_FP8: tl.constexpr,
+    SR: tl.constexpr,
 ):  # fmt: skip
     """One program of the verify launch (kernels below); ``HAS_READ``: split precision, non-flush
     rows start the history replay from the read copy (``read_ptr``, fp8: times ``read_scale_ptr``'s
-    per-row scale) and flush rows refresh it from the checkpoint as stored."""
+    per-row scale) and flush rows refresh it from the checkpoint as stored.  ``SR``: flush rows
+    store the fp16 checkpoint with stochastic rounding (``sr_seed`` counter, ``sr_layer``
+    stream)."""
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
 
@@ -133,7 +142,11 @@ def _gdn_verify_program(
             stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r,
             USE_QK_L2NORM,
         )
-        b_h = b_h.to(state.dtype.element_ty)
+        if SR:
+            b_h = sr_round_fp16(b_h, sr_key(sr_seed, sr_layer, i_s),
+                                (i_hv * V + o_v[:, None]) * K + o_k[None, :])
+        else:
+            b_h = b_h.to(state.dtype.element_ty)
         tl.store(p_s, b_h, mask=mask_h)
         if HAS_READ:
             # Refresh the copy from the checkpoint as stored (masked lanes of b_h are zeros).
@@ -199,11 +212,11 @@ def _gdn_verify_program(
                          b_k_raw.to(ring_k.dtype.element_ty), mask=mask_k)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sr_layer"])
 def gdn_replay_verify_recurrent_fwd_kernel(
     state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
-    slot_idx, ring_start, ring_len, flush, scale,
-    R,
+    slot_idx, ring_start, ring_len, flush, scale, sr_seed,
+    R, sr_layer,
     stride_s_n, stride_s_h, stride_s_v, stride_s_k,
     stride_u_n, stride_u_h, stride_u_r, stride_u_v,
     stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
@@ -218,12 +231,12 @@ def gdn_replay_verify_recurrent_fwd_kernel(
     stride_o_b, stride_o_t, stride_o_h, stride_o_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, SR: tl.constexpr = False,
 ):  # fmt: skip
     """The verify launch without a read copy (see the module docstring)."""
     _gdn_verify_program(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
-        slot_idx, ring_start, ring_len, flush, scale, None, None, R,
+        slot_idx, ring_start, ring_len, flush, scale, None, None, sr_seed, R, sr_layer,
         stride_s_n, stride_s_h, stride_s_v, stride_s_k,
         stride_u_n, stride_u_h, stride_u_r, stride_u_v,
         stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
@@ -237,15 +250,15 @@ def gdn_replay_verify_recurrent_fwd_kernel(
         stride_b_b, stride_b_t, stride_b_h,
         stride_o_b, stride_o_t, stride_o_h, stride_o_v,
         0, 0, 0, 0, 0, 0, 0,
-        H, HV, K, V, T, BK, BV, SOFTPLUS_THRESHOLD, USE_QK_L2NORM, False, False,
+        H, HV, K, V, T, BK, BV, SOFTPLUS_THRESHOLD, USE_QK_L2NORM, False, False, SR,
     )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sr_layer"])
 def gdn_replay_verify_recurrent_read_fwd_kernel(
     state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
-    slot_idx, ring_start, ring_len, flush, scale, read_ptr, read_scale_ptr,
-    R,
+    slot_idx, ring_start, ring_len, flush, scale, read_ptr, read_scale_ptr, sr_seed,
+    R, sr_layer,
     stride_s_n, stride_s_h, stride_s_v, stride_s_k,
     stride_u_n, stride_u_h, stride_u_r, stride_u_v,
     stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
@@ -262,13 +275,14 @@ def gdn_replay_verify_recurrent_read_fwd_kernel(
     stride_rs_n, stride_rs_h, stride_rs_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, READ_FP8: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, READ_FP8: tl.constexpr, SR: tl.constexpr = False,
 ):  # fmt: skip
     """The verify launch with a split-precision read copy (``read_ptr``, fp8 scales
     ``read_scale_ptr``)."""
     _gdn_verify_program(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
-        slot_idx, ring_start, ring_len, flush, scale, read_ptr, read_scale_ptr, R,
+        slot_idx, ring_start, ring_len, flush, scale, read_ptr, read_scale_ptr, sr_seed, R,
+        sr_layer,
         stride_s_n, stride_s_h, stride_s_v, stride_s_k,
         stride_u_n, stride_u_h, stride_u_r, stride_u_v,
         stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
@@ -283,7 +297,7 @@ def gdn_replay_verify_recurrent_read_fwd_kernel(
         stride_o_b, stride_o_t, stride_o_h, stride_o_v,
         stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
         stride_rs_n, stride_rs_h, stride_rs_v,
-        H, HV, K, V, T, BK, BV, SOFTPLUS_THRESHOLD, USE_QK_L2NORM, True, READ_FP8,
+        H, HV, K, V, T, BK, BV, SOFTPLUS_THRESHOLD, USE_QK_L2NORM, True, READ_FP8, SR,
     )  # fmt: skip
 
 
@@ -313,6 +327,8 @@ def gdn_replay_verify_recurrent_fwd(
     num_warps: int = 1,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    sr_seed: torch.Tensor | None = None,
+    sr_layer: int = 0,
 ) -> None:
     """Launch the kernel without checks (caller: ``gdn_replay_verify``).
 
@@ -322,6 +338,7 @@ def gdn_replay_verify_recurrent_fwd(
     ``read_state`` (and ``read_scale`` for fp8): split precision, launched as
     ``gdn_replay_verify_recurrent_read_fwd_kernel`` (same program, read-copy code compiled in);
     without it the launch is ``gdn_replay_verify_recurrent_fwd_kernel``, compiled as before.
+    ``sr_seed`` (fp16 ``state``): stochastic rounding of the flush store (``SR`` compiled in).
     """
     batch, T, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -335,7 +352,8 @@ def gdn_replay_verify_recurrent_fwd(
     read_args: tuple = ()
     read_strides: tuple = ()
     meta = dict(H=Hk, HV=HV, K=K, V=V, T=T, BK=BK, BV=BV, SOFTPLUS_THRESHOLD=20.0,
-                USE_QK_L2NORM=use_qk_l2norm, num_warps=num_warps, num_stages=1)  # fmt: skip
+                USE_QK_L2NORM=use_qk_l2norm, SR=sr_seed is not None, num_warps=num_warps,
+                num_stages=1)  # fmt: skip
     if read_state is not None:
         kernel = gdn_replay_verify_recurrent_read_fwd_kernel
         read_args = (read_state, read_scale)
@@ -344,7 +362,7 @@ def gdn_replay_verify_recurrent_fwd(
         meta["READ_FP8"] = read_scale is not None
     kernel[grid](
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
-        slot_idx, ring_start, ring_len, flush, float(scale), *read_args, R,
+        slot_idx, ring_start, ring_len, flush, float(scale), *read_args, sr_seed, R, sr_layer,
         *state.stride(), *ring_u.stride(), *ring_k.stride(), *ring_v.stride(),
         *ring_g.stride(), *ring_beta.stride(), *q.stride(), *k.stride(), *v.stride(),
         *a.stride(), *b.stride(), *out.stride(), *read_strides, **meta,
@@ -375,6 +393,8 @@ def gdn_replay_verify(
     use_qk_l2norm: bool = True,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    sr_seed: torch.Tensor | None = None,
+    sr_layer: int = 0,
 ) -> None:
     """Verify ``T`` tokens per row (linear draft chain) on the Gated DeltaNet ReplaySSM ring.
 
@@ -402,6 +422,11 @@ def gdn_replay_verify(
     (and ``read_scale[s]``) from the checkpoint as stored
     (``replayssm_kernels.mamba2_decode.read_copy``, rows = V, scaled over K), and run the window
     from the stored checkpoint.
+
+    Stochastic rounding (optional ``sr_seed``, fp16 ``state`` only, as ``gdn_replay_decode``):
+    flush rows store the folded state with unbiased stochastic rounding (bits keyed by
+    ``(sr_seed[0], sr_layer, s)`` and the element's index in ``[HV, V, K]``); the window then runs
+    from that stored value, as it runs from a rounded-to-nearest one without ``sr_seed``.
 
     Parameters
     ----------
@@ -438,20 +463,27 @@ def gdn_replay_verify(
     read_scale : torch.Tensor, optional
         ``[slots, HV, V]`` fp32 per-row scales, with (and only with) an fp8 copy, any strides;
         rewritten in place on flush rows.
+    sr_seed : torch.Tensor, optional
+        ``[1]`` int64 counter on ``state``'s device: stochastic rounding of the fp16 checkpoint on
+        flush rows.  Read on the device (no host sync); the caller advances it between steps.
+        Not written.
+    sr_layer : int
+        Stream id mixed into the bits (the layer index), ``[0, 2^31)``; a runtime argument.
 
     Raises
     ------
     ValueError
         On any shape, dtype or device mismatch, or a bad read copy (the message names expected
-        and actual).
+        and actual); ``sr_seed`` with a non-fp16 ``state``.
     """
     validate_gdn_verify(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale,
     )  # fmt: skip
     validate_read_copy(state, read_state, read_scale)
+    validate_stochastic_rounding(state, sr_seed, sr_layer)
     gdn_replay_verify_recurrent_fwd(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
-        read_state=read_state, read_scale=read_scale,
+        read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,
     )  # fmt: skip

@@ -18,6 +18,7 @@ from replayssm_kernels.mamba2_decode.read_copy import (
     quantize_rows,
     validate_read_copy,
 )
+from replayssm_kernels.stochastic_round import round_slot_sr_ref, validate_stochastic_rounding
 
 __all__ = ["gdn_replay_verify_ref"]
 
@@ -53,20 +54,25 @@ def gdn_replay_verify_ref(
     use_qk_l2norm: bool = True,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    sr_seed: torch.Tensor | None = None,
+    sr_layer: int = 0,
 ) -> None:
     """Reference of ``replayssm_kernels.gdn_verify.gdn_replay_verify`` (see its docstring).
 
     Same arguments, same in-place updates of ``state`` (flush rows), the ring tensors (window rows
     of every live row), ``out`` (non-padding rows) and, with a split-precision copy,
     ``read_state`` / ``read_scale`` (flush rows: ``quantize_rows`` of the stored checkpoint).
-    Reads the per-row cursors on the host and raises ``ValueError`` if a row breaks
-    ``ring_len + T <= R``.
+    With ``sr_seed`` (fp16 ``state``) flush rows store ``round_slot_sr_ref`` of the folded state.
+    Reads the per-row cursors (and ``sr_seed``) on the host and raises ``ValueError`` if a row
+    breaks ``ring_len + T <= R``.
     """
     dims = validate_gdn_verify(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale,
     )  # fmt: skip
     validate_read_copy(state, read_state, read_scale)
+    validate_stochastic_rounding(state, sr_seed, sr_layer)
+    seed = None if sr_seed is None else int(sr_seed[0])
     group = dims.HV // dims.Hk
     R, T = dims.R, dims.T
     A = -torch.exp(A_log.to(_F32))
@@ -106,7 +112,10 @@ def gdn_replay_verify_ref(
                 vj = vj - (S * kj[:, None, :]).sum(-1)
                 vj = vj * ring_beta[s, :, r][:, None]
                 S = S + vj[:, :, None] * kj[:, None, :]
-            state[s] = S.to(state.dtype)
+            if seed is None:
+                state[s] = S.to(state.dtype)
+            else:  # stochastic rounding of the fp16 checkpoint
+                state[s] = round_slot_sr_ref(S, seed, sr_layer, s)
             if read_state is not None:  # refresh the copy from the checkpoint as stored
                 qc, sc = quantize_rows(state[s], read_state.dtype)
                 read_state[s] = qc

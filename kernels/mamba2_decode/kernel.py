@@ -22,7 +22,8 @@ only) because every P-tile re-reads them.
   The checkpoint is not written.
 - Flush row: the records ``[0, ring_len)`` and the current token are folded into the tile in
   ``selective_state_update``'s own fp32 expressions (``dA = exp(A·Δ)``, ``dB = B·Δ``,
-  ``S = S·dA + dB·x``), the tile is stored once (a 16-bit state is rounded once, here), and
+  ``S = S·dA + dB·x``), the tile is stored once (a 16-bit state is rounded once, here: to
+  nearest, or for an fp16 state with ``SR`` stochastically, ``stochastic_round.py``), and
   ``y = S·C + D x``.
 
 No autotune (the kernel writes the pool), no host sync, no data-dependent allocation: the launch is
@@ -42,6 +43,11 @@ from replayssm_kernels._checks import check_launch_device, interpreting
 from replayssm_kernels.mamba2_decode._fold import record_factors
 from replayssm_kernels.mamba2_decode._validate import validate_mamba2_decode
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
+from replayssm_kernels.stochastic_round import (
+    sr_key,
+    sr_round_fp16,
+    validate_stochastic_rounding,
+)
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_decode_fwd", "launch_config", "p_split_rule"]
 
@@ -120,7 +126,7 @@ def _nonflush_tile(
     tl.store(p_rx_head + row_w * stride_rx_row + o_p * stride_rx_p, b_x_raw, mask=m_p)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sr_layer"])
 def _mamba2_replay_decode_fwd_kernel(
     # Pointers
     state_ptr,
@@ -142,11 +148,13 @@ def _mamba2_replay_decode_fwd_kernel(
     flush_ptr,
     read_ptr,
     read_scale_ptr,
+    sr_seed_ptr,
     # Dimensions
     P,
     N,
     R,
     heads_per_group,
+    sr_layer,
     # Strides
     stride_state_slot,
     stride_state_head,
@@ -211,6 +219,7 @@ def _mamba2_replay_decode_fwd_kernel(
     READ_FP8: tl.constexpr,
     S_LATE: tl.constexpr,
     P_SPLIT: tl.constexpr,
+    SR: tl.constexpr,
 ):
     # P_SPLIT programs share one (row, head): program i_s owns the head's P-tiles
     # [i_s·NUM_PT, (i_s+1)·NUM_PT), i.e. rows p0 .. p0 + NUM_PT·BLOCK_P - 1 (rows >= P masked).
@@ -318,6 +327,8 @@ def _mamba2_replay_decode_fwd_kernel(
                     p_s_head, p_x_head, p_z_head, p_D_head, p0, 1, P, N, stride_state_p,
                     stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                     BLOCK_P, BLOCK_N, S_CACHE)
+        if SR:  # fp16 checkpoint, stochastic rounding: this (seed, layer, slot)'s key
+            sr_k = sr_key(sr_seed_ptr, sr_layer, slot)
         dA_c = tl.exp(A * dt)
         dB_c = b_B * dt
         n_full = (length // FOLD_UNROLL) * FOLD_UNROLL
@@ -357,9 +368,13 @@ def _mamba2_replay_decode_fwd_kernel(
             dB = dB_c
             b_s = tl.fma(b_s, dA, dB * b_x[:, None])
             p_s = (p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n)
-            tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_p[:, None] & m_n[None, :])
+            if SR:
+                b_st = sr_round_fp16(b_s, sr_k, (i_h * P + o_p[:, None]) * N + o_n[None, :])
+            else:
+                b_st = b_s.to(p_s.dtype.element_ty)
+            tl.store(p_s, b_st, mask=m_p[:, None] & m_n[None, :])
             if HAS_READ:
-                store_read_tile(b_s.to(p_s.dtype.element_ty), p_r_head, p_rs_head, o_p, o_n,
+                store_read_tile(b_st, p_r_head, p_rs_head, o_p, o_n,
                                 m_p, m_n, stride_read_p, stride_read_n, stride_rs_p, READ_FP8)
             b_y = tl.sum(b_s * b_C[None, :], axis=1)
             if HAS_D:
@@ -552,6 +567,8 @@ def mamba2_replay_decode_fwd(
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
     p_split: int | None = None,
+    sr_seed: torch.Tensor | None = None,
+    sr_layer: int = 0,
 ) -> None:
     """Launch the kernel on validated arguments (no checks; see ``mamba2_replay_decode``).
 
@@ -596,8 +613,8 @@ def mamba2_replay_decode_fwd(
     grid = (H * p_split, batch)
     _mamba2_replay_decode_fwd_kernel[grid](
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, D, z, dt_bias, out,
-        slot_idx, ring_start, ring_len, flush, read_state, read_scale,
-        P, N, R, H // G,
+        slot_idx, ring_start, ring_len, flush, read_state, read_scale, sr_seed,
+        P, N, R, H // G, sr_layer,
         *state.stride(),
         *ring_x.stride(),
         *ring_dt.stride(),
@@ -632,6 +649,7 @@ def mamba2_replay_decode_fwd(
         READ_FP8=read_scale is not None,
         S_LATE=pipe != 0 or read_state is not None,
         P_SPLIT=p_split,
+        SR=sr_seed is not None,
         num_warps=num_warps,
         **extra,
     )
@@ -659,6 +677,8 @@ def mamba2_replay_decode(
     dt_softplus: bool = False,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    sr_seed: torch.Tensor | None = None,
+    sr_layer: int = 0,
 ) -> None:
     """One Mamba-2 ReplaySSM decode step (``T = 1``) for a batch of rows; see kernels/README.md.
 
@@ -677,6 +697,12 @@ def mamba2_replay_decode(
     rows fold into ``state[s]`` exactly as without a copy and then refresh ``read_state[s]`` (and
     ``read_scale[s]``) from the checkpoint as stored (``read_copy.py``). Without a copy the launch
     is the same as before (the copy's code is compiled out).
+
+    Stochastic rounding (optional ``sr_seed``, fp16 ``state`` only): flush rows store the folded
+    fp32 state with unbiased stochastic rounding instead of round to nearest, bits keyed by
+    ``(sr_seed[0], sr_layer, s)`` and the element's index (``stochastic_round.py``); the fold,
+    the outputs and the records are unchanged, and a read copy is refreshed from the value as
+    stored. Without ``sr_seed`` the SR code is compiled out.
 
     Parameters
     ----------
@@ -719,18 +745,26 @@ def mamba2_replay_decode(
     read_scale : torch.Tensor, optional
         ``[slots, H, P]`` fp32 per-row scales, required with (and only with) an fp8 copy; rewritten
         in place on flush rows.
+    sr_seed : torch.Tensor, optional
+        ``[1]`` int64 counter on ``state``'s device: stochastic rounding of the fp16 checkpoint
+        on flush rows. Read on the device (no host sync); the caller advances it between steps
+        (a slot's stores of one step and layer must not share a key). Not written.
+    sr_layer : int
+        Stream id mixed into the bits (the layer index), ``[0, 2^31)``; compiled as a runtime
+        argument, so every layer shares one kernel.
 
     Raises
     ------
     ValueError
         On a wrong shape, dtype, stride (untied A / dt / dt_bias) or device, naming expected and
-        actual.
+        actual; ``sr_seed`` with a non-fp16 ``state``.
     """
     dims = validate_mamba2_decode(
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
         flush, D, z, dt_bias,
     )
     validate_read_copy(state, read_state, read_scale)
+    validate_stochastic_rounding(state, sr_seed, sr_layer)
     check_launch_device("state", state)
     launch = lambda: mamba2_replay_decode_fwd(  # noqa: E731
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
@@ -739,7 +773,7 @@ def mamba2_replay_decode(
         stride_A_head=dims.stride_A_head,
         stride_D=(dims.stride_D_head, dims.stride_D_p),
         stride_dt_bias_head=dims.stride_dt_bias_head,
-        read_state=read_state, read_scale=read_scale,
+        read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,
     )
     if state.device.type == "cuda":
         with torch.cuda.device(state.device):

@@ -15,6 +15,7 @@ from replayssm_kernels.mamba2_decode.read_copy import (
     quantize_rows,
     validate_read_copy,
 )
+from replayssm_kernels.stochastic_round import round_slot_sr_ref, validate_stochastic_rounding
 
 __all__ = ["mamba2_replay_decode_ref"]
 
@@ -46,19 +47,24 @@ def mamba2_replay_decode_ref(
     dt_softplus: bool = False,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    sr_seed: torch.Tensor | None = None,
+    sr_layer: int = 0,
 ) -> None:
     """Reference of ``replayssm_kernels.mamba2_replay_decode`` (see its docstring; same contract).
 
     Raises
     ------
     ValueError
-        On a wrong shape, dtype, stride (untied A / dt / dt_bias) or device.
+        On a wrong shape, dtype, stride (untied A / dt / dt_bias) or device; ``sr_seed`` with a
+        non-fp16 ``state``.
     """
     dims = validate_mamba2_decode(
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
         flush, D, z, dt_bias,
     )
     validate_read_copy(state, read_state, read_scale)
+    validate_stochastic_rounding(state, sr_seed, sr_layer)
+    seed = None if sr_seed is None else int(sr_seed[0])
     H, P, R = dims.H, dims.P, dims.R
     hpg = dims.H // dims.G
     f32 = torch.float32
@@ -107,7 +113,10 @@ def mamba2_replay_decode_ref(
             dA = torch.exp(A_h * delta)
             dB = B_b * delta[:, None]
             S = S * dA[:, None, None] + dB[:, None, :] * x_b[:, :, None]
-            state[s] = S.to(state.dtype)
+            if seed is None:
+                state[s] = S.to(state.dtype)
+            else:  # stochastic rounding of the fp16 checkpoint
+                state[s] = round_slot_sr_ref(S, seed, sr_layer, s)
             if read_state is not None:  # refresh the copy from the checkpoint as stored
                 q, scale = quantize_rows(state[s], read_state.dtype)
                 read_state[s] = q

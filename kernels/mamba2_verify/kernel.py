@@ -24,7 +24,8 @@ operands every warp holds) plus ``[BLOCK_P, BLOCK_J]×[BLOCK_J, BLOCK_T]``. No p
 - Non-flush row: ``S0`` + history ``[0, len)`` + window; no state write.
 - Flush row: each ``[BLOCK_P, BLOCK_K]`` chunk first folds the history ``[0, len)`` in
   ``selective_state_update``'s op order (``fma(S, exp(A·Δ), (B·Δ)·x)``, as the decode kernel's
-  fold, hence bit-identical to it and to SGLang), stores it once, then uses it with ``h = 0``
+  fold, hence bit-identical to it and to SGLang), stores it once (an fp16 state with ``SR``:
+  stochastically rounded, ``stochastic_round.py``), then uses the fp32 chunk with ``h = 0``
   (only the intra-window term).
 - Every row appends its ``T`` window records ``(x, Δ, B)`` at physical rows
   ``(ring_start + ring_len + t) % R`` (logical ``len + t`` before the commit; for a flush row
@@ -62,6 +63,11 @@ from replayssm_kernels.mamba2_decode.read_copy import (
     validate_read_copy,
 )
 from replayssm_kernels.mamba2_verify._validate import validate_mamba2_verify
+from replayssm_kernels.stochastic_round import (
+    sr_key,
+    sr_round_fp16,
+    validate_stochastic_rounding,
+)
 
 __all__ = ["mamba2_replay_verify", "mamba2_replay_verify_fwd", "launch_config"]
 
@@ -155,7 +161,7 @@ def _dot_fp32_right(a, b, acc, EXACT_A: tl.constexpr):
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sr_layer"])
 def _mamba2_replay_verify_fwd_kernel(
     # Pointers
     state_ptr,
@@ -177,12 +183,14 @@ def _mamba2_replay_verify_fwd_kernel(
     flush_ptr,
     read_ptr,
     read_scale_ptr,
+    sr_seed_ptr,
     # Dimensions
     T,
     P,
     N,
     R,
     heads_per_group,
+    sr_layer,
     # Strides
     stride_state_slot,
     stride_state_head,
@@ -248,6 +256,7 @@ def _mamba2_replay_verify_fwd_kernel(
     ACT_TF32_EXACT: tl.constexpr,
     HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr,
+    SR: tl.constexpr,
 ):
     i_h = tl.program_id(0)
     i_b = tl.program_id(1)
@@ -329,6 +338,8 @@ def _mamba2_replay_verify_fwd_kernel(
     if READ_FP8:
         p_rs_head = read_scale_ptr + slot * stride_rs_slot + i_h * stride_rs_head
     n_full = (length // FOLD_UNROLL) * FOLD_UNROLL
+    if SR:  # fp16 checkpoint, stochastic rounding: this (seed, layer, slot)'s key
+        sr_k = sr_key(sr_seed_ptr, sr_layer, slot)
     for pt in range(NUM_PT):
         o_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
         m_p = o_p < P
@@ -353,7 +364,11 @@ def _mamba2_replay_verify_fwd_kernel(
                                         p_rdt, p_rB_grp + o_n * stride_rB_n, start, n_full,
                                         length, R, A, m_p, m_n, stride_rx_row, stride_rdt_row,
                                         stride_rB_row, FOLD_UNROLL)
-                    b_st = b_s.to(p_s.dtype.element_ty)
+                    if SR:
+                        b_st = sr_round_fp16(b_s, sr_k, (i_h * P + o_p[:, None]) * N
+                                             + o_n[None, :])
+                    else:
+                        b_st = b_s.to(p_s.dtype.element_ty)
                     tl.store(p_s, b_st, mask=m_pn)
                     if READ_FP8:
                         amax = tl.maximum(amax, tl.max(tl.where(m_pn, tl.abs(b_st.to(tl.float32)),
@@ -376,7 +391,12 @@ def _mamba2_replay_verify_fwd_kernel(
                     b_s = _fold_history(b_s, p_rx, p_rdt, p_rB_grp + o_n * stride_rB_n, start,
                                         n_full, length, R, A, m_p, m_n, stride_rx_row,
                                         stride_rdt_row, stride_rB_row, FOLD_UNROLL)
-                    tl.store(p_s, b_s.to(p_s.dtype.element_ty), mask=m_pn)
+                    if SR:
+                        b_st = sr_round_fp16(b_s, sr_k, (i_h * P + o_p[:, None]) * N
+                                             + o_n[None, :])
+                    else:
+                        b_st = b_s.to(p_s.dtype.element_ty)
+                    tl.store(p_s, b_st, mask=m_pn)
                 b_q = tl.load(p_Q + kc * BLOCK_K * stride_C_n, mask=m_n[:, None] & m_t[None, :],
                               other=0.0).to(tl.float32)
                 b_y = _dot_fp32_left(b_s, b_q, b_y, ACT_TF32_EXACT)
@@ -465,7 +485,8 @@ def mamba2_replay_verify_fwd(
     *, D, z, dt_bias, dt_softplus: bool, stride_dt: tuple[int, int, int], stride_A_head: int,
     stride_D: tuple[int, int], stride_dt_bias_head: int, block_p: int | None = None,
     fold_unroll: int | None = None, read_state: torch.Tensor | None = None,
-    read_scale: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None, sr_seed: torch.Tensor | None = None,
+    sr_layer: int = 0,
 ) -> None:
     """Launch the kernel on validated arguments (no checks; see ``mamba2_replay_verify``).
 
@@ -489,8 +510,8 @@ def mamba2_replay_verify_fwd(
     extra = {} if cfg.maxnreg is None or interpreting() else {"maxnreg": cfg.maxnreg}
     _mamba2_replay_verify_fwd_kernel[(H, batch)](
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, D, z, dt_bias, out,
-        slot_idx, ring_start, ring_len, flush, read_state, read_scale,
-        T, P, N, R, H // G,
+        slot_idx, ring_start, ring_len, flush, read_state, read_scale, sr_seed,
+        T, P, N, R, H // G, sr_layer,
         *state.stride(),
         *ring_x.stride(),
         *ring_dt.stride(),
@@ -520,6 +541,7 @@ def mamba2_replay_verify_fwd(
         ACT_TF32_EXACT=cfg.act_tf32_exact,
         HAS_READ=read_state is not None,
         READ_FP8=read_scale is not None,
+        SR=sr_seed is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **extra,
@@ -548,6 +570,8 @@ def mamba2_replay_verify(
     dt_softplus: bool = False,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    sr_seed: torch.Tensor | None = None,
+    sr_layer: int = 0,
 ) -> None:
     """One Mamba-2 ReplaySSM verify step of ``T`` window tokens per row; see kernels/README.md.
 
@@ -570,6 +594,11 @@ def mamba2_replay_verify(
     store ``state[s]`` exactly as without a copy (same bits, same outputs), then refresh
     ``read_state[s]`` (and ``read_scale[s]``) from the checkpoint as stored
     (``mamba2_decode/read_copy.py``). Without a copy the launch is the no-copy kernel.
+
+    Stochastic rounding (optional ``sr_seed``, fp16 ``state`` only, as ``mamba2_replay_decode``):
+    flush rows store the folded state with unbiased stochastic rounding (bits keyed by
+    ``(sr_seed[0], sr_layer, s)`` and the element's index in ``[H, P, N]``); outputs and records
+    are unchanged (the window's ``S·Q`` uses the fp32 fold, as it does without ``sr_seed``).
 
     The caller guarantees ``len + T <= R`` (``verify_cursor_step`` with
     ``R >= min_ring_size(L, T)``) and that each slot appears at most once per batch.
@@ -615,19 +644,26 @@ def mamba2_replay_verify(
     read_scale : torch.Tensor, optional
         ``[slots, H, P]`` fp32 per-row scales, required with (and only with) an fp8 copy, any
         strides; rewritten in place on flush rows.
+    sr_seed : torch.Tensor, optional
+        ``[1]`` int64 counter on ``state``'s device: stochastic rounding of the fp16 checkpoint
+        on flush rows. Read on the device (no host sync); the caller advances it between steps.
+        Not written.
+    sr_layer : int
+        Stream id mixed into the bits (the layer index), ``[0, 2^31)``; a runtime argument.
 
     Raises
     ------
     ValueError
         On a wrong shape, dtype, stride (untied A / dt / dt_bias) or device, naming expected and
         actual; on a read copy of the wrong shape or dtype, or an fp8 copy without its scales (or
-        scales without an fp8 copy).
+        scales without an fp8 copy); ``sr_seed`` with a non-fp16 ``state``.
     """
     vd = validate_mamba2_verify(
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx, ring_start, ring_len,
         flush, D, z, dt_bias,
     )
     validate_read_copy(state, read_state, read_scale)
+    validate_stochastic_rounding(state, sr_seed, sr_layer)
     check_launch_device("state", state)
     d = vd.dims
     launch = lambda: mamba2_replay_verify_fwd(  # noqa: E731
@@ -636,6 +672,7 @@ def mamba2_replay_verify(
         stride_dt=(d.stride_dt_batch, vd.stride_dt_T, d.stride_dt_head),
         stride_A_head=d.stride_A_head, stride_D=(d.stride_D_head, d.stride_D_p),
         stride_dt_bias_head=d.stride_dt_bias_head, read_state=read_state, read_scale=read_scale,
+        sr_seed=sr_seed, sr_layer=sr_layer,
     )
     if state.device.type == "cuda":
         with torch.cuda.device(state.device):

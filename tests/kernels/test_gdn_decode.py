@@ -477,7 +477,7 @@ sg = build(
     3,  # as SGLang's launcher
 )
 strides = dict(
-    R=R, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
+    R=R, sr_layer=0, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
     stride_u_n=HV * R * V, stride_u_h=R * V, stride_u_r=V, stride_u_v=1,
     stride_rk_n=H * R * K, stride_rk_h=R * K, stride_rk_r=K, stride_rk_k=1,
     stride_rv_n=HV * R * V, stride_rv_h=R * V, stride_rv_r=V, stride_rv_v=1,
@@ -493,7 +493,7 @@ ptrs = dict(state="*fp32", ring_u="*bf16", ring_k="*bf16", ring_v="*bf16", ring_
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
             ring_len="*i32", flush="*i1", scale="fp32")
 const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, BR=16, SOFTPLUS_THRESHOLD=20.0,
-             USE_QK_L2NORM=True, MODE=MODE)
+             USE_QK_L2NORM=True, MODE=MODE, sr_seed=None, SR=False)
 if READ != "none":
     from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_read_fwd_kernel as our_kernel
     ptrs.update(read_ptr={"bf16": "*bf16", "fp8": "*fp8e4nv"}[READ], read_scale_ptr="*fp32")

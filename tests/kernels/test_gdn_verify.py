@@ -1012,7 +1012,7 @@ def build(kern, ptrs, ints, const, num_stages, nw=1):
     return triton.compile(src, target=TARGET, options=dict(num_warps=nw, num_stages=num_stages))
 D = 2 * H * K + HV * V
 strides = dict(
-    R=R, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
+    R=R, sr_layer=0, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
     stride_u_n=HV * R * V, stride_u_h=R * V, stride_u_r=V, stride_u_v=1,
     stride_rk_n=H * R * K, stride_rk_h=R * K, stride_rk_r=K, stride_rk_k=1,
     stride_rv_n=HV * R * V, stride_rv_h=R * V, stride_rv_r=V, stride_rv_v=1,
@@ -1024,7 +1024,8 @@ strides = dict(
     stride_b_b=T * 2 * HV, stride_b_t=2 * HV, stride_b_h=1,
     stride_o_b=T * HV * V, stride_o_t=HV * V, stride_o_h=V, stride_o_v=1,
 )
-const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True)
+const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True,
+             sr_seed=None, SR=False)
 ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
@@ -1047,7 +1048,7 @@ dk = build(dec_kernel,
          A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
          ring_len="*i32", flush="*i1", scale="fp32"),
     dstr, dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, BR=16, SOFTPLUS_THRESHOLD=20.0,
-               USE_QK_L2NORM=True, MODE=0), 1)
+               USE_QK_L2NORM=True, MODE=0, sr_seed=None, SR=False), 1)
 KEEP = re.compile(r"^(arith\.(mulf|addf|subf|divf|extf|truncf)|math\.\w+|\"tt\.reduce\"|"
                   r"tt\.reshape|ttg\.convert_layout|tt\.expand_dims|tt\.broadcast|tt\.splat|"
                   r"\}\) : \(tensor)")

@@ -680,8 +680,8 @@ def build_ours(p_split):
              x_ptr="*bf16", dt_ptr="*bf16", A_ptr="*fp32", B_ptr="*bf16", C_ptr="*bf16",
              D_ptr="*fp32", z_ptr="constexpr", dt_bias_ptr="*fp32", out_ptr="*bf16",
              slot_idx_ptr="*i32", ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1",
-             read_ptr="constexpr", read_scale_ptr="constexpr"),
-        dict(P=P, N=N, R=R, heads_per_group=H // G,
+             read_ptr="constexpr", read_scale_ptr="constexpr", sr_seed_ptr="constexpr"),
+        dict(P=P, N=N, R=R, heads_per_group=H // G, sr_layer=0,
              stride_state_slot=H * P * N, stride_state_head=P * N, stride_state_p=N,
              stride_state_n=1, stride_rx_slot=H * R * P, stride_rx_head=R * P, stride_rx_row=P,
              stride_rx_p=1, stride_rdt_slot=H * R, stride_rdt_head=R, stride_rdt_row=1,
@@ -698,7 +698,7 @@ def build_ours(p_split):
              FOLD_UNROLL=cfg.fold_unroll, S_PREFETCH=cfg.s_prefetch, PF_L1=cfg.pf_l1,
              PF_X=triton.next_power_of_2(-(-rows * 2 // 128) + 1),
              PF_B=4, S_CACHE="", PIPE=cfg.pipe, HAS_READ=False, READ_FP8=False,
-             S_LATE=cfg.pipe != 0, P_SPLIT=p_split),
+             S_LATE=cfg.pipe != 0, P_SPLIT=p_split, SR=False),
         cfg.num_warps,
     )
 

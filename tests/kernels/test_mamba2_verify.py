@@ -995,7 +995,7 @@ const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_
              BLOCK_K=cfg.block_k, NUM_NK=-(-N // cfg.block_k), BLOCK_J=cfg.block_j,
              BLOCK_T=cfg.block_t,
              NUM_PT=-(-P // cfg.block_p), FOLD_UNROLL=cfg.fold_unroll,
-             ACT_TF32_EXACT=cfg.act_tf32_exact)
+             ACT_TF32_EXACT=cfg.act_tf32_exact, sr_seed_ptr=None, SR=False)
 # Unit strides of contiguous pools become constexpr 1, as the JIT specialises them.
 ones = {"stride_state_n", "stride_rx_p", "stride_rdt_row", "stride_rB_n", "stride_x_p",
         "stride_B_n", "stride_C_n", "stride_out_p", "stride_dt_head", "stride_A_head",
