@@ -16,6 +16,9 @@ Installed by class REPLACE (``hooks/backends.py``).  What changes:
   SGLang's verify unchanged (``spec.py``).
 - **Mixed chunks** (``--enable-mixed-chunk``) are refused: SGLang runs the decode rows of a MIXED
   forward through ``chunk_gated_delta_rule`` on ``temporal``, which would ignore a non-empty ring.
+- **Stochastic rounding** (``--enable-mamba-cache-stochastic-rounding``): as in ``mamba2.py``
+  (SGLang 0.5.17 itself rounds GDN checkpoints to nearest whatever the flag; here the flag covers
+  both families).
 - **Split precision** (``--replayssm-read-dtype``): as in ``mamba2.py``: decode and verify pass the
   layer's read copy to ``gdn_replay_decode`` / ``gdn_replay_verify``; after each layer's extend its
   rows' copies are refreshed, and after a snapshot-path commit the committed rows' (``spec.py``).
@@ -93,6 +96,7 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
 
     def init_forward_metadata(self, forward_batch):
         super().init_forward_metadata(forward_batch)
+        self.pool.advance_rounding()
         mode = forward_batch.forward_mode
         md = self.forward_metadata
         self._graph_bs = None
@@ -187,7 +191,8 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         windows = layer_cache.intermediate_conv_window[0]
         pool_layer = self.req_to_token_pool.mamba_map[layer.layer_id]
         rings = self.pool.layer_rings(pool_layer)
-        read = self.pool.layer_read_copy(pool_layer)  # split precision: as in decode
+        # split precision and stochastic rounding: as in decode
+        extra = {**self.pool.layer_read_copy(pool_layer), **self.pool.layer_rounding(pool_layer)}
         x = mixed_qkv.view(bs, T, -1)
         if step.snapshot:
             if mixed_qkv.device.type == "cpu":
@@ -242,7 +247,7 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
             step.flush,
             scale=layer.head_k_dim**-0.5,
             use_qk_l2norm=True,
-            **read,
+            **extra,
         )
         if step.snapshot:
             return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
@@ -263,9 +268,11 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         pool_layer = self.req_to_token_pool.mamba_map[layer.layer_id]
         rings = self.pool.layer_rings(pool_layer)
         decode = self._decode
-        read = self.pool.layer_read_copy(pool_layer)
-        if read:  # split precision: non-flush rows read the copy, flush rows refresh it
-            decode = functools.partial(self._decode, **read)
+        # Split precision (non-flush rows read the copy, flush rows refresh it) and stochastic
+        # rounding of the flush store.
+        extra = {**self.pool.layer_read_copy(pool_layer), **self.pool.layer_rounding(pool_layer)}
+        if extra:
+            decode = functools.partial(self._decode, **extra)
         if mixed_qkv.device.type == "cpu":
             from sglang_replayssm.cpu.gdn import gdn_decode_cpu
 

@@ -25,6 +25,10 @@ Installed by class REPLACE (``hooks/backends.py``), so NemotronH / Falcon-H1 / G
   reference with the same signature), because stock SGLang cannot run Mamba-2 layers on a CPU.
 - **Radix tracking.** Rows in ``forward_batch.mamba_track_mask`` force-flush, so the stock
   track-copy after the layer reads a current checkpoint.
+- **Stochastic rounding** (``--enable-mamba-cache-stochastic-rounding``, fp16 checkpoint): the
+  metadata build advances the pool's device counter once per forward (eager, and inside the
+  captured graph) and the decode / verify kernels get it with the layer index
+  (``pool.layer_rounding``), so their flush rows store the checkpoint stochastically rounded.
 - **Split precision** (``--replayssm-read-dtype``): decode passes the layer's read copy
   (``pool.layer_read_copy``) to the decode kernel, which reads it on non-flush rows and refreshes it
   on flush rows; after each layer's extend rows the copy of those slots is refreshed from the new
@@ -185,6 +189,7 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
 
     def init_forward_metadata(self, forward_batch):
         super().init_forward_metadata(forward_batch)
+        self.pool.advance_rounding()
         md = self.forward_metadata
         self._graph_bs = None
         self._graph_verify_bs = None
@@ -219,10 +224,12 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
         pool_layer = self.req_to_token_pool.mamba_map[layer_id]
         rings = self.pool.layer_rings(pool_layer)
         decode, verify = self._decode, self._verify
-        read = self.pool.layer_read_copy(pool_layer)
-        if read:  # split precision: non-flush rows read the copy, flush rows refresh it
-            decode = functools.partial(self._decode, **read)
-            verify = functools.partial(self._verify, **read)
+        # Split precision (non-flush rows read the copy, flush rows refresh it) and stochastic
+        # rounding of the flush store.
+        extra = {**self.pool.layer_read_copy(pool_layer), **self.pool.layer_rounding(pool_layer)}
+        if extra:
+            decode = functools.partial(self._decode, **extra)
+            verify = functools.partial(self._verify, **extra)
         if hidden_states.device.type == "cpu":
             from sglang_replayssm.cpu.mamba2_mixer import mamba2_mixer_forward_cpu
 

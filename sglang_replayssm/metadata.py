@@ -165,7 +165,8 @@ class GraphMetadataMixin:
     ``state_indices_list``, and initialises ``_graph = None``, ``_graph_bs = None`` and ``_step``.
     ``init_forward_metadata_out_graph`` hands the layers the static buffers of the batch size;
     ``init_forward_metadata_in_graph``, recorded inside the captured graph, runs the cursor step
-    into them, so every replay advances the cursors on the device with no host sync.
+    into them, so every replay advances the cursors on the device with no host sync (and, with
+    stochastic rounding, the pool's rounding counter: ``pool.advance_rounding``).
     """
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
@@ -196,6 +197,7 @@ class GraphMetadataMixin:
         bs = self._graph_bs
         if bs is None:
             return
+        self.pool.advance_rounding()
         self._graph.step(
             bs=bs,
             cursors=self.pool.cursors,

@@ -19,6 +19,11 @@ checkpoint is written from outside the ring protocol:
 - offload / reload (``get_cpu_copy`` / ``load_cpu_copy``, PD decode retraction): the rings and
   cursors travel with the checkpoint, so a reloaded slot continues exactly.
 
+Stochastic rounding (``--enable-mamba-cache-stochastic-rounding``, fp16 ``temporal``): one int64
+counter ``sr_seed`` on the device, advanced once per forward by the backends' metadata build (in the
+captured graph too, so every replay draws new bits; no host sync) and by radix materialisation;
+the kernels that write a checkpoint take it with the pool layer index (``layer_rounding``).
+
 Split precision (``--replayssm-read-dtype``): per layer a read copy ``read_state`` of the checkpoint
 (``[layers, slots, ...]`` as ``temporal``, bf16 / fp16 / fp8 e4m3) and for fp8 its per-row scales
 ``read_scale`` (``[layers, slots, ...]`` as ``temporal`` without the last dim).  Invariant: for every
@@ -70,6 +75,9 @@ class ReplayPoolSpec:
         per-rank cache shape must match it (``sizing.ring_spec``).
     read_dtype : torch.dtype or None
         Split precision: the read copy's dtype (bf16, fp16, fp8 e4m3), or None for no copy.
+    stochastic_rounding : bool
+        Store the fp16 checkpoint with stochastic rounding at every flush (SGLang's
+        ``--enable-mamba-cache-stochastic-rounding``); needs an fp16 ``temporal``.
     """
 
     family: str
@@ -77,6 +85,7 @@ class ReplayPoolSpec:
     act_dtype: torch.dtype
     layout: TPLayout | None = None
     read_dtype: torch.dtype | None = None
+    stochastic_rounding: bool = False
 
 
 def read_copy_bytes_per_slot(
@@ -132,6 +141,8 @@ class ReplayMambaPool(MambaPool):
         Split precision: ``[layers, slots, ...]`` read copy of ``temporal`` in ``replay.read_dtype``.
     read_scale : torch.Tensor or None
         fp8 copies: ``[layers, slots, ...]`` fp32 row scales (``temporal``'s shape without the last dim).
+    sr_seed : torch.Tensor or None
+        Stochastic rounding: ``[1]`` int64 counter on the pool's device (``advance_rounding``).
     """
 
     def __init__(self, *, replay: ReplayPoolSpec, **kwargs):
@@ -176,6 +187,7 @@ class ReplayMambaPool(MambaPool):
         self.replayssm_write_pos = self.cursors[:, 1]
         self.fold_A: list[torch.Tensor] | None = None
         self.read_state, self.read_scale = self._alloc_read_copy(replay.read_dtype)
+        self.sr_seed = self._alloc_rounding(replay.stochastic_rounding)
         ring_bytes = sum(t.numel() * t.element_size() for t in self.rings.values())
         ring_bytes += self.cursors.numel() * self.cursors.element_size()
         self.replay_ring_bytes = ring_bytes
@@ -250,7 +262,33 @@ class ReplayMambaPool(MambaPool):
             read_scale.copy_(scale)
         return read_state, read_scale
 
+    def _alloc_rounding(self, enabled: bool) -> torch.Tensor | None:
+        """Stochastic rounding: the per-forward counter (``None`` when off); the checkpoint must be fp16."""
+        if not enabled:
+            return None
+        dtype = self.mamba_cache.temporal.dtype
+        if dtype != torch.float16:
+            raise ValueError(
+                f"ReplaySSM: stochastic rounding stores an fp16 checkpoint, got --mamba-ssm-dtype {dtype}; "
+                "use --mamba-ssm-dtype float16 or drop --enable-mamba-cache-stochastic-rounding"
+            )
+        logger.info("ReplaySSM: fp16 checkpoints are stored with stochastic rounding at every flush")
+        return torch.zeros(1, dtype=torch.int64, device=self.mamba_cache.temporal.device)
+
     # ------------------------------------------------------------------ views for the kernels
+
+    def layer_rounding(self, layer_idx: int) -> dict[str, torch.Tensor | int]:
+        """Kernel keywords for one layer's checkpoint stores: ``{}`` (round to nearest), or with stochastic
+        rounding ``sr_seed`` (the counter) and ``sr_layer`` (the pool layer index)."""
+        if self.sr_seed is None:
+            return {}
+        return {"sr_seed": self.sr_seed, "sr_layer": int(layer_idx)}
+
+    def advance_rounding(self) -> None:
+        """Draw new rounding bits for the next forward (no-op without stochastic rounding).  One in-place
+        add on the device: no host sync, recorded by CUDA-graph capture."""
+        if self.sr_seed is not None:
+            self.sr_seed.add_(1)
 
     def layer_read_copy(self, layer_idx: int) -> dict[str, torch.Tensor | None]:
         """Decode-kernel keywords for one layer: ``{}`` without a copy, else ``read_state`` / ``read_scale``

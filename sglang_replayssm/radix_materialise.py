@@ -10,7 +10,8 @@ flush row whose current token is neutral: it folds records ``[0, len)`` in the f
 order and then multiplies the state by ``exp(0) = 1`` and adds ``0`` (Mamba-2: ``x = 0``, ``Δ = 0``;
 GDN: ``A_log = -inf`` so ``g = 0``, ``b = -inf`` so ``β = 0``, ``k = 0``), which leaves every element
 bit for bit.  The stored checkpoint is therefore what the next flush would have stored before its
-own token.  Mamba-2 needs each layer's ``A`` (``MambaMixer2.A``, ``-exp(A_log)``), registered on the
+own token (with stochastic rounding: one such rounding, with bits of their own).  Mamba-2 needs
+each layer's ``A`` (``MambaMixer2.A``, ``-exp(A_log)``), registered on the
 pool by ``hooks/pool.py`` (``ReplayMambaPool.fold_A``); GDN records carry their gates.
 """
 
@@ -55,7 +56,8 @@ def _neutral_mamba2(pool, layer: int, slot: torch.Tensor, start: torch.Tensor, l
     out = torch.empty(1, H, P, dtype=torch.float32, device=dev)
     fn = rk.mamba2_replay_decode if dev.type == "cuda" else rk.mamba2_replay_decode_ref
     fn(state, rings["x"], rings["dt"], rings["B"], x, dt, A.to(device=dev, dtype=torch.float32), B,
-       B.clone(), out, slot, start, length, torch.ones(1, dtype=torch.bool, device=dev))
+       B.clone(), out, slot, start, length, torch.ones(1, dtype=torch.bool, device=dev),
+       **pool.layer_rounding(layer))
 
 
 def _neutral_gdn(pool, layer: int, slot: torch.Tensor, start: torch.Tensor, length: torch.Tensor):
@@ -75,7 +77,8 @@ def _neutral_gdn(pool, layer: int, slot: torch.Tensor, start: torch.Tensor, leng
     out = torch.empty(1, HV, V, dtype=torch.float32, device=dev)
     fn = rk.gdn_replay_decode if dev.type == "cuda" else rk.gdn_replay_decode_ref
     fn(state, rings["u"], rings["k"], rings["v"], rings["g"], rings["beta"], k.clone(), k, v, a, b,
-       A_log, dt_bias, out, slot, start, length, torch.ones(1, dtype=torch.bool, device=dev), scale=1.0)
+       A_log, dt_bias, out, slot, start, length, torch.ones(1, dtype=torch.bool, device=dev), scale=1.0,
+       **pool.layer_rounding(layer))
 
 
 def materialise_slot(pool, slot: int | torch.Tensor) -> int:
@@ -114,6 +117,7 @@ def materialise_slot(pool, slot: int | torch.Tensor) -> int:
     st = torch.tensor([start], dtype=torch.int32, device=dev)
     ln = torch.tensor([length], dtype=torch.int32, device=dev)
     fold = _neutral_mamba2 if family == "mamba2" else _neutral_gdn
+    pool.advance_rounding()  # stochastic rounding: bits no flush of this slot has used
     for layer in range(pool.mamba_cache.temporal.shape[0]):
         fold(pool, layer, idx, st, ln)
     cursors[s] = torch.tensor([(start + length) % pool.ring_spec.rows, 0], dtype=cursors.dtype, device=dev)

@@ -285,6 +285,7 @@ class VerifyMetadataMixin:
         bs = getattr(self, "_graph_verify_bs", None)
         if bs is None:
             return super().init_forward_metadata_in_graph(forward_batch)
+        self.pool.advance_rounding()  # recorded in the graph: new rounding bits per replay
         self._verify_graph.fill(bs, cursors=self.pool.cursors,
                                 slots=self.forward_metadata.mamba_cache_indices[:bs],
                                 window=self.window, rows=self.rows, snapshot=self._snapshot_path(bs))

@@ -25,7 +25,9 @@
     or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, speculative decoding on
     ``--device cpu`` and ``--replayssm-verify replay`` with tree drafts (``spec_plan``), a split-precision
     read copy (``--replayssm-read-dtype``) with speculative decoding, tensor-parallel
-    layouts that cannot shard the SSM heads and groups (``tp.startup_refusal``), unified memory, PD disaggregation, and for GDN ``--enable-mixed-chunk`` and Qwen3.5 on ``--device cpu``;
+    layouts that cannot shard the SSM heads and groups (``tp.startup_refusal``), a Philox round count
+    for stochastic rounding (``--mamba-cache-philox-rounds``: our flush hashes its bits), unified memory, PD
+    disaggregation, and for GDN ``--enable-mixed-chunk`` and Qwen3.5 on ``--device cpu``;
     draft model configs are not checked.  Runs during ``ServerArgs`` resolution, in the launching process,
     before anything is loaded (and again in each scheduler).
     Removal: never (it is the plug-in's own validation), unless SGLang grows a capability query.
@@ -63,11 +65,12 @@ def _refusals(model_config, server_args) -> list[str]:
     tp_problem = tp.startup_refusal(family, model_config, server_args)
     if tp_problem:
         problems.append(tp_problem)
-    if getattr(server_args, "enable_mamba_cache_stochastic_rounding", False):
+    if getattr(server_args, "enable_mamba_cache_stochastic_rounding", False) and getattr(
+        server_args, "mamba_cache_philox_rounds", 0
+    ):
         problems.append(
-            "--enable-mamba-cache-stochastic-rounding: the ReplaySSM kernels round a 16-bit checkpoint to nearest "
-            "once per flush (stochastic rounding is not built); run without it (the default fp32 checkpoint needs "
-            "no rounding) or with --ssm-backend default"
+            "--mamba-cache-philox-rounds: the ReplaySSM flush draws its stochastic-rounding bits from a counter hash "
+            "(replayssm_kernels/stochastic_round.py), not from Philox; leave it at 0 (the hash has no rounds to set)"
         )
     if getattr(server_args, "enable_unified_memory", False):
         problems.append("--enable-unified-memory is not supported with --ssm-backend replay")
@@ -91,8 +94,8 @@ def validate_startup(result, *args, **kwargs):
     """AFTER ``ModelConfig.from_server_args(server_args, ..., is_draft_model=...)``: refuse bad setups.
 
     Refused with ``ReplaySSMStartupError``: an unsupported model family, SGLang's built-in ReplaySSM
-    flags, speculative setups that cannot run (``spec_plan.startup_refusals``), stochastic
-    rounding of the SSM cache, TP layouts that cannot
+    flags, speculative setups that cannot run (``spec_plan.startup_refusals``), a Philox round count
+    for the SSM cache's stochastic rounding, TP layouts that cannot
     shard the SSM heads and groups (``tp.startup_refusal``), unified memory,
     PD disaggregation, and (GDN)
     ``--enable-mixed-chunk`` or Qwen3.5 on ``--device cpu``.  Draft model configs are not checked.

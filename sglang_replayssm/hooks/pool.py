@@ -81,7 +81,8 @@ def _spec_for(configurator):
     family = replay_family(configurator.model_config)
     layout = tp.model_layout(family, configurator.mambaish_config, get_parallel().attn_tp_size)
     return ReplayPoolSpec(family=family, window=cfg.window, act_dtype=configurator.model_config.dtype,
-                          layout=layout, read_dtype=cfg.read_torch_dtype())
+                          layout=layout, read_dtype=cfg.read_torch_dtype(),
+                          stochastic_rounding=configurator.server_args.enable_mamba_cache_stochastic_rounding)
 
 
 def around_build_hybrid_req_pool(original, self, *args, **kwargs):

@@ -139,9 +139,10 @@ def test_gdn_decode_window4_matches_window1():
     assert not torch.equal(s4, s1)
 
 
-def test_stochastic_rounding_is_refused():
-    """SGLang's fp16 stochastic rounding of the SSM cache is not what the ReplaySSM flush does
-    (round to nearest once per flush): refused at startup, with what to change."""
+def test_stochastic_rounding_is_accepted_and_a_philox_round_count_refused():
+    """SGLang's fp16 stochastic rounding of the SSM cache runs in the ReplaySSM flush (bits from a counter
+    hash, ``replayssm_kernels/stochastic_round.py``): accepted at startup; a Philox round count, which the
+    hash has no use for, is refused with what to change."""
     from sglang.srt.configs.model_config import ModelConfig
 
     from sglang_replayssm.hooks.backends import _refusals
@@ -150,6 +151,8 @@ def test_stochastic_rounding_is_refused():
                 speculative_algorithm=None)
     model = ModelConfig(model_path=str(Path(__file__).resolve().parents[1] / "models" / "nemotron_h_tiny"))
     assert _refusals(model, SimpleNamespace(**base)) == []
-    problems = _refusals(model, SimpleNamespace(**base, enable_mamba_cache_stochastic_rounding=True))
-    assert len(problems) == 1 and "--enable-mamba-cache-stochastic-rounding" in problems[0]
-    assert "--ssm-backend default" in problems[0]
+    sr = dict(base, enable_mamba_cache_stochastic_rounding=True)
+    assert _refusals(model, SimpleNamespace(**sr, mamba_cache_philox_rounds=0)) == []
+    problems = _refusals(model, SimpleNamespace(**sr, mamba_cache_philox_rounds=7))
+    assert len(problems) == 1 and "--mamba-cache-philox-rounds" in problems[0]
+    assert "leave it at 0" in problems[0]
