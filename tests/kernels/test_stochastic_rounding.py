@@ -454,7 +454,7 @@ def test_kernel_matches_reference(op):
     verify = op.endswith("verify")
     L, T, batch = 4, 2, 4
     R = min_ring_size(L, T) if verify else L + 1
-    act = torch.bfloat16
+    act = torch.float32  # fp32 outputs: the kernel / reference difference is not hidden by bf16
     pools = make_pools(op, 6, R, act, gen, None)
     prm = make_params(op, gen)
     # Fill the rings through non-flush steps of the reference, then one step with flush rows.
@@ -502,10 +502,12 @@ def test_kernel_matches_reference(op):
         st32_rel = _rel(res["kernel", False][0].state[[5, 1]], res["ref", False][0].state[[5, 1]])
         live = [0, 2, 3]
         out_rel = _rel(res["kernel", True][1][live], res["ref", True][1][live])
-        print(f"\n[sr] {op} kernel vs ref (SR on): ||out-ref||/||ref|| = {out_rel:.2e} (bf16), "
+        print(f"\n[sr] {op} kernel vs ref (SR on): ||out-ref||/||ref|| = {out_rel:.2e} (fp32), "
               f"fp16 SR checkpoint ||S-ref||/||ref|| = {st_rel:.2e}; the fp32 folds: "
               f"{st32_rel:.2e}, differing bitwise in {n_diff32}/{n_elems} elements")
-        assert out_rel < 1e-2 and st_rel < 1e-3
+        # GDN verify: the window reads the stored checkpoint, one fp16 step apart where the folds
+        # rounded differently (~2e-5 here); the other ops' outputs are fp32 rounding apart.
+        assert out_rel < (1e-4 if op == "gdn_verify" else 1e-6) and st_rel < 1e-3
 
 
 @pytest.mark.parametrize("op", list(OPS))
