@@ -93,8 +93,8 @@ def add_flags(result: None, parser: argparse.ArgumentParser) -> None:
         default=defaults.read_dtype,
         help="Split precision with --ssm-backend replay: keep a read copy of each SSM state checkpoint in "
         "this dtype ('fp8': e4m3 with one scale per state row), refreshed from the checkpoint at every "
-        "flush and prefill; decode reads the copy, the recurrence keeps the checkpoint's precision. "
-        "Costs the copy's bytes per mamba slot. Not with speculative decoding. 'same': no copy. "
+        "flush and prefill; decode and speculative verify read the copy, the recurrence keeps the "
+        "checkpoint's precision. Costs the copy's bytes per mamba slot. 'same': no copy. "
         "Default: %(default)s.",
     )
 
