@@ -151,13 +151,18 @@ class ReplayMambaPool(MambaPool):
                 "ReplaySSM (--ssm-backend replay) cannot run together with SGLang's built-in "
                 "--enable-linear-replayssm / --enable-linear-replayssm-spec; pick one."
             )
-        super().__init__(**kwargs)
         # Speculative verify of T tokens writes T window rows past len: R = max(L, T) + T.
         self.spec_tokens = int(kwargs.get("speculative_num_draft_tokens") or 0)
         # SGLang's snapshot verify (tree drafts, --replayssm-verify auto/snapshot buckets) needs it.
         self._replay_verify_only = not ReplaySSMConfig.from_env().needs_draft_states(
             kwargs.get("speculative_eagle_topk")
         )
+        if self.spec_tokens and torch.device(kwargs["device"]).type == "cpu":
+            # SGLang allocates the speculative buffers with device="cuda" hard-coded.
+            super().__init__(**{**kwargs, "speculative_num_draft_tokens": None})
+            self._install_cpu_speculative_state(kwargs["spec_state_size"])
+        else:
+            super().__init__(**kwargs)
         self._drop_per_draft_ssm()
         cache_params = kwargs["cache_params"]
         num_layers = len(kwargs["mamba_layer_ids"])
@@ -220,6 +225,32 @@ class ReplayMambaPool(MambaPool):
             self.ring_spec.bytes_per_slot,
             self.mem_usage,
         )
+
+    def _install_cpu_speculative_state(self, spec_state_size: int) -> None:
+        """CPU pool with speculative decoding: SGLang's ``SpeculativeState``, its buffers on the CPU.
+
+        SGLang 0.5.17's ``MambaPool.__init__`` allocates ``intermediate_ssm`` and
+        ``intermediate_conv_window`` with ``device="cuda"`` hard-coded, so the pool is built without
+        speculation and this adds them as SGLang allocates them for a CPU (``spec_state_size + 1``
+        rows, the dense conv-window layout ``[layers, rows, T, *conv_shape]``), on the pool's device;
+        ``intermediate_ssm`` only where SGLang's snapshot verify may read it (``_drop_per_draft_ssm``
+        would release it at once otherwise).
+        """
+        state = self.mamba_cache
+        rows = spec_state_size + 1
+        temporal = state.temporal
+        ssm = None if self._replay_verify_only else torch.zeros(
+            (temporal.shape[0], rows, self.spec_tokens, *temporal.shape[2:]), dtype=temporal.dtype,
+            device=temporal.device)
+        windows = [
+            torch.zeros((c.shape[0], rows, self.spec_tokens, *c.shape[2:]), dtype=c.dtype, device=c.device)
+            for c in state.conv
+        ]
+        fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+        self.mamba_cache = self.SpeculativeState(**fields, intermediate_ssm=ssm, intermediate_conv_window=windows)
+        self._intermediate_conv_window_phys = windows
+        allocated = [*windows, ssm] if ssm is not None else windows
+        self.mem_usage += sum(t.numel() * t.element_size() for t in allocated) / _GB
 
     def _drop_per_draft_ssm(self) -> None:
         """``--replayssm-verify replay`` (linear chains): release SGLang's per-draft SSM buffer.

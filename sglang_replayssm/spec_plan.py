@@ -40,11 +40,43 @@ def startup_refusals(server_args, verify_mode: str) -> list[str]:
     except ReplaySSMStartupError as exc:
         problems.append(str(exc))
     if getattr(server_args, "device", None) == "cpu":
-        problems.append(
-            "speculative decoding on --device cpu: no SGLang 0.5.17 speculative algorithm runs on a CPU "
-            "(speculative pool buffers are allocated on CUDA; see benchmarks/notes/spec_algorithms.md)"
-        )
+        problems += _cpu_refusals(server_args, topk)
     return problems
+
+
+#: Why each built-in algorithm cannot run on ``--device cpu`` (without ``sgl_kernel``'s CPU build).
+_CPU_BLOCKERS: dict[str, str] = {
+    "NGRAM": "ngram_worker imports sgl_kernel at module level and its corpus is a C++ JIT build",
+    "EAGLE": "the draft worker has no torch_native draft attention backend",
+    "EAGLE3": "the draft worker has no torch_native draft attention backend",
+    "STANDALONE": "the draft worker has no torch_native draft attention backend",
+}
+
+
+def _cpu_refusals(server_args, topk: int) -> list[str]:
+    """Speculative decoding on ``--device cpu``: what still cannot run, with what to change.
+
+    Runs: a plug-in-registered algorithm (``SpeculativeAlgorithm.register``, a ``CustomSpecAlgo``)
+    with linear drafts, through the CPU shims of ``hooks/cpu_spec.py``.  See
+    ``benchmarks/notes/spec_algorithms.md``.
+    """
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    name = str(server_args.speculative_algorithm).upper()
+    if not isinstance(SpeculativeAlgorithm.from_string(name), CustomSpecAlgo):
+        why = _CPU_BLOCKERS.get(name, "it has no CPU path in SGLang 0.5.17")
+        return [
+            f"speculative decoding on --device cpu with {name}: {why}; on a CPU only a plug-in-registered "
+            "algorithm (SpeculativeAlgorithm.register) with linear drafts runs (see "
+            "benchmarks/notes/spec_algorithms.md)"
+        ]
+    if topk > 1:
+        return [
+            f"speculative decoding on --device cpu: tree drafts (--speculative-eagle-topk {topk} > 1) have no CPU "
+            "verify attention (torch_native serves linear chains only); use --speculative-eagle-topk 1"
+        ]
+    return []
 
 
 def plan_verify(

@@ -61,4 +61,4 @@ class HookSpec:
 
 
 # Module names (relative to this package) whose HOOKS are installed, in order.
-HOOK_MODULES: tuple[str, ...] = ("args", "pool", "backends", "cpu", "radix", "spec")
+HOOK_MODULES: tuple[str, ...] = ("args", "pool", "backends", "cpu", "cpu_spec", "radix", "spec")

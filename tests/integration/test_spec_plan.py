@@ -84,7 +84,21 @@ def test_startup_refusals():
     (tree,) = startup_refusals(_args(speculative_eagle_topk=4), "replay")
     assert "--speculative-eagle-topk 4" in tree
     (cpu,) = startup_refusals(_args(device="cpu"), "replay")
-    assert "--device cpu" in cpu
+    assert "--device cpu with NGRAM" in cpu and "sgl_kernel" in cpu and "plug-in-registered" in cpu
+
+
+def test_cpu_runs_plugin_algorithms_with_linear_drafts_only(monkeypatch):
+    from sglang.srt.speculative import spec_registry
+
+    algo = spec_registry.CustomSpecAlgo("TEST_CHAIN", lambda server_args: None)
+    monkeypatch.setitem(spec_registry._REGISTRY, "TEST_CHAIN", algo)
+    assert startup_refusals(_args(device="cpu", speculative_algorithm="test_chain"), "replay") == []
+    assert startup_refusals(_args(device="cpu", speculative_algorithm="TEST_CHAIN"), "auto") == []
+    (tree,) = startup_refusals(_args(device="cpu", speculative_algorithm="TEST_CHAIN", speculative_eagle_topk=2),
+                               "auto")
+    assert "tree drafts (--speculative-eagle-topk 2 > 1)" in tree and "--device cpu" in tree
+    (standalone,) = startup_refusals(_args(device="cpu", speculative_algorithm="STANDALONE"), "replay")
+    assert "STANDALONE" in standalone and "torch_native draft attention backend" in standalone
 
 
 def test_plan_for_server_uses_the_graph_buckets_and_refuses_radix_tracking(monkeypatch, tmp_path):

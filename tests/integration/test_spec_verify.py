@@ -12,7 +12,7 @@ Acceptance is controlled exactly: window token ``t < a`` is the true next token'
 (``a = T``), partial (random ``1..T``) and near-zero (``a = 1``).
 
 SGLang 0.5.17's ``MambaPool`` allocates its speculative buffers on ``device="cuda"`` unconditionally;
-the test allocates them on the CPU (``_cpu_spec_pool``).
+``ReplayMambaPool`` allocates them on a CPU pool's own device (``_install_cpu_speculative_state``).
 """
 
 from __future__ import annotations
@@ -40,17 +40,7 @@ STEPS = 16  # verify steps; with decode steps mixed in, > 3 ring cycles at L = 4
 
 def _cpu_spec_pool(family: str, window: int, spec_tokens: int | None, monkeypatch,
                    verify: str = "replay", read: str = "same") -> ReplayMambaPool:
-    import sglang.srt.mem_cache.memory_pool as mp
-
-    zeros = torch.zeros
-
-    def cpu_zeros(*args, **kwargs):
-        if kwargs.get("device") == "cuda":
-            kwargs["device"] = "cpu"
-        return zeros(*args, **kwargs)
-
     with monkeypatch.context() as m:
-        m.setattr(mp.torch, "zeros", cpu_zeros)
         m.setenv("SGLANG_REPLAYSSM_CONFIG", f'{{"backend": "replay", "verify": "{verify}"}}')
         return ReplayMambaPool(
             replay=ReplayPoolSpec(family=family, window=window, act_dtype=torch.float32,
