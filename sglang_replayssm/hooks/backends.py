@@ -22,9 +22,9 @@
     Why: a model family ReplaySSM does not support would otherwise start stock silently (no pool or
     backend hook fires for it), and some server options conflict with the rings.
     How: refuses to start (``ReplaySSMStartupError``) unless the target model is a supported Mamba-2
-    or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, speculative decoding on
-    ``--device cpu`` and ``--replayssm-verify replay`` with tree drafts (``spec_plan``), a split-precision
-    read copy (``--replayssm-read-dtype``) with speculative decoding, tensor-parallel
+    or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, speculative setups that cannot
+    run (``spec_plan.startup_refusals``: on ``--device cpu`` SGLang's built-in algorithms and tree
+    drafts; ``--replayssm-verify replay`` with tree drafts), tensor-parallel
     layouts that cannot shard the SSM heads and groups (``tp.startup_refusal``), a Philox round count
     for stochastic rounding (``--mamba-cache-philox-rounds``: our flush hashes its bits), unified memory, PD
     disaggregation, and for GDN ``--enable-mixed-chunk`` and Qwen3.5 on ``--device cpu``;
