@@ -172,27 +172,48 @@ def snapshot_batch_limit(num_tokens: int, state_elems: int) -> int:
     return INT32_MAX // stride + 1
 
 
+def _keep_off_snapshot(plan: dict[int, heuristic.Decision], bad: list[int], reason: str, refusal: str,
+                       log: logging.Logger) -> dict[int, heuristic.Decision]:
+    """Buckets ``bad`` must not take the snapshot verify: ``auto`` decisions there move to replay with
+    ``reason`` (logged); an override or tree drafts there are refused with ``refusal`` (which must name
+    what to change; the buckets are prepended)."""
+    forced = [bs for bs in bad if plan[bs].source in ("override", "tree")]
+    if forced:
+        raise ReplaySSMStartupError(
+            f"--ssm-backend replay: batch buckets {forced} go to SGLang's snapshot verify ({plan[forced[0]].source}), "
+            + refusal
+        )
+    out = dict(plan)
+    for bs in bad:
+        out[bs] = dataclasses.replace(plan[bs], path="replay", reason=reason)
+        log.info(out[bs].log_line())
+    return out
+
+
 def _guard_snapshot_overflow(plan: dict[int, heuristic.Decision], num_tokens: int, state_elems: int,
                              log: logging.Logger = logger) -> dict[int, heuristic.Decision]:
     """Buckets above ``snapshot_batch_limit`` must not take the snapshot verify: ``auto`` decisions
     move to replay (logged); an override or tree drafts there are refused (what to change is named)."""
     limit = snapshot_batch_limit(num_tokens, state_elems)
     bad = sorted(bs for bs, d in plan.items() if d.path == "snapshot" and bs > limit)
-    forced = [bs for bs in bad if plan[bs].source in ("override", "tree")]
-    if forced:
-        raise ReplaySSMStartupError(
-            f"--ssm-backend replay: batch buckets {forced} go to SGLang's snapshot verify ({plan[forced[0]].source}), "
-            f"whose commit scatter overflows int32 offsets above batch {limit} at T={num_tokens} (SGLang 0.5.17); "
-            f"cap --cuda-graph-max-bs / --max-running-requests at {limit}, or use --replayssm-verify replay "
-            "with linear drafts"
-        )
-    out = dict(plan)
-    for bs in bad:
-        out[bs] = dataclasses.replace(
-            plan[bs], path="replay",
-            reason=f"snapshot commit would overflow SGLang 0.5.17's int32 offsets above batch {limit}")
-        log.info(out[bs].log_line())
-    return out
+    return _keep_off_snapshot(
+        plan, bad, reason=f"snapshot commit would overflow SGLang 0.5.17's int32 offsets above batch {limit}",
+        refusal=(f"whose commit scatter overflows int32 offsets above batch {limit} at T={num_tokens} (SGLang "
+                 f"0.5.17); cap --cuda-graph-max-bs / --max-running-requests at {limit}, or use "
+                 "--replayssm-verify replay with linear drafts"),
+        log=log)
+
+
+def _guard_device(plan: dict[int, heuristic.Decision], device: torch.device,
+                  log: logging.Logger = logger) -> dict[int, heuristic.Decision]:
+    """SGLang's snapshot verify is CUDA-only: on another device, ``auto`` decisions for it move to
+    replay (logged; the byte model may favour it for small buckets); an override is refused."""
+    if device.type == "cuda":
+        return plan
+    bad = sorted(bs for bs, d in plan.items() if d.path == "snapshot")
+    return _keep_off_snapshot(
+        plan, bad, reason=f"SGLang's snapshot verify needs CUDA (device {device})",
+        refusal=f"which needs CUDA (device {device}); use --replayssm-verify replay", log=log)
 
 
 def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuristic.Decision]:
@@ -201,7 +222,8 @@ def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuris
     Also refuses mamba radix tracking (``extra_buffer``) with speculative decoding: its post-verify
     track copy reads per-draft states that the replay verify does not keep; and keeps buckets above
     ``snapshot_batch_limit`` off the snapshot verify (``_guard_snapshot_overflow``).  On a non-CUDA device
-    every bucket must take the replay path (SGLang's snapshot verify is CUDA-only).
+    every bucket takes the replay path (SGLang's snapshot verify is CUDA-only): ``auto`` decisions move
+    there, logged, and a forced snapshot is refused (``_guard_device``).
     """
     from sglang_replayssm.config import ReplaySSMConfig
 
@@ -224,12 +246,8 @@ def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuris
         probe=_probe(pool, buckets, mode, topk, device),
     )
     plan = _guard_snapshot_overflow(plan, pool.spec_tokens, math.prod(pool.mamba_cache.temporal.shape[2:]))
+    plan = _guard_device(plan, device)
     snap = sorted(bs for bs, d in plan.items() if d.path == "snapshot")
-    if snap and device.type != "cuda":
-        raise ReplaySSMStartupError(
-            f"--ssm-backend replay: batch buckets {snap} go to SGLang's snapshot verify, which needs CUDA "
-            f"(device {device}); use --replayssm-verify replay"
-        )
     if snap and pool.mamba_cache.intermediate_ssm is None:
         raise ReplaySSMStartupError(
             f"--ssm-backend replay: batch buckets {snap} go to SGLang's snapshot verify, but the pool released "

@@ -115,10 +115,25 @@ def test_plan_for_server_uses_the_graph_buckets_and_refuses_radix_tracking(monke
     assert sorted(plan_for_server(pool, _args(disable_cuda_graph=True), CPU)) == [8]
     with pytest.raises(ReplaySSMStartupError, match="extra_buffer"):
         plan_for_server(pool, _args(enable_mamba_extra_buffer=lambda: True), CPU)
-    # snapshot buckets need CUDA (SGLang's verify) and the per-draft buffer
+    # snapshot buckets need CUDA (SGLang's verify): forced, refused; auto's choices move to replay, logged
     monkeypatch.setenv("SGLANG_REPLAYSSM_CONFIG", '{"backend": "replay", "verify": "snapshot"}')
-    with pytest.raises(ReplaySSMStartupError, match=r"buckets \[1, 2, 4\].*needs CUDA"):
+    with pytest.raises(ReplaySSMStartupError, match=r"buckets \[1, 2, 4\].*needs CUDA.*--replayssm-verify replay"):
         plan_for_server(pool, _args(), CPU)
+
+
+def test_auto_on_a_cpu_moves_snapshot_choices_to_replay_and_logs_them(caplog):
+    from sglang_replayssm.spec_plan import _guard_device
+
+    caplog.set_level(logging.INFO)
+    auto = plan_verify(buckets=[1, 64], num_tokens=4, topk=1, mode="auto", shape=SHAPE,
+                       profile=h.DeviceProfile(name="cuda:slow", kind="cuda", peak_bytes_per_s=1e20,
+                                               launch_s=1.0, peak_source="synthetic"))
+    assert {d.path for d in auto.values()} == {"snapshot"}  # launch-bound everywhere
+    caplog.clear()
+    guarded = _guard_device(auto, CPU)
+    assert all(d.path == "replay" and "needs CUDA (device cpu)" in d.reason for d in guarded.values())
+    assert _lines(caplog) == [guarded[1].log_line(), guarded[64].log_line()]
+    assert _guard_device(auto, torch.device("cuda", 0)) == auto
 
 
 def test_cuda_profile_is_asked_for_by_device_index(monkeypatch):

@@ -276,14 +276,12 @@ def test_plan_for_server_passes_a_probe_only_for_cuda_auto_linear_drafts(mode, t
 
     handed = _wire(monkeypatch, tmp_path, probe)
     monkeypatch.setenv("SGLANG_REPLAYSSM_CONFIG", f'{{"backend": "replay", "verify": "{mode}"}}')
-    if device == "cpu":  # the byte model sends these tiny buckets to the snapshot path, refused on CPU
-        with pytest.raises(ReplaySSMStartupError, match="needs CUDA"):
-            spec_plan.plan_for_server(pool, _args(topk), torch.device(device))
-    else:
-        plan = spec_plan.plan_for_server(pool, _args(topk), torch.device(device))
-        assert sorted(plan) == [1, 2, 4]
-        if probed:
-            assert {d.source.split(" (")[0] for d in plan.values()} == {"measured"}
+    plan = spec_plan.plan_for_server(pool, _args(topk), torch.device(device))
+    assert sorted(plan) == [1, 2, 4]
+    if device == "cpu":  # the byte model sends these tiny buckets to the snapshot path: CUDA-only, so replay
+        assert all(d.path == "replay" and "needs CUDA" in d.reason for d in plan.values())
+    if probed:
+        assert {d.source.split(" (")[0] for d in plan.values()} == {"measured"}
     assert handed == [probe if probed else None]
     assert calls == ([(1, T), (2, T), (4, T)] if probed else [])
 
