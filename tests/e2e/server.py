@@ -37,6 +37,7 @@ CPU_FLAGS: tuple[str, ...] = (
     "--max-mamba-cache-size", "16",
     "--max-total-tokens", "16384",
     "--skip-server-warmup",
+    "--sleep-on-idle",  # an idle scheduler otherwise busy-polls a core (CI has two)
 )
 
 

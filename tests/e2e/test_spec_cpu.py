@@ -50,7 +50,7 @@ LEVELS: dict[str, tuple[float, tuple[float, float]]] = {
 }
 #: SGLang caps running requests at mamba slots / 3 (radix cache): 32 slots let all six run together.
 #: An idle SGLang scheduler busy-polls unless told to sleep; the two servers share 2 cores.
-SERVER = ["--ssm-backend", "replay", "--max-mamba-cache-size", "32", "--sleep-on-idle"]
+SERVER = ["--ssm-backend", "replay", "--max-mamba-cache-size", "32"]
 
 
 def _prompts() -> dict[str, list[int]]:
