@@ -97,7 +97,11 @@ The heuristic's choices: ``--replayssm-verify auto`` (default ``--replay-verify`
 ``ReplaySSM verify bs=.. T=..: <path> (...)`` line per CUDA-graph bucket (``heuristic.Decision
 .log_line``), timed by the plug-in's probe; they are parsed into a table (buckets above the server's
 ``max_running_requests`` are never captured and are marked so).  The decisions cache is a file of
-this run (``SGLANG_REPLAYSSM_VERIFY_CACHE``), so they are measured, not read back.
+this run (``SGLANG_REPLAYSSM_VERIFY_CACHE``), so they are measured, not read back.  Memory: with
+``auto`` the replay server keeps SGLang's per-draft reserve in its memory solve (its snapshot fallback
+may read the buffer), so its running-request limit is stock spec's less the ring; only
+``--replay-verify replay`` (linear drafts) solves without the reserve (``hooks/pool.py``) and shows the
+memory gain.  The two questions need one run each.
 
 No CPU mode: STANDALONE has no CPU path in SGLang 0.5.17 (no ``torch_native`` draft attention
 backend) and ``--ssm-backend replay`` refuses it on a CPU (``spec_plan.startup_refusals``,
