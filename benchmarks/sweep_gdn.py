@@ -1,11 +1,25 @@
 """Sweep launch variants of the GDN ReplaySSM decode kernel on one GPU (one process).
 
-Times every variant at one batch over all L phases (cold L2, CUDA-graph replay, as
+Times every variant at each batch over all L phases (cold L2, CUDA-graph replay, as
 ``bench_decode``), with SGLang's packed decode and built-in ReplaySSM kernel as peers, and checks
-each variant against the plain-torch reference and the one-launch kernel (checkpoint bits) on a
-mixed batch.  Prints a table last; writes JSON to ``--out``.
+each variant against the plain-torch reference and the default one-launch kernel on a mixed batch
+(24 rows: every phase kind, full-ring and forced flushes, a padding row): outputs vs the reference,
+and bit for bit vs the default the flushed checkpoints, every ring tensor and the flush rows'
+outputs (``flush_out_bits_eq_fused``).  Prints one table per batch last; writes JSON to ``--out``.
 
-    python -m benchmarks.sweep_gdn --batch 256 --out /tmp/sweep
+    python -m benchmarks.sweep_gdn --batch 256,1,64 --out /tmp/sweep
+
+Variants (``gdn_replay_decode_fwd`` keyword arguments; notes in benchmarks/notes/gdn_decode.md):
+
+* ``fused_32x1``: the default launch.
+* ``tree16`` / ``tree8``: the default launch with the flush rows' fold in tree form (``fold=16`` /
+  ``8``: SGLang's reduction tree written out, 16 / 8 rows on lanes, ``_tree.py``); same bits.
+* ``split_b16`` / ``split_tree8_b16``: two launches: the fold launch at 16 rows per program
+  (default fold: 168 registers; tree form: 157, instead of 255) and the non-flush launch at the
+  default's 32 rows x 1 warp.
+* ``fused_32x1_r4`` / ``_r8``: the default with the non-flush rows' records read in chunks of 4 /
+  8 instead of 16 (the first record's cost).
+* ``foldonly*``: the fold launch alone (non-flush rows exit at once): diagnostics, not checked.
 """
 
 from __future__ import annotations
@@ -21,15 +35,22 @@ from benchmarks import bench_decode as bd
 
 VARIANTS = {
     "fused_32x1": dict(split=False),
-    "split_o32x4": dict(split=True, out_block_v=32, out_num_warps=4),
-    "split_o32x8": dict(split=True, out_block_v=32, out_num_warps=8),
-    "split_o64x4": dict(split=True, out_block_v=64, out_num_warps=4),
-    "split_o64x8": dict(split=True, out_block_v=64, out_num_warps=8),
-    "split_o128x8": dict(split=True, out_block_v=128, out_num_warps=8),
-    "split_o128x16": dict(split=True, out_block_v=128, out_num_warps=16),
-    "outonly_o32x4": dict(split="out", out_block_v=32, out_num_warps=4),
+    "tree16": dict(split=False, fold=16),
+    "tree8": dict(split=False, fold=8),
+    "split_b16": dict(split=True, block_v=16, out_block_v=32, out_num_warps=1),
+    "split_tree8_b16": dict(split=True, block_v=16, fold=8, out_block_v=32, out_num_warps=1),
+    "fused_32x1_r4": dict(split=False, block_r=4),
+    "fused_32x1_r8": dict(split=False, block_r=8),
     "foldonly": dict(split="fold"),
+    "foldonly_tree16": dict(split="fold", fold=16),
+    "foldonly_tree8_b16": dict(split="fold", block_v=16, fold=8),
 }
+DEFAULT_VARIANTS = ("fused_32x1", "tree16", "tree8", "split_b16", "split_tree8_b16",
+                    "fused_32x1_r4", "fused_32x1_r8", "foldonly", "foldonly_tree16")  # fmt: skip
+
+
+def _int_list(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
 
 
 def main(argv=None) -> int:
@@ -39,91 +60,133 @@ def main(argv=None) -> int:
     from replayssm_kernels.gdn_decode.reference import gdn_replay_decode_ref
 
     p = argparse.ArgumentParser()
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--batch", type=_int_list, default=[256], help="comma list, e.g. 256,1,64")
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                   help=f"comma list of {', '.join(VARIANTS)}")
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--passes", type=int, default=2)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--skip-peers", action="store_true", help="no SGLang kernels (CPU smoke runs)")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    cfg = bd.parse_args(["--family", "gdn", "--batch", str(a.batch), "--out", str(a.out)])
+    names = a.variants.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    batches = ",".join(str(b) for b in a.batch)
+    cfg = bd.parse_args(["--family", "gdn", "--batch", batches, "--out", str(a.out)]
+                        + (["--skip-peers"] if a.skip_peers else []))
+    cuda = cfg.device == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def replayable(fn):
+        # a CUDA graph of one launch; on CPU (TRITON_INTERPRET=1 smoke runs) the call itself
+        return bd.capture_graph(fn).replay if cuda else fn
+
     peers, perr = bd.load_peers(cfg)
     timer = bd.Timer(cfg)
     copy = bd.measure_copy_bandwidth(cfg)
-    names = a.variants.split(",")
     fns = {n: functools.partial(gdn_replay_decode_fwd, **VARIANTS[n]) for n in names}
-    res: dict = {"copy_bw": copy["bytes_per_s"], "peer_errors": perr, "variants": {}}
+    res: dict = {"copy_bw": copy["bytes_per_s"], "peer_errors": perr, "variants": VARIANTS,
+                 "checks": {}, "batches": {}}  # fmt: skip
 
-    # correctness on a mixed batch: vs the reference (outputs) and vs the fused kernel (bits)
+    # correctness on a mixed batch: vs the reference (outputs) and vs the default (bits)
     fam = bd.GDNFamily(cfg, {"gdn": None}, peers)
     args0, _, _ = fam.refcheck_args(rows=24, slots=40)
+
     def run_on(fn):
         a2 = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in args0.items()}
         fam.refcheck_call(fn, a2)
-        torch.cuda.synchronize()
+        sync()
         return a2
+
     ref = run_on(gdn_replay_decode_ref)
     fused = run_on(functools.partial(gdn_replay_decode_fwd, split=False))
     live = args0["slot_idx"] >= 0
+    fl = live & args0["flush"]
     for n in names:
-        if n in ("outonly_o32x4", "foldonly"):
+        if n.startswith("foldonly"):
             continue
         got = run_on(fns[n])
         o, r = got["out"][live].float(), ref["out"][live].float()
         rel = ((o - r).norm() / r.norm()).item()
         st_bits = torch.equal(got["state"].view(torch.int32), fused["state"].view(torch.int32))
+        fo_bits = torch.equal(got["out"][fl].view(torch.int16), fused["out"][fl].view(torch.int16))
         ring_eq = {k: torch.equal(got[k], fused[k]) for k in fam.ring_names}
-        res["variants"].setdefault(n, {})["check"] = dict(
+        res["checks"][n] = dict(
             out_rel_vs_ref=rel, finite=bool(torch.isfinite(o).all()), state_bits_eq_fused=st_bits,
-            ring_eq_fused=ring_eq)
-        print(f"[check] {n}: out rel {rel:.2e} state bits == fused: {st_bits} rings == fused: "
-              f"{ring_eq}", flush=True)
+            flush_out_bits_eq_fused=fo_bits, ring_eq_fused=ring_eq, flush_rows=int(fl.sum()))
+        print(f"[check] {n}: out rel {rel:.2e} state bits == fused: {st_bits} flush outputs "
+              f"bits == fused: {fo_bits} ({int(fl.sum())} rows) rings == fused: {ring_eq}",
+              flush=True)
+
+    warm = 5 if cuda else 0
 
     def time_case(case):
-        g = bd.capture_graph(case.fn)
+        run = replayable(case.fn)
         ph = []
         for w in range(cfg.L):
             case.set_phase(w)
             samples = []
             for _ in range(a.passes):
-                samples += timer.measure(g.replay, a.repeats, 5)
+                samples += timer.measure(run, a.repeats, warm)
             ph.append(statistics.median(samples))
         case.set_mixed()
         samples = []
         for _ in range(a.passes):
-            samples += timer.measure(g.replay, a.repeats, 5)
+            samples += timer.measure(run, a.repeats, warm)
         return ph, statistics.median(samples)
 
-    rows = []
-    for n in names:
-        fam = bd.GDNFamily(cfg, {"gdn": fns[n]}, {})
-        case = [c for c in fam.cases(a.batch) if c.key == "ours"][0]
-        ph, mixed = time_case(case)
-        res["variants"].setdefault(n, {}).update(phase_us=ph, mixed_us=mixed)
-        rows.append((n, ph, mixed))
-        print(f"[time] {n}: " + " ".join(f"{x:.1f}" for x in ph) + f" | mixed {mixed:.1f}",
-              flush=True)
-    fam = bd.GDNFamily(cfg, {"gdn": None}, peers)
-    for case in fam.cases(a.batch):
-        if case.key == "packed":
-            g = bd.capture_graph(case.fn)
-            s = []
-            for _ in range(a.passes):
-                s += timer.measure(g.replay, a.repeats, 5)
-            res["packed_us"] = statistics.median(s)
-            rows.append(("sglang_packed", [res["packed_us"]] * cfg.L, res["packed_us"]))
-        elif case.key == "builtin":
+    tables = {}
+    for batch in a.batch:
+        rows, out_b = [], {}
+        for n in names:
+            fam = bd.GDNFamily(cfg, {"gdn": fns[n]}, {})
+            case = [c for c in fam.cases(batch) if c.key == "ours"][0]
             ph, mixed = time_case(case)
-            res["builtin"] = dict(phase_us=ph, mixed_us=mixed)
-            rows.append(("sglang_builtin", ph, mixed))
-            print("[time] builtin: " + " ".join(f"{x:.1f}" for x in ph), flush=True)
-    (a.out / "sweep.json").write_text(json.dumps(res, indent=1))
-    print(f"\ncopy BW {copy['bytes_per_s'] / 1e12:.2f} TB/s; batch {a.batch}, L {cfg.L}")
-    print(f"{'variant':<16} {'mean':>7} {'w0':>7} {'w1-14':>7} {'flush':>7} {'mixed':>7}")
-    for n, ph, mixed in rows:
-        L = len(ph)
-        print(f"{n:<16} {sum(ph) / L:7.1f} {ph[0]:7.1f} {sum(ph[1:-1]) / (L - 2):7.1f} "
-              f"{ph[-1]:7.1f} {mixed:7.1f}")
+            out_b[n] = dict(phase_us=ph, mixed_us=mixed)
+            rows.append((n, ph, mixed))
+            print(f"[time b{batch}] {n}: " + " ".join(f"{x:.1f}" for x in ph)
+                  + f" | mixed {mixed:.1f}", flush=True)
+            del fam, case
+            if cuda:
+                torch.cuda.empty_cache()
+        fam = bd.GDNFamily(cfg, {"gdn": None}, peers)
+        for case in fam.cases(batch):
+            if case.key == "packed":
+                run = replayable(case.fn)
+                s = []
+                for _ in range(a.passes):
+                    s += timer.measure(run, a.repeats, warm)
+                out_b["packed_us"] = statistics.median(s)
+                rows.append(("sglang_packed", [out_b["packed_us"]] * cfg.L, out_b["packed_us"]))
+            elif case.key == "builtin":
+                ph, mixed = time_case(case)
+                out_b["builtin"] = dict(phase_us=ph, mixed_us=mixed)
+                rows.append(("sglang_builtin", ph, mixed))
+                print(f"[time b{batch}] builtin: " + " ".join(f"{x:.1f}" for x in ph), flush=True)
+        del fam
+        if cuda:
+            torch.cuda.empty_cache()
+        res["batches"][str(batch)] = out_b
+        tables[batch] = rows
+        (a.out / "sweep.json").write_text(json.dumps(res, indent=1))
+
+    print(f"\ncopy BW {copy['bytes_per_s'] / 1e12:.2f} TB/s; L {cfg.L}")
+    for batch, rows in tables.items():
+        packed = res["batches"][str(batch)].get("packed_us")
+        print(f"\nbatch {batch}")
+        print(f"{'variant':<20} {'mean':>7} {'w0':>7} {'w1-14':>7} {'flush':>7} {'mixed':>7}"
+              f" {'x packed':>8}")
+        for n, ph, mixed in rows:
+            L = len(ph)
+            mean = sum(ph) / L
+            xp = f"{packed / mean:8.2f}" if packed else f"{'-':>8}"
+            mid = sum(ph[1:-1]) / (L - 2) if L > 2 else float("nan")
+            print(f"{n:<20} {mean:7.1f} {ph[0]:7.1f} {mid:7.1f} {ph[-1]:7.1f} {mixed:7.1f} {xp}")
     return 0
 
 

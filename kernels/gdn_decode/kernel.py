@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels.gdn_decode._fold import fold_records
+from replayssm_kernels.gdn_decode._tree import flush_tree
 from replayssm_kernels.gdn_decode._validate import validate_gdn_decode
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
 from replayssm_kernels.stochastic_round import (
@@ -46,6 +47,7 @@ __all__ = [
     "gdn_replay_decode_fwd",
     "gdn_replay_decode_fwd_kernel",
     "gdn_replay_decode_read_fwd_kernel",
+    "gdn_replay_decode_tree_fwd_kernel",
 ]
 
 
@@ -137,11 +139,14 @@ def _gdn_decode_program(
     HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr,
     SR: tl.constexpr,
+    FOLD: tl.constexpr,
 ):
     """One program of the decode launch (kernels below); ``HAS_READ``: split precision, non-flush
     rows read ``S0`` from the read copy (``read_ptr``, fp8: times ``read_scale_ptr``'s per-row
     scale) and flush rows refresh it after storing the checkpoint.  ``SR``: flush rows store the
-    fp16 checkpoint with stochastic rounding (``sr_seed`` counter, ``sr_layer`` stream)."""
+    fp16 checkpoint with stochastic rounding (``sr_seed`` counter, ``sr_layer`` stream).
+    ``FOLD``: 0, the flush rows' fold on SGLang's tile (``_fold.fold_records``); ``RL`` > 0, the
+    same arithmetic with the reduction tree spelled out, ``RL`` rows on lanes (``_tree.py``)."""
     # MODE 0: one launch serves every row (both branches).  MODE 1: flush rows only (the fold;
     # other rows return at once).  MODE 2: non-flush rows only (flush rows return at once).
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -216,42 +221,55 @@ def _gdn_decode_program(
     p_rb = ring_beta + i_s * stride_beta_n + i_hv * stride_beta_h
 
     if is_flush:
-        # ---- Exact fold: the arithmetic mirrors the conventional packed-decode kernel. ----
-        b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
-        b_h = fold_records(
-            b_h, p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
-            stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r,
-            USE_QK_L2NORM,
-        )
-        # The current token, then the output from the folded state.
-        b_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
-        b_k = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
-        b_v = tl.load(p_v, mask=mask_v, other=0).to(tl.float32)
-        if USE_QK_L2NORM:
-            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-        b_q = b_q * scale
-        b_h *= tl.exp(g_val)
-        b_v -= tl.sum(b_h * b_k[None, :], 1)
-        b_v *= beta_val
-        b_h += b_v[:, None] * b_k[None, :]
-        b_o = tl.sum(b_h * b_q[None, :], 1)
-        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=mask_v)
-        if SR:
-            b_st = sr_round_fp16(b_h, sr_key(sr_seed, sr_layer, i_s),
-                                 (i_hv * V + o_v[:, None]) * K + o_k[None, :])
+        if FOLD != 0:
+            # ---- Exact fold, tree form (_tree.py): the default's arithmetic, element for element.
+            tl.static_assert(not HAS_READ, "FOLD > 0 has no read-copy path")
+            flush_tree(
+                state, state + i_s * stride_s_n + i_hv * stride_s_h, p_rk, p_rv, p_rg, p_rb,
+                q + i_n * stride_q_b + i_h * stride_q_h, k + i_n * stride_k_b + i_h * stride_k_h,
+                v + i_n * stride_v_b + i_hv * stride_v_h, o + i_n * stride_o_b + i_hv * stride_o_h,
+                sr_seed, sr_layer, i_s, i_hv, i_v, r_start, r_len, R, g_val, beta_val, scale,
+                stride_s_v, stride_s_k, stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v,
+                stride_g_r, stride_beta_r, stride_q_k, stride_k_k, stride_v_v, stride_o_v,
+                K, V, BK, BV, FOLD, USE_QK_L2NORM, SR, o.dtype.element_ty,
+            )  # fmt: skip
         else:
-            b_st = b_h.to(state.dtype.element_ty)
-        tl.store(p_s, b_st, mask=mask_h)
-        if HAS_READ:
-            p_rs_head = read_scale_ptr
-            if READ_FP8:
-                p_rs_head = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
-            store_read_tile(
-                b_st, read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h,
-                p_rs_head, o_v, o_kr, mask_v, mask_k, stride_rd_v, stride_rd_k, stride_rs_v,
-                READ_FP8,
+            # ---- Exact fold: the arithmetic mirrors the conventional packed-decode kernel. ----
+            b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
+            b_h = fold_records(
+                b_h, p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
+                stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r,
+                USE_QK_L2NORM,
             )
+            # The current token, then the output from the folded state.
+            b_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
+            b_k = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
+            b_v = tl.load(p_v, mask=mask_v, other=0).to(tl.float32)
+            if USE_QK_L2NORM:
+                b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+            b_q = b_q * scale
+            b_h *= tl.exp(g_val)
+            b_v -= tl.sum(b_h * b_k[None, :], 1)
+            b_v *= beta_val
+            b_h += b_v[:, None] * b_k[None, :]
+            b_o = tl.sum(b_h * b_q[None, :], 1)
+            tl.store(p_o, b_o.to(o.dtype.element_ty), mask=mask_v)
+            if SR:
+                b_st = sr_round_fp16(b_h, sr_key(sr_seed, sr_layer, i_s),
+                                     (i_hv * V + o_v[:, None]) * K + o_k[None, :])
+            else:
+                b_st = b_h.to(state.dtype.element_ty)
+            tl.store(p_s, b_st, mask=mask_h)
+            if HAS_READ:
+                p_rs_head = read_scale_ptr
+                if READ_FP8:
+                    p_rs_head = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
+                store_read_tile(
+                    b_st, read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h,
+                    p_rs_head, o_v, o_kr, mask_v, mask_k, stride_rd_v, stride_rd_k, stride_rs_v,
+                    READ_FP8,
+                )
     else:
         # ---- Output from S0 + committed records + current token; append the record. ----
         # All loads first (checkpoint tile, the newest chunk of records, the token), then math.
@@ -442,7 +460,98 @@ def gdn_replay_decode_fwd_kernel(
         stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k, stride_v_b,
         stride_v_h, stride_v_v, stride_a_b, stride_a_h, stride_b_b, stride_b_h, stride_o_b,
         stride_o_h, stride_o_v, 0, 0, 0, 0, 0, 0, 0, H, HV, K, V, BK, BV, BR, SOFTPLUS_THRESHOLD,
-        USE_QK_L2NORM, MODE, False, False, SR,
+        USE_QK_L2NORM, MODE, False, False, SR, 0,
+    )
+
+
+@triton.jit(do_not_specialize=["sr_layer"])
+def gdn_replay_decode_tree_fwd_kernel(
+    state,
+    ring_u,
+    ring_k,
+    ring_v,
+    ring_g,
+    ring_beta,
+    q,
+    k,
+    v,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    o,
+    slot_idx,
+    ring_start,
+    ring_len,
+    flush,
+    scale,
+    sr_seed,
+    R,
+    sr_layer,
+    stride_s_n,
+    stride_s_h,
+    stride_s_v,
+    stride_s_k,
+    stride_u_n,
+    stride_u_h,
+    stride_u_r,
+    stride_u_v,
+    stride_rk_n,
+    stride_rk_h,
+    stride_rk_r,
+    stride_rk_k,
+    stride_rv_n,
+    stride_rv_h,
+    stride_rv_r,
+    stride_rv_v,
+    stride_g_n,
+    stride_g_h,
+    stride_g_r,
+    stride_beta_n,
+    stride_beta_h,
+    stride_beta_r,
+    stride_q_b,
+    stride_q_h,
+    stride_q_k,
+    stride_k_b,
+    stride_k_h,
+    stride_k_k,
+    stride_v_b,
+    stride_v_h,
+    stride_v_v,
+    stride_a_b,
+    stride_a_h,
+    stride_b_b,
+    stride_b_h,
+    stride_o_b,
+    stride_o_h,
+    stride_o_v,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BR: tl.constexpr,
+    SOFTPLUS_THRESHOLD: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    MODE: tl.constexpr,
+    SR: tl.constexpr,
+    FOLD: tl.constexpr,
+):
+    """The decode launch without a read copy, flush rows folded in tree form (``FOLD = RL``
+    rows on lanes, ``_tree.py``); benchmark variant."""
+    _gdn_decode_program(
+        state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
+        slot_idx, ring_start, ring_len, flush, scale, None, None, sr_seed, R, sr_layer,
+        stride_s_n, stride_s_h,
+        stride_s_v, stride_s_k, stride_u_n, stride_u_h, stride_u_r, stride_u_v, stride_rk_n,
+        stride_rk_h, stride_rk_r, stride_rk_k, stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+        stride_g_n, stride_g_h, stride_g_r, stride_beta_n, stride_beta_h, stride_beta_r,
+        stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k, stride_v_b,
+        stride_v_h, stride_v_v, stride_a_b, stride_a_h, stride_b_b, stride_b_h, stride_o_b,
+        stride_o_h, stride_o_v, 0, 0, 0, 0, 0, 0, 0, H, HV, K, V, BK, BV, BR, SOFTPLUS_THRESHOLD,
+        USE_QK_L2NORM, MODE, False, False, SR, FOLD,
     )
 
 
@@ -543,7 +652,7 @@ def gdn_replay_decode_read_fwd_kernel(
         stride_v_b, stride_v_h, stride_v_v, stride_a_b, stride_a_h, stride_b_b, stride_b_h,
         stride_o_b, stride_o_h, stride_o_v, stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
         stride_rs_n, stride_rs_h, stride_rs_v, H, HV, K, V, BK, BV, BR, SOFTPLUS_THRESHOLD,
-        USE_QK_L2NORM, MODE, True, READ_FP8, SR,
+        USE_QK_L2NORM, MODE, True, READ_FP8, SR, 0,
     )
 
 
@@ -579,6 +688,7 @@ def gdn_replay_decode_fwd(
     read_scale: torch.Tensor | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
+    fold: int = 0,
 ) -> None:
     """Launch the kernel without checks (callers: the validated wrapper, benchmarks).
 
@@ -595,6 +705,12 @@ def gdn_replay_decode_fwd(
     ``read_state`` (and ``read_scale`` for fp8): split precision, launched as
     ``gdn_replay_decode_read_fwd_kernel`` (same program, read-copy code compiled in).
     ``sr_seed`` (fp16 ``state``): stochastic rounding of the flush store (``SR`` compiled in).
+
+    ``fold`` (benchmark variants, not used by the server yet): ``0`` the default fold;
+    ``8`` / ``16`` / ``32`` the tree-form fold (``_tree.py``: the same fp32 operations, with
+    SGLang's reduction tree written out and ``fold`` rows on lanes; ``K <= 128``, no read copy,
+    ``fold <= block_v``).  It applies to the flush rows of the one launch and of the split's fold
+    launch.
     """
     batch, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -608,6 +724,12 @@ def gdn_replay_decode_fwd(
     read_strides: tuple = ()
     meta = dict(H=Hk, HV=HV, K=K, V=V, BK=BK, BR=BR, SOFTPLUS_THRESHOLD=20.0,
                 USE_QK_L2NORM=use_qk_l2norm, SR=sr_seed is not None, num_stages=1)  # fmt: skip
+    if fold:
+        if fold not in (8, 16, 32) or fold > min(triton.next_power_of_2(V), block_v):
+            raise ValueError(f"fold must be 0, 8, 16 or 32 and <= block_v, got {fold}")
+        if BK > 128 or read_state is not None:
+            raise ValueError("fold > 0 needs K <= 128 and no read copy")
+        kernel = gdn_replay_decode_tree_fwd_kernel
     if read_state is not None:
         kernel = gdn_replay_decode_read_fwd_kernel
         read_args = (read_state, read_scale)
@@ -628,7 +750,12 @@ def gdn_replay_decode_fwd(
     for mode, bv, nw in launches:
         BV = min(triton.next_power_of_2(V), bv)
         grid = (triton.cdiv(V, BV), HV, batch)
-        kernel[grid](*args, BV=BV, MODE=mode, num_warps=nw, **meta)
+        kern, extra = kernel, {}
+        if fold and mode == 2:  # the split's non-flush launch has no fold: the default entry
+            kern = gdn_replay_decode_fwd_kernel
+        elif fold:
+            extra = dict(FOLD=fold)
+        kern[grid](*args, BV=BV, MODE=mode, num_warps=nw, **meta, **extra)
 
 
 def gdn_replay_decode(

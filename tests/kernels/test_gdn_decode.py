@@ -301,7 +301,7 @@ def test_kernel_vs_f64_gpu(case):
 # Bitwise: the fp32 checkpoint equals SGLang's packed decode run token by token.
 
 
-def _bitwise_vs_sglang(case: Case, steps: int, seed: int):
+def _bitwise_vs_sglang(case: Case, steps: int, seed: int, op=gdn_replay_decode):
     from sglang.kernels.ops.attention.fla.fused_recurrent import (
         fused_recurrent_gated_delta_rule_packed_decode,
     )
@@ -317,7 +317,7 @@ def _bitwise_vs_sglang(case: Case, steps: int, seed: int):
             inp["mixed"], inp["a"], inp["b"], sim.A_log, sim.dt_bias, sim.scale, sg_state,
             sg_out, inp["slot_idx"], use_qk_l2norm_in_kernel=True,
         )  # fmt: skip
-        out, flush = sim.step(gdn_replay_decode, inp)
+        out, flush = sim.step(op, inp)
         for i, s in enumerate(inp["slot_idx"].tolist()):
             if s >= 0 and flush[i]:
                 assert_bits_equal(sim.state[s], sg_state[s], f"checkpoint of slot {s}")
@@ -343,6 +343,136 @@ def test_bitwise_vs_sglang_packed_decode_gpu(L):
     """On the GPU: compiled code with FMA contraction and the compiler's reduction trees."""
     case = Case(HV=32, Hk=16, K=128, V=128, L=L, R=L, requests=16, pad_rows=2, force_p=0.1)
     _bitwise_vs_sglang(case, steps=3 * L + 2, seed=5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tree-form fold (``gdn_replay_decode_fwd(fold=RL)``, ``_tree.py``): the default fold's arithmetic
+# with SGLang's reduction tree written out, rows on lanes.  Bitwise equal to the default launch.
+
+
+def _gpu_tree_sum(self, input):
+    """The interpreter's ``tl.sum``, reducing in the order of a GPU row sum on SGLang's tile.
+
+    On the GPU a ``[.., BK]`` row on the ``[1,4]`` x ``[.., BK/4]``-lane layout (and a 1-D
+    ``[BK]`` norm, ``[4]`` x ``[32]``) is reduced as: each lane its 4 consecutive elements in order,
+    then the BK/4 lane partials by butterfly (xor BK/8, .., 2, 1).  The interpreter's own ``tl.sum``
+    is numpy's order, so the default kernel and the tree-form fold (which spells the GPU's tree out)
+    would differ in the last bits there although they agree on the GPU.  With this order the
+    default kernel under the interpreter computes the GPU's tree (without FMA contraction, which
+    the interpreter does not do for either kernel), and the two must agree bit for bit.  Axes of 4
+    or fewer elements are summed in order (one lane's chain; the tree-form fold's levels).
+    """
+    import numpy as np
+
+    data = input.handle.data
+    axis = self.axis
+    x = data.reshape(-1) if axis is None else np.moveaxis(data, axis, -1)
+    n = x.shape[-1]
+    if n <= 4:
+        acc = x[..., 0]
+        for i in range(1, n):
+            acc = acc + x[..., i]
+    else:
+        x = x.reshape(*x.shape[:-1], n // 4, 4)
+        acc = ((x[..., 0] + x[..., 1]) + x[..., 2]) + x[..., 3]
+        lanes = np.arange(n // 4)
+        step = n // 8
+        while step >= 1:  # butterfly: every lane adds its xor-partner's partial
+            acc = acc + acc[..., lanes ^ step]
+            step //= 2
+        acc = acc[..., 0]
+    acc = np.asarray(acc, dtype=data.dtype)
+    if self.keep_dims:
+        acc = np.expand_dims(acc, tuple(range(data.ndim)) if axis is None else axis)
+    elif axis is None:
+        acc = acc.item()
+    return self.to_tensor(acc, input.dtype)
+
+
+@pytest.fixture
+def interpreter_gpu_sum_order():
+    """Interpreter ``tl.sum`` in the GPU's row-sum order (``_gpu_tree_sum``); no-op on a GPU."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        yield
+        return
+    from triton.runtime import interpreter
+
+    orig = interpreter.ReduceOps.sum
+    interpreter.ReduceOps.sum = _gpu_tree_sum
+    yield
+    interpreter.ReduceOps.sum = orig
+
+
+FP16 = torch.float16
+TREE_CASES = [
+    (Case(HV=2, Hk=1, K=32, V=32, L=6, R=6, force_p=0.2, steps=12), dict(fold=16)),
+    (
+        Case(HV=2, Hk=1, K=80, V=48, L=16, R=16, noncontig=True, u_dtype=FP32, force_p=0.2,
+             steps=20),
+        dict(fold=16),
+    ),  # fmt: skip
+    (
+        Case(HV=2, Hk=1, K=16, V=16, L=4, R=4, act_dtype=FP32, idx64=True, pad_rows=2,
+             tol_out=1e-5),
+        dict(fold=8),
+    ),  # fmt: skip
+    (Case(HV=2, Hk=1, K=32, V=32, L=6, R=6, state_dtype=FP16, tol_state=2e-3, steps=12),
+     dict(fold=16, sr=True)),
+    (Case(HV=2, Hk=1, K=32, V=32, L=6, R=6, steps=12), dict(fold=8, split=True, block_v=16)),
+]
+
+
+def _tree_lockstep(case: Case, kw: dict, seed: int) -> int:
+    """Default launch and ``kw``'s launch on twin pools in lockstep: every output, checkpoint and
+    ring byte bit-identical after every step; returns the number of flushed rows."""
+    import functools
+
+    kw = dict(kw)
+    base: dict = {}
+    if kw.pop("sr", False):
+        base = dict(sr_seed=torch.tensor([0x1234_5678_9ABC], dtype=torch.int64, device=DEVICE),
+                    sr_layer=3)  # fmt: skip
+    ref_op = functools.partial(gdn_replay_decode_fwd, **base)
+    var_op = functools.partial(gdn_replay_decode_fwd, **base, **kw)
+    ref, var = Sim(case, seed=seed), Sim(case, seed=seed)
+    flushed = 0
+    for step in range(case.steps or 3 * case.L + 2):
+        inp = ref.make_inputs()
+        var.make_inputs()  # keep the generators in step
+        out_r, flush = ref.step(ref_op, inp)
+        out_v, _ = var.step(var_op, inp)
+        flushed += int(flush.sum())
+        assert_bits_equal(out_v, out_r, f"step {step}: outputs")
+        for name, tv, tr in zip(("state", "u", "k", "v", "g", "beta"), var.full_tensors(),
+                                ref.full_tensors()):  # fmt: skip
+            assert_bits_equal(tv, tr, f"step {step}: {name}")
+    return flushed
+
+
+@pytest.mark.usefixtures("interpreter_gpu_sum_order")
+@pytest.mark.parametrize("case,kw", TREE_CASES, ids=[f"{c.id}-{k}" for c, k in TREE_CASES])
+def test_tree_fold_bitwise_vs_default(case, kw):
+    """Tree-form fold == default fold, bit for bit (checkpoints, outputs, rings), forced flushes,
+    padding rows, masked K / V tiles, fp16 + stochastic rounding, and the split launch."""
+    flushed = _tree_lockstep(case, kw, seed=8)
+    assert flushed >= 3
+    print(f"\n[tree {case.id} {kw}] {flushed} flushed rows bit-identical")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [dict(fold=16), dict(fold=8), dict(fold=16, split=True, block_v=16)],
+                         ids=["fold16", "fold8", "split-fold16-bv16"])
+def test_tree_fold_bitwise_gpu(kw):
+    """Qwen3.5-4B head shape on the GPU: the tree-form fold equals the default launch and SGLang's
+    packed decode bit for bit (checkpoints and flush outputs)."""
+    import functools
+
+    case = Case(HV=32, Hk=16, K=128, V=128, L=16, R=16, requests=16, pad_rows=2, force_p=0.1)
+    assert _tree_lockstep(case, kw, seed=9) >= 3
+    _bitwise_vs_sglang(case, steps=2 * case.L + 2, seed=10,
+                       op=functools.partial(gdn_replay_decode_fwd, **kw))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,10 +592,10 @@ def build(kern, ptrs, ints, const, num_stages):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=kern, signature=sig, constexprs=cx, attrs=attrs)
     opts = dict(num_warps=1, num_stages=num_stages)
-    return triton.compile(src, target=TARGET, options=opts).asm["ttgir"]
+    return triton.compile(src, target=TARGET, options=opts)
 
 D = 2 * H * K + HV * V
-sg = build(
+sg_c = build(
     sg_kernel,
     dict(mixed_qkv="*bf16", a="*bf16", b="*bf16", A_log="*fp32", dt_bias="*fp32", o="*bf16",
          h0="*fp32", ht="*fp32", ssm_state_indices="*i32", scale="fp32"),
@@ -476,6 +606,7 @@ sg = build(
          USE_QK_L2NORM_IN_KERNEL=True),
     3,  # as SGLang's launcher
 )
+sg = sg_c.asm["ttgir"]
 strides = dict(
     R=R, sr_layer=0, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
     stride_u_n=HV * R * V, stride_u_h=R * V, stride_u_r=V, stride_u_v=1,
@@ -488,19 +619,24 @@ strides = dict(
 )
 MODE = int(sys.argv[1])
 READ = sys.argv[2]  # "none", or the read copy's dtype: the split-precision variant
+FOLD = int(sys.argv[3]) if len(sys.argv) > 3 else 0  # tree-form fold: rows on lanes
+BV = int(sys.argv[4]) if len(sys.argv) > 4 else 32
 ptrs = dict(state="*fp32", ring_u="*bf16", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
             ring_len="*i32", flush="*i1", scale="fp32")
-const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, BR=16, SOFTPLUS_THRESHOLD=20.0,
-             USE_QK_L2NORM=True, MODE=MODE, sr_seed=None, SR=False)
+const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=BV, BR=16, SOFTPLUS_THRESHOLD=20.0,
+             USE_QK_L2NORM=True, MODE=MODE, sr_seed=None, SR=False, FOLD=FOLD)
+if FOLD:
+    from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_tree_fwd_kernel as our_kernel
 if READ != "none":
     from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_read_fwd_kernel as our_kernel
     ptrs.update(read_ptr={"bf16": "*bf16", "fp8": "*fp8e4nv"}[READ], read_scale_ptr="*fp32")
     strides.update(stride_rd_n=HV * V * K, stride_rd_h=V * K, stride_rd_v=K, stride_rd_k=1,
                    stride_rs_n=HV * V, stride_rs_h=V, stride_rs_v=1)
     const.update(READ_FP8=READ == "fp8")
-ours = build(our_kernel, ptrs, strides, const, 1)  # num_stages as gdn_replay_decode_fwd
+ours_c = build(our_kernel, ptrs, strides, const, 1)  # num_stages as gdn_replay_decode_fwd
+ours = ours_c.asm["ttgir"]
 
 KEEP = re.compile(r"^(arith\.(mulf|addf|subf|divf|extf|truncf)|math\.\w+|\"tt\.reduce\"|"
                   r"tt\.reshape|ttg\.convert_layout|tt\.expand_dims|tt\.broadcast|tt\.splat|"
@@ -521,6 +657,52 @@ def seq(txt, lo=0, hi=None):
         out.append(re.sub(r"%[\w#]+(:\d+)?", "%", body))
     return out
 
+if FOLD:
+    # Tree-form fold: report its reductions and the fold loop's instruction counts.
+    import os, subprocess, tempfile
+    defs = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<\{.*?\}>)", ours, re.M))
+    reds, cur = [], None
+    for line in ours.splitlines():
+        if '"tt.reduce"' in line:
+            cur = dict(axis=int(re.search(r"axis = (\d+)", line).group(1)), body=[])
+        elif cur is not None and line.strip().startswith("})"):
+            m = re.search(r"\(tensor<([\dx]+)x\w+, (#[\w.]+)", line)
+            shape = [int(d) for d in m.group(1).split("x")]
+            cur.update(shape=shape, layout=defs.get(m.group(2), m.group(2)),
+                       add=any("arith.addf" in b for b in cur["body"]))
+            reds.append(cur)
+            cur = None
+        elif cur is not None:
+            cur["body"].append(line)
+    norm = [l for l in seq(ours) if "allow_reorder" in l]
+    sg_norm = [l for l in seq(sg) if "allow_reorder" in l]
+    with tempfile.TemporaryDirectory() as d:
+        open(os.path.join(d, "k.cubin"), "wb").write(ours_c.asm["cubin"])
+        nvd = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                           "nvdisasm")
+        sass = subprocess.run([nvd, "-c", os.path.join(d, "k.cubin")], capture_output=True,
+                              text=True, check=True).stdout
+    # the fold loop: the SASS loop (label .. backward branch) holding the most FFMA
+    ins, lab = [], {}
+    for l in sass.splitlines():
+        m = re.match(r"^(\.L_x_\d+):", l)
+        if m:
+            lab[m.group(1)] = len(ins)
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", l)
+        if m:
+            ins.append(m.group(1))
+    loops = []
+    for i, t in enumerate(ins):
+        m = re.search(r"BRA `?\(?(\.L_x_\d+)", t)
+        if m and lab.get(m.group(1), len(ins)) <= i:
+            ops = [x.split()[1] if x.split()[0].startswith("@") else x.split()[0]
+                   for x in ins[lab[m.group(1)]:i + 1]]
+            loops.append({o: sum(1 for x in ops if x.split(".")[0] == o)
+                          for o in ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "BAR")})
+    ptx = ours_c.asm["ptx"]
+    json.dump(dict(reds=[{k: r[k] for k in ("axis", "shape", "layout", "add")} for r in reds],
+                   norm=norm, sg_norm=sg_norm, loops=loops), sys.stdout)
+    sys.exit(0)
 lines = ours.splitlines()
 i_for = next(i for i, l in enumerate(lines) if "scf.for" in l and "iter_args(%b_h" in l)
 i_yield = next(i for i, l in enumerate(lines) if i > i_for and "scf.yield" in l)
@@ -574,3 +756,57 @@ def test_fold_codegen_matches_sglang(mode, read):
     # q * scale [18:20), the state update [20:33), the output [33:39).  A replayed record is the
     # same step without q and without the output.
     assert body == sg[3:8] + sg[13:18] + sg[20:33], "record replay differs from SGLang's update"
+
+
+@pytest.mark.parametrize("mode,fold,bv", [(0, 16, 32), (1, 16, 32), (1, 8, 16)],
+                         ids=["one-launch-fold16", "fold-launch-fold16", "fold-launch-fold8-bv16"])
+def test_tree_fold_codegen(mode, fold, bv):
+    """Compile the tree-form fold for sm_90 (no GPU needed) and check what its bits rest on.
+
+    * each k / q norm reduces on SGLang's layout (the same ``tt.reshape allow_reorder`` line as
+      SGLang's kernel: 4 registers per lane, then the 32 lanes), so k̂ and q̃ are SGLang's;
+    * every row sum is the 4-column chain, in-thread (the reduced dim of size 4 lies in one
+      thread's registers, so it is summed in order as on SGLang's tile), then five adds over dims of
+      size 2 (xor 16, 8, 4, 2, 1: axes 6, 5, 4, 2, 1 of the shrinking tile);
+    * (fold launch) the fold loop fuses as many products into FMAs as the default fold at that
+      tile (rows·K/4 chains x 3, rows·K update FMAs, 3 for the norm, per 32 lanes: ptxas adds none
+      of its own) and needs few shuffles (the default: 165 per 32 rows).
+    The order of the levels is checked on the CPU (``test_tree_fold_bitwise_vs_default``).
+    """
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _CODEGEN_SCRIPT, str(mode), "none", str(fold), str(bv)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    err = proc.stderr.lower()
+    if proc.returncode != 0 and "nvidia" in err and "backend" in err:
+        pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert len(got["sg_norm"]) == 2 and got["sg_norm"][0] == got["sg_norm"][1]
+    # prologue record, loop record, current q and k (the one launch: and the non-flush rows')
+    assert len(got["norm"]) == (4 if mode == 1 else 7)
+    assert all(n == got["sg_norm"][0] for n in got["norm"])
+    tile = [r for r in got["reds"] if len(r["shape"]) >= 3]
+    assert len(tile) == 18, "3 row sums (record, current token, output) x 6 reductions"
+    for i in range(0, len(tile), 6):
+        chain, levels = tile[i], tile[i + 1 : i + 6]
+        assert chain["axis"] == 7 and chain["shape"][7] == 4 and chain["add"]
+        lay = chain["layout"]
+        for key, want in (("sizePerThread", 4), ("threadsPerWarp", 1), ("warpsPerCTA", 1)):
+            vals = re.search(key + r" = \[([\d, ]+)\]", lay).group(1).split(",")
+            assert int(vals[7]) == want, f"{key} of the 4-column dim: {lay}"
+        assert [r["axis"] for r in levels] == [6, 5, 4, 2, 1]
+        assert all(r["add"] and r["shape"][r["axis"]] == 2 for r in levels)
+    if mode == 1:
+        loop = max(got["loops"], key=lambda c: c["FFMA"])
+        rows_per_lane = bv * 128 // 32
+        assert loop["FFMA"] == rows_per_lane // 4 * 3 + rows_per_lane + 3, loop
+        assert loop["SHFL"] < 20, loop
+    print(f"\n[tree codegen mode {mode} fold {fold} BV {bv}] loops {got['loops']}")

@@ -1,0 +1,218 @@
+"""Flush rows of the GDN decode with the fold's row sums written out as SGLang's reduction tree.
+
+The exact fold (``_fold.fold_records`` and the current-token step in ``kernel.py``) reduces every
+``[32, 128]`` row product ``S·k̂`` with ``tl.sum`` on SGLang's ``[1,4]×[1,32]`` tile layout: each
+lane sums its 4 columns ``4c..4c+3`` in order (``((p0 + p1) + p2) + p3``, the first add fused with
+``p0``'s product), then the warp combines the 32 lane partials with butterfly shuffles,
+xor 16, 8, 4, 2, 1.  The layout fixes that tree, and the tree fixes the bits.  On that layout a
+record costs 160 shuffles per 32 rows (5 per row) and as many dependent adds, which is what makes
+the flush latency-bound (``benchmarks/notes/gdn_decode.md``).
+
+``flush_tree`` computes the same tree with the pairings spelled out: the tile is viewed as
+``[RL, b0, b1, RH, b2, b3, b4, 4]`` (row = ``rh·RL + rl``, column = ``4·c + j`` with
+``c = b0 + 2 b1 + 4 b2 + 8 b3 + 16 b4``), each row sum is ``tl.sum`` over ``j`` (the 4-column
+chain), then over ``b4`` (``c`` with ``c ^ 16``: the xor-16 level), ``b3``, ``b2``, ``b1``, ``b0``:
+each level one add of the same two partials the butterfly adds (fp32 addition is commutative, so
+which lane holds which operand does not matter).  The bits no longer depend on where the data
+lives, so the compiler is free to put rows on lanes: Triton assigns lanes to ``RL`` rows and the
+low chunk bits (``RL = 16``: lanes = 16 rows × ``b0``, each lane 16 chunks of one or more rows),
+and the levels ``b4 .. b1`` become in-thread adds; one shuffle per row and record remains (xor
+with the ``b0`` lane).  The norms of k and q are computed exactly as in the default (1-D
+``[4]×[32]`` layout, same code); ``pin`` then keeps the normalised vectors' division in that layout
+before they are moved (an exact copy) to the tile's.  Everything else (decay, ``v −= S·k̂``,
+``v *= β``, ``S += v k̂ᵀ``, ``y = S·q̃``, the store) is the default's expressions, element for
+element.
+
+Bitwise status: on the GPU the flushed checkpoint and the flush output are meant to equal the
+default launch's (and so SGLang's packed decode); the ``gpu``-marked tests check it.  The Triton
+interpreter does not run the GPU's tree for ``tl.sum`` over 128 columns (numpy sums them), so on
+the CPU the test swaps the interpreter's ``tl.sum`` for the GPU's row-sum order and checks the two
+folds bit for bit.  ``K <= 128`` (one 4-column chunk per lane of the default layout).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from replayssm_kernels.stochastic_round import sr_key, sr_round_fp16
+
+
+@triton.jit
+def _first(a, b):
+    return a
+
+
+@triton.jit
+def pin(x):
+    """``x`` unchanged (no arithmetic): a size-2 reduction that keeps its first operand.
+
+    A value's producer can be recomputed in a consumer's layout by Triton's layout optimiser; for
+    the normalised k that means the division in the tile's layout, where every lane holds 64 of
+    the 128 values (16x the work).  A reduction is not recomputed, so the division stays in the
+    1-D layout and the value is moved to the tile's layout as a copy."""
+    return tl.reduce(tl.join(x, x), 1, _first)
+
+
+@triton.jit
+def _cols(x, BK: tl.constexpr):
+    """``[BK]`` vector (column ``4c + j``) -> ``[1, b0, b1, 1, b2, b3, b4, 4]`` (size-1 bits above
+    ``BK / 4`` chunks)."""
+    S0: tl.constexpr = 2 if BK >= 8 else 1
+    S1: tl.constexpr = 2 if BK >= 16 else 1
+    S2: tl.constexpr = 2 if BK >= 32 else 1
+    S3: tl.constexpr = 2 if BK >= 64 else 1
+    S4: tl.constexpr = 2 if BK >= 128 else 1
+    x = tl.reshape(pin(x), (S4, S3, S2, S1, S0, 4))
+    x = tl.permute(x, (4, 3, 2, 1, 0, 5))
+    return x[None, :, :, None, :, :, :, :]
+
+
+@triton.jit
+def _rows(x):
+    """``[RL, b0, b1, RH, b2, b3, b4, 4]`` products -> ``[RL, RH]`` row sums in SGLang's order."""
+    x = tl.sum(x, 7)  # the lane's 4 columns, in order
+    x = tl.sum(x, 6)  # xor 16
+    x = tl.sum(x, 5)  # xor 8
+    x = tl.sum(x, 4)  # xor 4
+    x = tl.sum(x, 2)  # xor 2
+    return tl.sum(x, 1)  # xor 1
+
+
+@triton.jit
+def _r8(x):
+    """``[RL, RH]`` per-row values -> broadcastable against the tile."""
+    return x[:, None, None, :, None, None, None, None]
+
+
+@triton.jit
+def _norm(x, USE_QK_L2NORM: tl.constexpr):
+    # The default's expression and layout (1-D, [4] x [32] for K = 128).
+    if USE_QK_L2NORM:
+        x = x / tl.sqrt(tl.sum(x * x) + 1e-6)
+    return x
+
+
+@triton.jit
+def flush_tree(
+    state,
+    p_s_head,
+    p_rk,
+    p_rv,
+    p_rg,
+    p_rb,
+    p_q,
+    p_k,
+    p_v,
+    p_o_head,
+    sr_seed,
+    sr_layer,
+    i_s,
+    i_hv,
+    i_v,
+    r_start,
+    r_len,
+    R,
+    g_val,
+    beta_val,
+    scale,
+    stride_s_v,
+    stride_s_k,
+    stride_rk_r,
+    stride_rk_k,
+    stride_rv_r,
+    stride_rv_v,
+    stride_g_r,
+    stride_beta_r,
+    stride_q_k,
+    stride_k_k,
+    stride_v_v,
+    stride_o_v,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    RL: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    SR: tl.constexpr,
+    o_dtype: tl.constexpr,
+):
+    """The flush branch of the decode program (``FOLD = RL``): fold records ``[0, r_len)`` and the
+    current token into the checkpoint tile of rows ``i_v·BV ..``, write the output rows and store
+    the tile once.  ``p_s_head`` / ``p_o_head``: the row's state / output at this value head."""
+    S0: tl.constexpr = 2 if BK >= 8 else 1
+    S1: tl.constexpr = 2 if BK >= 16 else 1
+    S2: tl.constexpr = 2 if BK >= 32 else 1
+    S3: tl.constexpr = 2 if BK >= 64 else 1
+    S4: tl.constexpr = 2 if BK >= 128 else 1
+    RH: tl.constexpr = BV // RL
+    rl = tl.arange(0, RL)
+    rh = tl.arange(0, RH)
+    row2 = i_v * BV + rh[None, :] * RL + rl[:, None]  # [RL, RH]
+    mask_v2 = row2 < V
+    c0 = tl.arange(0, S0)[None, :, None, None, None, None, None, None]
+    c1 = tl.arange(0, S1)[None, None, :, None, None, None, None, None]
+    c2 = tl.arange(0, S2)[None, None, None, None, :, None, None, None]
+    c3 = tl.arange(0, S3)[None, None, None, None, None, :, None, None]
+    c4 = tl.arange(0, S4)[None, None, None, None, None, None, :, None]
+    j = tl.arange(0, 4)[None, None, None, None, None, None, None, :]
+    col8 = 4 * (c0 + 2 * c1 + 4 * c2 + 8 * c3 + 16 * c4) + j
+    row8 = _r8(row2)
+    mask_h = (row8 < V) & (col8 < K)
+    p_s = p_s_head + row8 * stride_s_v + col8 * stride_s_k
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+
+    b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
+
+    # ---- Records [0, r_len): raw rows prefetched two ahead, as in ``fold_records``; the next
+    # record's k is normalised (and pinned) one iteration early, off the state's critical path.
+    row = r_start % R
+    pf = r_len > 0
+    n0_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
+    n0_v = tl.load(p_rv + row * stride_rv_r + row2 * stride_rv_v, mask=mask_v2 & pf, other=0)
+    n0_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
+    n0_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
+    row = (r_start + 1) % R
+    pf = r_len > 1
+    n1_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
+    n1_v = tl.load(p_rv + row * stride_rv_r + row2 * stride_rv_v, mask=mask_v2 & pf, other=0)
+    n1_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
+    n1_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
+    n0_kn = pin(_norm(n0_k.to(tl.float32), USE_QK_L2NORM))
+    for i_r in range(0, r_len):
+        b_k = _cols(n0_kn, BK)
+        b_v = n0_v.to(tl.float32)
+        b_g = n0_g
+        b_beta = n0_b
+        n0_v, n0_g, n0_b = n1_v, n1_g, n1_b
+        n0_kn = pin(_norm(n1_k.to(tl.float32), USE_QK_L2NORM))
+        row = (r_start + i_r + 2) % R
+        pf = i_r + 2 < r_len
+        n1_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
+        n1_v = tl.load(p_rv + row * stride_rv_r + row2 * stride_rv_v, mask=mask_v2 & pf, other=0)
+        n1_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
+        n1_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
+        b_h *= tl.exp(b_g)
+        b_v -= _rows(b_h * b_k)
+        b_v *= b_beta
+        b_h += _r8(b_v) * b_k
+
+    # ---- The current token, then the output from the folded state (the default's step).
+    b_q = tl.load(p_q + o_k * stride_q_k, mask=mask_k, other=0).to(tl.float32)
+    b_k = tl.load(p_k + o_k * stride_k_k, mask=mask_k, other=0).to(tl.float32)
+    b_v = tl.load(p_v + row2 * stride_v_v, mask=mask_v2, other=0).to(tl.float32)
+    b_q = _norm(b_q, USE_QK_L2NORM)
+    b_k = _cols(_norm(b_k, USE_QK_L2NORM), BK)
+    b_q = _cols(b_q * scale, BK)
+    b_h *= tl.exp(g_val)
+    b_v -= _rows(b_h * b_k)
+    b_v *= beta_val
+    b_h += _r8(b_v) * b_k
+    b_o = _rows(b_h * b_q)
+    tl.store(p_o_head + row2 * stride_o_v, b_o.to(o_dtype), mask=mask_v2)
+    if SR:
+        b_st = sr_round_fp16(b_h, sr_key(sr_seed, sr_layer, i_s), (i_hv * V + row8) * K + col8)
+    else:
+        b_st = b_h.to(state.dtype.element_ty)
+    tl.store(p_s, b_st, mask=mask_h)
