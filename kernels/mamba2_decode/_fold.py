@@ -25,3 +25,44 @@ def record_factors(p_rx, p_rdt, p_rB, row, A, m_p, m_n, stride_rx_row, stride_rd
     dA = tl.exp(A * dtj)
     dB = b_Bj.to(tl.float32) * dtj
     return b_xj, dA, dB
+
+
+@triton.jit
+def ld_rec(ptrs, mask):
+    """``tl.load(ptrs, mask, other=0)`` of 16- or 32-bit records, written as elementwise PTX.
+
+    An elementwise op takes the layout its consumer wants, so a record row lands directly in the
+    checkpoint tile's row (x_j) or column (B_j) layout; ``tl.load`` gets the coalescing pass's
+    layout instead and a shared-memory conversion with two barriers per record (the default
+    launch's fold and record term). Masked-off lanes read 0 (+0.0), as ``other=0.0``. Compiled
+    builds only (the kernels' ``LD_ASM``); the interpreter takes ``tl.load``.
+    """
+    if ptrs.dtype.element_ty.primitive_bitwidth == 16:
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b16 $0, 0; @p ld.global.b16 $0, [$1]; }",
+            "=h,l,r", [ptrs, mask.to(tl.int32)], dtype=ptrs.dtype.element_ty, is_pure=True,
+            pack=1)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.b32 $0, [$1]; }",
+            "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=ptrs.dtype.element_ty, is_pure=True,
+            pack=1)
+
+
+@triton.jit
+def record_factors_lean(p_rx, p_rdt, p_rB, row, A, m_p, m_n, stride_rx_row, stride_rdt_row,
+                        stride_rB_row, LD_ASM: tl.constexpr):
+    """``record_factors`` with ``x_j`` and ``B_j`` loaded by ``ld_rec`` when ``LD_ASM`` (straight
+    into the fold tile's row / column layout). Same values, same ``dA`` / ``dB`` expressions."""
+    if LD_ASM:
+        b_xj = ld_rec(p_rx + row * stride_rx_row, m_p)
+    else:
+        b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_p, other=0.0)
+    dtj = tl.load(p_rdt + row * stride_rdt_row)
+    if LD_ASM:
+        b_Bj = ld_rec(p_rB + row * stride_rB_row, m_n)
+    else:
+        b_Bj = tl.load(p_rB + row * stride_rB_row, mask=m_n, other=0.0)
+    dA = tl.exp(A * dtj)
+    dB = b_Bj.to(tl.float32) * dtj
+    return b_xj, dA, dB

@@ -28,6 +28,16 @@ only) because every P-tile re-reads them.
 
 No autotune (the kernel writes the pool), no host sync, no data-dependent allocation: the launch is
 CUDA-graph safe.
+
+Issue-3 candidates, selected at launch time through ``LaunchConfig`` fields that are off in
+``launch_config`` (the default launch compiles to the same PTX as before they existed; none is
+timed yet: benchmarks/notes/mamba2_decode.md, "Round 3"): ``rec_fused`` (non-flush: the records'
+term joins the S·C reduction in the tile's own layout), ``fold_lean`` (flush: the same fold, its
+record rows loaded straight into the tile's layouts, no barrier or ``% R`` per record),
+``s_prefetch = 0`` (no tile held ahead in registers), ``l2_ahead`` (bulk L2 prefetch of the tile
+``l2_ahead`` ahead), and ``flush`` (a split launch: non-flush and flush rows in two launches, each
+compiled without the other branch and with its own register cap / warps). Checkpoints and ring
+records are bit-identical to the default launch's; outputs differ by summation order only.
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels._checks import check_launch_device, interpreting
-from replayssm_kernels.mamba2_decode._fold import record_factors
+from replayssm_kernels.mamba2_decode._fold import ld_rec, record_factors, record_factors_lean
 from replayssm_kernels.mamba2_decode._validate import validate_mamba2_decode
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
 from replayssm_kernels.stochastic_round import (
@@ -67,6 +77,24 @@ def _prefetch_l1(ptrs):
         "prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
         is_pure=False, pack=1,
     )
+
+
+@triton.jit
+def _prefetch_l2_tile(p_s_head, p0, t, P, stride_state_p, NUM_PT: tl.constexpr,
+                      BLOCK_P: tl.constexpr):
+    """Bulk L2 prefetch (sm_90 ``cp.async.bulk.prefetch.L2``, one TMA request issued by thread 0)
+    of the program's checkpoint tile ``t``: a hint, no register, nothing waits on it. The
+    launcher enables it only when a tile's rows are contiguous and 16-byte aligned."""
+    row0 = p0 + t * BLOCK_P
+    rows = tl.minimum(tl.minimum(P, p0 + NUM_PT * BLOCK_P) - row0, BLOCK_P)
+    nbytes = rows * stride_state_p * p_s_head.dtype.element_ty.primitive_bitwidth // 8
+    go = (t < NUM_PT) & (rows > 0)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b32 i; mov.u32 i, %tid.x; setp.eq.u32 p, i, 0; "
+        "setp.ne.and.b32 p, $2, 0, p; @p cp.async.bulk.prefetch.L2.global [$1], $3; "
+        "mov.u32 $0, 0; }",
+        "=r,l,r,r", [p_s_head + row0 * stride_state_p, go.to(tl.int32), nbytes],
+        dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -102,20 +130,42 @@ def _nonflush_tile(
     b_s, b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, p0, t, P, row_l, m_l, row_w, p_rx_head,
     p_o_head, stride_rx_row, stride_rx_p, stride_out_p, p_rs_head, stride_rs_p,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, BLOCK_P: tl.constexpr, READ_FP8: tl.constexpr,
+    REC_FUSED: tl.constexpr = False, LD_ASM: tl.constexpr = False, BLOCK_N: tl.constexpr = 0,
+    BLOCK_L: tl.constexpr = 0,
 ):
     """Output of P-tile ``t`` on the inner-product route, and the append of its x. ``b_s`` is the
-    tile as read (checkpoint or read copy); an fp8 copy's per-row scale is applied to ``S0·C``."""
+    tile as read (checkpoint or read copy); an fp8 copy's per-row scale is applied to ``S0·C``.
+
+    ``REC_FUSED`` (no read copy; ``BLOCK_N >= BLOCK_L``): ``b_C`` comes in already scaled by
+    ``ā`` and the record term joins the S·C reduction: the tile's N columns are viewed as
+    ``BLOCK_L`` groups of ``BLOCK_N / BLOCK_L``, each group is summed in place, record ``j``'s
+    ``coef_j·x_j[p]`` is added to group ``j``, and one more reduction over the groups gives
+    ``ā·(S0·C) + Σ_j coef_j x_j``. The ``[BLOCK_P, BLOCK_L]`` record tile then lives in the
+    checkpoint tile's layout (with ``LD_ASM``), instead of a layout of its own with a
+    cross-warp reduction and conversions per tile (sm_90a, Nano-4B, non-flush rows alone:
+    72 registers without a cap and no spill at 72, against 125 and 48 B of spills at 80)."""
     o_p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
     m_p = o_p < P
-    p_xj = p_rx_head + row_l[:, None] * stride_rx_row + o_p[None, :] * stride_rx_p
-    b_xj = tl.load(p_xj, mask=m_l[:, None] & m_p[None, :], other=0.0).to(tl.float32)
-    b_x = b_x_raw.to(tl.float32)
-    b_acc = c_cur * b_x
-    b_acc += tl.sum(b_coef[:, None] * b_xj, axis=0)
-    b_sc = tl.sum(b_s * b_C[None, :], axis=1)
-    if READ_FP8:
-        b_sc = b_sc * tl.load(p_rs_head + o_p * stride_rs_p, mask=m_p, other=0.0)
-    b_y = a_bar * b_sc + b_acc
+    if REC_FUSED:
+        b_x = b_x_raw.to(tl.float32)
+        b_sg = tl.sum(tl.reshape(b_s * b_C[None, :], [BLOCK_P, BLOCK_L, BLOCK_N // BLOCK_L]),
+                      axis=2)
+        p_xt = p_rx_head + row_l[None, :] * stride_rx_row + o_p[:, None] * stride_rx_p
+        if LD_ASM:
+            b_xt = ld_rec(p_xt, m_p[:, None] & m_l[None, :]).to(tl.float32)
+        else:
+            b_xt = tl.load(p_xt, mask=m_p[:, None] & m_l[None, :], other=0.0).to(tl.float32)
+        b_y = tl.sum(b_sg + b_xt * b_coef[None, :], axis=1) + c_cur * b_x
+    else:
+        p_xj = p_rx_head + row_l[:, None] * stride_rx_row + o_p[None, :] * stride_rx_p
+        b_xj = tl.load(p_xj, mask=m_l[:, None] & m_p[None, :], other=0.0).to(tl.float32)
+        b_x = b_x_raw.to(tl.float32)
+        b_acc = c_cur * b_x
+        b_acc += tl.sum(b_coef[:, None] * b_xj, axis=0)
+        b_sc = tl.sum(b_s * b_C[None, :], axis=1)
+        if READ_FP8:
+            b_sc = b_sc * tl.load(p_rs_head + o_p * stride_rs_p, mask=m_p, other=0.0)
+        b_y = a_bar * b_sc + b_acc
     if HAS_D:
         b_y += b_x * b_D
     if HAS_Z:
@@ -220,6 +270,11 @@ def _mamba2_replay_decode_fwd_kernel(
     S_LATE: tl.constexpr,
     P_SPLIT: tl.constexpr,
     SR: tl.constexpr,
+    REC_FUSED: tl.constexpr,
+    FOLD_LEAN: tl.constexpr,
+    LD_ASM: tl.constexpr,
+    L2_AHEAD: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
     # P_SPLIT programs share one (row, head): program i_s owns the head's P-tiles
     # [i_s·NUM_PT, (i_s+1)·NUM_PT), i.e. rows p0 .. p0 + NUM_PT·BLOCK_P - 1 (rows >= P masked).
@@ -240,6 +295,18 @@ def _mamba2_replay_decode_fwd_kernel(
     do_flush = tl.load(flush_ptr + i_b)
     if slot < 0:
         return  # padding row: touches nothing, not even its output row
+    # ROWS: 0 every row (one launch); 1 / 2 only the non-flush / flush rows (the two launches of
+    # a split launch, each compiled without the other branch: its own register budget).
+    if ROWS == 0:
+        go_flush = do_flush
+    elif ROWS == 1:
+        if do_flush:
+            return
+        go_flush = False
+    else:
+        if not do_flush:
+            return
+        go_flush = True
     i_g = i_h // heads_per_group
 
     # The checkpoint streams first: tiles 0 .. S_PREFETCH-1 (with this head's current x, D, z)
@@ -255,7 +322,9 @@ def _mamba2_replay_decode_fwd_kernel(
         p_D_head = D_ptr + i_h * stride_D_head
     # S_LATE (PIPE != 0, or a read copy: non-flush rows read the copy, flush rows the
     # checkpoint): the first tiles are requested inside the branches instead.
-    if not S_LATE:
+    # S_PREFETCH == 0: no tile is held in registers ahead; each is loaded where it is used
+    # (with L2_AHEAD, bulk L2 prefetches keep the next tiles in flight instead).
+    if not S_LATE and S_PREFETCH > 0:
         s_n1, x_n1, D_n1, z_n1 = _load_tile(
             p_s_head, p_x_head, p_z_head, p_D_head, p0, 0, P, N, stride_state_p, stride_state_n,
             stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N, S_CACHE)
@@ -264,6 +333,10 @@ def _mamba2_replay_decode_fwd_kernel(
                 p_s_head, p_x_head, p_z_head, p_D_head, p0, 1, P, N, stride_state_p, stride_state_n,
                 stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N,
                 S_CACHE)
+    if L2_AHEAD > 0:
+        # Tiles not loaded right away: into L2 now (the loops below request tile t + L2_AHEAD).
+        for tt in tl.static_range(S_PREFETCH + 1, L2_AHEAD):
+            _prefetch_l2_tile(p_s_head, p0, tt, P, stride_state_p, NUM_PT, BLOCK_P)
 
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < N
@@ -302,7 +375,7 @@ def _mamba2_replay_decode_fwd_kernel(
             o_px = tl.minimum(tl.arange(0, PF_X) * 64, P - 1)
         _prefetch_l1(p_rx_head + row_l[:, None] * stride_rx_row + o_px[None, :] * stride_rx_p)
 
-    if do_flush:
+    if go_flush:
         # Exact fold, one P-tile at a time: replay the committed raw records, then the current
         # token, in the conventional kernel's op order; the tile stays fp32 in registers.
         # `S = S·dA + dB·x` is written as fma(S, dA, dB·x) because that is what
@@ -317,7 +390,7 @@ def _mamba2_replay_decode_fwd_kernel(
             _prefetch_l1(ring_B_ptr + slot * stride_rB_slot + i_g * stride_rB_group
                          + row_l[:, None] * stride_rB_row + o_nb[None, :] * stride_rB_n)
             _prefetch_l1(p_rdt + row_l * stride_rdt_row)
-        if S_LATE:
+        if S_LATE and S_PREFETCH > 0:
             s_n1, x_n1, D_n1, z_n1 = _load_tile(
                 p_s_head, p_x_head, p_z_head, p_D_head, p0, 0, P, N, stride_state_p, stride_state_n,
                 stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N,
@@ -332,7 +405,16 @@ def _mamba2_replay_decode_fwd_kernel(
         dA_c = tl.exp(A * dt)
         dB_c = b_B * dt
         n_full = (length // FOLD_UNROLL) * FOLD_UNROLL
+        if FOLD_LEAN:
+            s0 = start % R  # record j's row is s0 + j, less R past the end: no % per record
         for t in range(NUM_PT):
+            if L2_AHEAD > 0:
+                _prefetch_l2_tile(p_s_head, p0, t + L2_AHEAD, P, stride_state_p, NUM_PT, BLOCK_P)
+            if S_PREFETCH == 0:
+                s_n1, x_n1, D_n1, z_n1 = _load_tile(
+                    p_s_head, p_x_head, p_z_head, p_D_head, p0, t, P, N, stride_state_p,
+                    stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                    BLOCK_P, BLOCK_N, S_CACHE)
             b_s = s_n1.to(tl.float32)
             b_x_raw = x_n1
             b_D = D_n1
@@ -343,7 +425,7 @@ def _mamba2_replay_decode_fwd_kernel(
                     p_s_head, p_x_head, p_z_head, p_D_head, p0, t + 2, P, N, stride_state_p,
                     stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                     BLOCK_P, BLOCK_N, S_CACHE)
-            else:
+            elif S_PREFETCH == 1:
                 s_n1, x_n1, D_n1, z_n1 = _load_tile(
                     p_s_head, p_x_head, p_z_head, p_D_head, p0, t + 1, P, N, stride_state_p,
                     stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
@@ -353,16 +435,33 @@ def _mamba2_replay_decode_fwd_kernel(
             p_rx = p_rx_head + o_p * stride_rx_p
             # Full chunks of FOLD_UNROLL records (their loads do not depend on the state, so they
             # are in flight together), then the remainder one by one; no masked fold steps.
-            for c in range(0, n_full, FOLD_UNROLL):
-                for jj in tl.static_range(FOLD_UNROLL):
-                    b_xj, dA, dB = record_factors(p_rx, p_rdt, p_rB, (start + c + jj) % R, A, m_p,
+            if FOLD_LEAN:
+                # The same fold; records read straight into the tile's layouts (LD_ASM).
+                for c in range(0, n_full, FOLD_UNROLL):
+                    for jj in tl.static_range(FOLD_UNROLL):
+                        row = s0 + c + jj
+                        b_xj, dA, dB = record_factors_lean(
+                            p_rx, p_rdt, p_rB, tl.where(row >= R, row - R, row), A, m_p, m_n,
+                            stride_rx_row, stride_rdt_row, stride_rB_row, LD_ASM)
+                        b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])  # lean fold
+                for j in range(n_full, length):
+                    row = s0 + j
+                    b_xj, dA, dB = record_factors_lean(
+                        p_rx, p_rdt, p_rB, tl.where(row >= R, row - R, row), A, m_p, m_n,
+                        stride_rx_row, stride_rdt_row, stride_rB_row, LD_ASM)
+                    b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])  # lean fold
+            else:
+                for c in range(0, n_full, FOLD_UNROLL):
+                    for jj in tl.static_range(FOLD_UNROLL):
+                        b_xj, dA, dB = record_factors(p_rx, p_rdt, p_rB, (start + c + jj) % R, A,
+                                                      m_p, m_n, stride_rx_row, stride_rdt_row,
+                                                      stride_rB_row)
+                        b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
+                for j in range(n_full, length):
+                    b_xj, dA, dB = record_factors(p_rx, p_rdt, p_rB, (start + j) % R, A, m_p,
                                                   m_n, stride_rx_row, stride_rdt_row,
                                                   stride_rB_row)
                     b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
-            for j in range(n_full, length):
-                b_xj, dA, dB = record_factors(p_rx, p_rdt, p_rB, (start + j) % R, A, m_p, m_n,
-                                              stride_rx_row, stride_rdt_row, stride_rB_row)
-                b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
             b_x = b_x_raw.to(tl.float32)
             dA = dA_c
             dB = dB_c
@@ -403,6 +502,9 @@ def _mamba2_replay_decode_fwd_kernel(
         a_bar = tl.exp(A * s_all)
         c_cur = dt * tl.sum(b_B * b_C)
         row_w = (start + length) % R
+        b_Cy = b_C
+        if REC_FUSED:
+            b_Cy = a_bar * b_C  # ā joins C: the records' term shares the S·C reduction
         # Tile source: the read copy if there is one (the checkpoint is not read at all).
         p_src_head = p_s_head
         stride_src_p = stride_state_p
@@ -411,7 +513,7 @@ def _mamba2_replay_decode_fwd_kernel(
             p_src_head = p_r_head
             stride_src_p = stride_read_p
             stride_src_n = stride_read_n
-            if PIPE == 0:
+            if PIPE == 0 and S_PREFETCH > 0:
                 c_n1, x_n1, D_n1, z_n1 = _load_tile(
                     p_src_head, p_x_head, p_z_head, p_D_head, p0, 0, P, N, stride_src_p,
                     stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
@@ -421,7 +523,7 @@ def _mamba2_replay_decode_fwd_kernel(
                         p_src_head, p_x_head, p_z_head, p_D_head, p0, 1, P, N, stride_src_p,
                         stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                         BLOCK_P, BLOCK_N, S_CACHE)
-        elif PIPE == 0:
+        elif PIPE == 0 and S_PREFETCH > 0:
             # The tiles requested before the branch (`c_`: copy or checkpoint; a read copy's
             # tiles have another dtype than the flush branch's `s_` tiles).
             c_n1 = s_n1
@@ -434,11 +536,20 @@ def _mamba2_replay_decode_fwd_kernel(
                     stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                     BLOCK_P, BLOCK_N, S_CACHE)
                 _nonflush_tile(
-                    b_s.to(tl.float32), b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, p0, t, P,
+                    b_s.to(tl.float32), b_x_raw, b_D, b_z, b_Cy, b_coef, a_bar, c_cur, p0, t, P,
                     row_l, m_l, row_w, p_rx_head, p_o_head, stride_rx_row, stride_rx_p,
-                    stride_out_p, p_rs_head, stride_rs_p, HAS_D, HAS_Z, BLOCK_P, READ_FP8)
+                    stride_out_p, p_rs_head, stride_rs_p, HAS_D, HAS_Z, BLOCK_P, READ_FP8,
+                    REC_FUSED, LD_ASM, BLOCK_N, BLOCK_L)
         else:
             for t in range(NUM_PT):
+                if L2_AHEAD > 0:
+                    _prefetch_l2_tile(p_src_head, p0, t + L2_AHEAD, P, stride_src_p, NUM_PT,
+                                      BLOCK_P)
+                if S_PREFETCH == 0:
+                    c_n1, x_n1, D_n1, z_n1 = _load_tile(
+                        p_src_head, p_x_head, p_z_head, p_D_head, p0, t, P, N, stride_src_p,
+                        stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                        BLOCK_P, BLOCK_N, S_CACHE)
                 b_s = c_n1.to(tl.float32)
                 b_x_raw = x_n1
                 b_D = D_n1
@@ -449,15 +560,16 @@ def _mamba2_replay_decode_fwd_kernel(
                         p_src_head, p_x_head, p_z_head, p_D_head, p0, t + 2, P, N, stride_src_p,
                         stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                         BLOCK_P, BLOCK_N, S_CACHE)
-                else:
+                elif S_PREFETCH == 1:
                     c_n1, x_n1, D_n1, z_n1 = _load_tile(
                         p_src_head, p_x_head, p_z_head, p_D_head, p0, t + 1, P, N, stride_src_p,
                         stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
                         BLOCK_P, BLOCK_N, S_CACHE)
                 _nonflush_tile(
-                    b_s, b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, p0, t, P, row_l, m_l, row_w,
-                    p_rx_head, p_o_head, stride_rx_row, stride_rx_p, stride_out_p, p_rs_head,
-                    stride_rs_p, HAS_D, HAS_Z, BLOCK_P, READ_FP8)
+                    b_s, b_x_raw, b_D, b_z, b_Cy, b_coef, a_bar, c_cur, p0, t, P, row_l, m_l,
+                    row_w, p_rx_head, p_o_head, stride_rx_row, stride_rx_p, stride_out_p,
+                    p_rs_head, stride_rs_p, HAS_D, HAS_Z, BLOCK_P, READ_FP8, REC_FUSED, LD_ASM,
+                    BLOCK_N, BLOCK_L)
         # Δ once per head, B once per group: by the head's first split only.
         if P_SPLIT > 1:
             tl.store(p_rdt + row_w * stride_rdt_row, dt, mask=i_s == 0)
@@ -474,10 +586,17 @@ class LaunchConfig(NamedTuple):
     block_l: int  # records per chunk, >= R: all committed records in one chunk
     fold_unroll: int  # records per unrolled fold step (flush rows)
     num_warps: int
-    s_prefetch: int  # checkpoint tiles requested ahead of the one in use (1 or 2)
+    s_prefetch: int  # checkpoint tiles held in registers ahead of the one in use (0, 1 or 2)
     pf_l1: bool  # L1 prefetch hints for the record rows (compiled code only)
     pipe: int  # 0: register prefetch of checkpoint tiles; k > 1: Triton pipeliner, k stages
     maxnreg: int | None = None  # register cap per thread (ptxas), None: the compiler's choice
+    # Issue-3 candidates (benchmarks/notes/mamba2_decode.md, "Round 3"); all off by default:
+    rec_fused: bool = False  # non-flush: record term folded into the S·C reduction
+    fold_lean: bool = False  # flush: records loaded in the tile's layouts, no % R per record
+    l2_ahead: int = 0  # bulk L2 prefetch of checkpoint tile t + l2_ahead (0: none)
+    # Split launch: non-flush rows by this config, flush rows by a second launch with `flush`
+    # (each compiled without the other branch). None: one launch for every row.
+    flush: LaunchConfig | None = None
 
 
 def launch_config(P: int, N: int, R: int) -> LaunchConfig:
@@ -569,31 +688,72 @@ def mamba2_replay_decode_fwd(
     p_split: int | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
+    config: LaunchConfig | None = None,
 ) -> None:
     """Launch the kernel on validated arguments (no checks; see ``mamba2_replay_decode``).
 
-    ``block_p`` / ``block_l`` / ``fold_unroll`` / ``num_warps`` override ``launch_config``, and
-    ``p_split`` overrides ``p_split_rule`` (tests, benchmarks and tuning only). ``p_split`` must
-    be ``cdiv(n_tiles, k)`` for some ``k`` (every program owns at least one tile), with
-    ``n_tiles = cdiv(P, block_p)``; otherwise ``ValueError``.
+    ``config`` replaces ``launch_config``'s result (a candidate's whole configuration, a split
+    launch included); ``block_p`` / ``block_l`` / ``fold_unroll`` / ``num_warps`` /
+    ``s_prefetch`` / ``pf_l1`` / ``pipe`` then override single fields (of the non-flush launch
+    of a split launch), and ``p_split`` overrides ``p_split_rule`` (tests, benchmarks and tuning
+    only). ``p_split`` must be ``cdiv(n_tiles, k)`` for some ``k`` (every program owns at least
+    one tile), with ``n_tiles = cdiv(P, block_p)``; otherwise ``ValueError``.
     """
+    batch, H, P = x.shape
+    N = state.shape[3]
+    R = ring_x.shape[2]
+    if batch == 0:
+        return
+    cfg = launch_config(P, N, R) if config is None else config
+    cfg = cfg._replace(**{k: v for k, v in dict(
+        block_p=block_p, block_l=block_l, fold_unroll=fold_unroll, num_warps=num_warps,
+        s_prefetch=s_prefetch, pf_l1=pf_l1, pipe=pipe).items() if v is not None})
+    if cfg.flush is None:
+        launches = [(cfg, 0)]
+    else:  # split launch: non-flush rows, then flush rows (disjoint writes: order is free)
+        launches = [(cfg._replace(flush=None), 1), (cfg.flush, 2)]
+    for c, rows in launches:
+        _launch(c, rows, state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx,
+                ring_start, ring_len, flush, D, z, dt_bias, dt_softplus, stride_dt,
+                stride_A_head, stride_D, stride_dt_bias_head, s_cache, read_state, read_scale,
+                p_split, sr_seed, sr_layer)
+
+
+def _l2_prefetch_ok(state: torch.Tensor) -> bool:
+    """Whole checkpoint tiles can be bulk-prefetched: N contiguous, rows back to back, 16-byte
+    aligned rows and bases (``cp.async.bulk.prefetch.L2``'s size and address rules)."""
+    es = state.element_size()
+    ss, sh, sp, sn = state.stride()
+    return (sn == 1 and sp == state.shape[3] and (sp * es) % 16 == 0 and (sh * es) % 16 == 0
+            and (ss * es) % 16 == 0 and state.data_ptr() % 16 == 0)
+
+
+def _launch(cfg, rows, state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx,
+            ring_start, ring_len, flush, D, z, dt_bias, dt_softplus, stride_dt, stride_A_head,
+            stride_D, stride_dt_bias_head, s_cache, read_state, read_scale, p_split, sr_seed,
+            sr_layer) -> None:
+    """One launch of the kernel for ``rows`` (0 every row, 1 non-flush rows, 2 flush rows)."""
     batch, H, P = x.shape
     N = state.shape[3]
     G = B.shape[1]
     R = ring_x.shape[2]
-    if batch == 0:
-        return
-    cfg = launch_config(P, N, R)
-    block_p = cfg.block_p if block_p is None else block_p
-    block_l = cfg.block_l if block_l is None else block_l
-    fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
-    num_warps = cfg.num_warps if num_warps is None else num_warps
-    s_prefetch = cfg.s_prefetch if s_prefetch is None else s_prefetch
-    pf_l1 = cfg.pf_l1 if pf_l1 is None else pf_l1
-    pipe = cfg.pipe if pipe is None else pipe
+    block_p, block_l, fold_unroll, num_warps = (cfg.block_p, cfg.block_l, cfg.fold_unroll,
+                                                cfg.num_warps)
+    s_prefetch, pf_l1, pipe = cfg.s_prefetch, cfg.pf_l1, cfg.pipe
     extra = {} if cfg.maxnreg is None or interpreting() else {"maxnreg": cfg.maxnreg}
     if block_l < R:
         raise AssertionError(f"block_l ({block_l}) must be >= R ({R})")
+    if s_prefetch == 0 and pipe != 0:
+        raise ValueError("s_prefetch = 0 needs pipe = 0")
+    block_n = triton.next_power_of_2(N)
+    # The candidates' switches, where they apply (each falls back to the default code path):
+    # the fused record term needs BLOCK_N >= BLOCK_L and no read copy; the record loads are
+    # PTX only in compiled builds; the L2 prefetch (compiled only) needs whole contiguous tiles
+    # of the checkpoint and no read copy.
+    rec_fused = bool(cfg.rec_fused) and block_n >= block_l and read_state is None
+    l2_ahead = cfg.l2_ahead
+    if interpreting() or read_state is not None or not _l2_prefetch_ok(state):
+        l2_ahead = 0
     z_strides = (z.stride(0), z.stride(1), z.stride(2)) if z is not None else (0, 0, 0)
     read_strides = read_state.stride() if read_state is not None else (0, 0, 0, 0)
     rs_strides = read_scale.stride() if read_scale is not None else (0, 0, 0)
@@ -635,7 +795,7 @@ def mamba2_replay_decode_fwd(
         HAS_D=D is not None,
         HAS_Z=z is not None,
         BLOCK_P=block_p,
-        BLOCK_N=triton.next_power_of_2(N),
+        BLOCK_N=block_n,
         BLOCK_L=block_l,
         NUM_PT=tiles,
         FOLD_UNROLL=fold_unroll,
@@ -650,6 +810,11 @@ def mamba2_replay_decode_fwd(
         S_LATE=pipe != 0 or read_state is not None,
         P_SPLIT=p_split,
         SR=sr_seed is not None,
+        REC_FUSED=rec_fused,
+        FOLD_LEAN=bool(cfg.fold_lean),
+        LD_ASM=not interpreting(),
+        L2_AHEAD=l2_ahead,
+        ROWS=rows,
         num_warps=num_warps,
         **extra,
     )

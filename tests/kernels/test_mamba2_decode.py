@@ -516,6 +516,141 @@ def test_p_split_override_refused(p_split):
         k.mamba2_replay_decode_fwd(*args.values(), **kw, **dims, p_split=p_split)
 
 
+# --------------------------------------------------------------------------------------------
+# Issue-3 candidates (benchmarks/sweep_mamba2.py ROUND3): launch-time variants, each
+# bit-identical to the default launch in checkpoints and ring records, outputs within rounding
+# --------------------------------------------------------------------------------------------
+
+
+def _interp_key(cfg) -> tuple:
+    """What a LaunchConfig changes under the interpreter (which ignores maxnreg, L2 prefetch and
+    the PTX record loads): variants with equal keys run the same code here."""
+    def one(c):
+        return (c.block_p, c.fold_unroll, c.s_prefetch, c.rec_fused, c.fold_lean)
+    return (one(cfg), None if cfg.flush is None else one(cfg.flush))
+
+
+def _variant_names() -> list[str]:
+    """ROUND3 variants, one per distinct interpreter behaviour (here RF64 / RF72n / RF72a2 /
+    RFw2 run as RF72, S56 as S64, Sw2 / S56w1f as S56w2f: caps, warps and L2 prefetch do not
+    exist in the interpreter)."""
+    from benchmarks.sweep_mamba2 import ROUND3, variant_config
+
+    seen, names = {_interp_key(variant_config("base", 80, 128, 16))}, []
+    for n in ROUND3:
+        key = _interp_key(variant_config(n, 80, 128, 16))
+        if key not in seen:
+            seen.add(key)
+            names.append(n)
+    return names
+
+
+def _shadow_variant(monkeypatch, name: str, p_split: int | None = None) -> list:
+    """Route every launch of the public wrapper through variant ``name``'s LaunchConfig, after
+    running the default configuration on clones of every in-place argument; assert both leave
+    the same checkpoint and ring bits, the same untouched (NaN) output rows, and outputs equal
+    up to rounding (the fused record term sums in another order). Returns the launches' configs.
+    """
+    import replayssm_kernels.mamba2_decode.kernel as k
+    from benchmarks.sweep_mamba2 import variant_config
+
+    orig = k.mamba2_replay_decode_fwd
+    calls: list = []
+
+    def fwd(*args, **kw):
+        inplace = (0, 1, 2, 3, 9)  # state, ring_x, ring_dt, ring_B, out
+        twin = [a.clone() if i in inplace else a for i, a in enumerate(args)]
+        orig(*twin, **kw, p_split=p_split)
+        P, N, R = args[4].shape[2], args[0].shape[3], args[1].shape[2]
+        cfg = variant_config(name, P, N, R)
+        orig(*args, **kw, p_split=p_split, config=cfg)
+        for i, what in zip((0, 1, 2, 3), ("state", "ring_x", "ring_dt", "ring_B")):
+            assert _bits_equal(args[i], twin[i]), f"{name}: {what} differs from the default launch"
+        out, ref = args[9], twin[9]
+        assert torch.equal(torch.isnan(out), torch.isnan(ref)), f"{name}: rows written differ"
+        live = ~torch.isnan(ref)
+        o, r = out[live].double(), ref[live].double()
+        # bf16 outputs: one rounding flip at most (2^-8 relative); fp32: fp32 rounding.
+        ulp = 2.0**-7 if out.dtype == torch.bfloat16 else 2e-6
+        bound = ulp * r.abs() + 1e-6 * r.abs().max()
+        assert bool(((o - r).abs() <= bound).all()), (
+            f"{name}: out differs from the default launch by up to "
+            f"{float(((o - r).abs() / r.abs().clamp_min(1e-30)).max()):.2e} relative")
+        calls.append(cfg)
+
+    monkeypatch.setattr(k, "mamba2_replay_decode_fwd", fwd)
+    return calls
+
+
+# (shape, L, state dtype, activation dtype, forced p_split, variants). With N >= BLOCK_L the
+# fused record term is live: P80 / L4 has BLOCK_L 8, four columns per record group; the N16 / L8
+# case has R 10, BLOCK_L 16 = N: one column per record. N16 / L16 has BLOCK_L 32 > N: the fused
+# term falls back to the default code there, the rest of the variant still applies.
+_ALL = "all"
+VARIANT_CASES = {
+    "P80-N32-L4-split3": (Shape(H=2, G=1, P=80, N=32), 4, torch.float32, torch.bfloat16, 3, _ALL),
+    "P20-N16-L8-Sbf16": (Shape(H=3, G=1, P=20, N=16), 8, torch.bfloat16, torch.bfloat16, None,
+                         _ALL),
+    "P20-N32-L6-act32": (Shape(H=2, G=1, P=20, N=32), 6, torch.float32, torch.float32, None,
+                         ("RF72", "S72")),
+    "P12-N16-L16-fallback": (CPU_SHAPE_C, 16, torch.float32, torch.bfloat16, None,
+                             ("RF72", "S72")),
+}
+
+
+def _variant_params():
+    return [pytest.param(v, c, id=f"{v}-{c}") for c, case in VARIANT_CASES.items()
+            for v in _variant_names() if case[5] == _ALL or v in case[5]]
+
+
+@pytest.mark.parametrize("variant,case", _variant_params())
+def test_kernel_variant_cycles(monkeypatch, variant, case):
+    """Issue-3 variants (one per interpreter behaviour) over >= 2 ring cycles with forced
+    flushes and padding rows, head dim 80 included: after every launch the checkpoint and ring
+    records are bit-identical to the default launch's, outputs within rounding of it, and
+    outputs / flushed checkpoints within tolerance of float64."""
+    shape, L, sdt, adt, p_split, _ = VARIANT_CASES[case]
+    calls = _shadow_variant(monkeypatch, variant, p_split)
+    rep = run_cycles("kernel", shape, L, sdt, adt, seed=60 + L, active=2, pads=1, cycles=2,
+                     force_p=0.2, variant=Variant(True, L == 4))
+    _check(rep, sdt, adt, "kernel")
+    assert len(calls) == rep.steps and rep.nonflush_rows > 0
+
+
+def test_variant_split_launch_rows():
+    """A split launch's halves touch only their own rows: the non-flush launch alone leaves
+    every checkpoint and every flush row's output untouched; the flush launch alone appends no
+    record and writes no non-flush row's output."""
+    import replayssm_kernels.mamba2_decode.kernel as k
+    from benchmarks.sweep_mamba2 import variant_config
+
+    shape = Shape(H=2, G=1, P=20, N=32)
+    args, kw = _valid_args(shape, batch=4, R=6)
+    args["ring_len"] = torch.tensor([0, 3, 5, 2], dtype=torch.int32)
+    args["flush"] = torch.tensor([False, True, True, False])
+    args["slot_idx"] = torch.tensor([1, 2, 3, -1], dtype=torch.int32)
+    args["ring_x"].normal_()
+    args["ring_dt"].uniform_(0.01, 0.1)
+    args["ring_B"].normal_()
+    dims = dict(stride_dt=(args["dt"].stride(0), args["dt"].stride(1)), stride_A_head=1,
+                stride_D=(1, 0), stride_dt_bias_head=1)
+    cfg = variant_config("S72", shape.P, shape.N, 6)
+    for rows, half in ((1, cfg._replace(flush=None)), (2, cfg.flush)):
+        a = {n: (v.clone() if isinstance(v, torch.Tensor) else v) for n, v in args.items()}
+        a["out"].fill_(float("nan"))
+        before = {n: a[n].clone() for n in ("state", "ring_x", "ring_dt", "ring_B")}
+        k._launch(half, rows, *a.values(), kw["D"], kw["z"], kw["dt_bias"], True,
+                  dims["stride_dt"], 1, dims["stride_D"], 1, "", None, None, None, None, 0)
+        written = ~torch.isnan(a["out"]).all(dim=(1, 2))
+        assert written.tolist() == ([True, False, False, False] if rows == 1
+                                    else [False, True, True, False])
+        if rows == 1:
+            assert _bits_equal(a["state"], before["state"])
+        else:
+            for n in ("ring_x", "ring_dt", "ring_B"):
+                assert _bits_equal(a[n], before[n])
+
+
 def test_empty_batch_is_a_no_op():
     shape = CPU_SHAPE_A
     gen = torch.Generator().manual_seed(0)
@@ -613,6 +748,7 @@ from sglang.kernels.ops.mamba.triton_ops import mamba_ssm
 from replayssm_kernels.mamba2_decode import kernel as ours
 
 H, P, N, G, R = 96, 80, 128, 8, 16  # Nemotron-3-Nano-4B, L = 16
+ROOT = sys.argv[1]  # the repository root (benchmarks/ is not an installed package)
 XBC = H * P + 2 * G * N  # the mixer's conv row: x, B, C are column slices of it
 DT = H + XBC  # dt is a slice of the in_proj row
 
@@ -670,43 +806,24 @@ sg = build(
 )
 cfg = ours.launch_config(P, N, R)
 n_tiles = -(-P // cfg.block_p)
+sys.path.insert(0, ROOT)
+from benchmarks.sweep_mamba2 import ROUND3, offline_build, variant_config
 
-def build_ours(p_split):
-    tiles = -(-n_tiles // p_split)  # P-tiles per program, as the launcher
-    rows = min(P, tiles * cfg.block_p)
-    return build(
-        ours._mamba2_replay_decode_fwd_kernel,
-        dict(state_ptr="*fp32", ring_x_ptr="*bf16", ring_dt_ptr="*fp32", ring_B_ptr="*bf16",
-             x_ptr="*bf16", dt_ptr="*bf16", A_ptr="*fp32", B_ptr="*bf16", C_ptr="*bf16",
-             D_ptr="*fp32", z_ptr="constexpr", dt_bias_ptr="*fp32", out_ptr="*bf16",
-             slot_idx_ptr="*i32", ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1",
-             read_ptr="constexpr", read_scale_ptr="constexpr", sr_seed_ptr="constexpr"),
-        dict(P=P, N=N, R=R, heads_per_group=H // G, sr_layer=0,
-             stride_state_slot=H * P * N, stride_state_head=P * N, stride_state_p=N,
-             stride_state_n=1, stride_rx_slot=H * R * P, stride_rx_head=R * P, stride_rx_row=P,
-             stride_rx_p=1, stride_rdt_slot=H * R, stride_rdt_head=R, stride_rdt_row=1,
-             stride_rB_slot=G * R * N, stride_rB_group=R * N, stride_rB_row=N, stride_rB_n=1,
-             stride_x_batch=XBC, stride_x_head=P, stride_x_p=1, stride_dt_batch=DT,
-             stride_dt_head=1, stride_A_head=1, stride_B_batch=XBC, stride_B_group=N,
-             stride_B_n=1, stride_C_batch=XBC, stride_C_group=N, stride_C_n=1, stride_D_head=1,
-             stride_D_p=0, stride_z_batch=0, stride_z_head=0, stride_z_p=0,
-             stride_dt_bias_head=1, stride_out_batch=H * P, stride_out_head=P, stride_out_p=1,
-             stride_read_slot=0, stride_read_head=0, stride_read_p=0, stride_read_n=0,
-             stride_rs_slot=0, stride_rs_head=0, stride_rs_p=0),
-        dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_P=cfg.block_p,
-             BLOCK_N=128, BLOCK_L=cfg.block_l, NUM_PT=tiles,
-             FOLD_UNROLL=cfg.fold_unroll, S_PREFETCH=cfg.s_prefetch, PF_L1=cfg.pf_l1,
-             PF_X=triton.next_power_of_2(-(-rows * 2 // 128) + 1),
-             PF_B=4, S_CACHE="", PIPE=cfg.pipe, HAS_READ=False, READ_FP8=False,
-             S_LATE=cfg.pipe != 0, P_SPLIT=p_split, SR=False),
-        cfg.num_warps,
-    )
+def build_ours(p_split, c=cfg, rows=0):
+    return offline_build(c, rows=rows, p_split=p_split)["ptx"]
 
 # The unsplit launch (batch >= 6 at this shape on an H200) and the batch-1 split (one tile per
-# program), both as ours.p_split_rule picks them on 132 SMs.
-json.dump(dict(sglang=sg, **{f"ours_split{s}": build_ours(s)
-                             for s in (ours.p_split_rule(n_tiles, H, 64, 132),
-                                       ours.p_split_rule(n_tiles, H, 1, 132))}), sys.stdout)
+# program), both as ours.p_split_rule picks them on 132 SMs; then every issue-3 variant's
+# launch(es) (benchmarks/sweep_mamba2.py ROUND3), unsplit, and RF72 / S72 at the batch-1 split.
+builds = {f"ours_split{s}": build_ours(s) for s in (ours.p_split_rule(n_tiles, H, 64, 132),
+                                                    ours.p_split_rule(n_tiles, H, 1, 132))}
+for name in ROUND3:
+    v = variant_config(name, P, N, R)
+    halves = [(v, 0)] if v.flush is None else [(v._replace(flush=None), 1), (v.flush, 2)]
+    for s in ((1, 5) if name in ("RF72", "S72") else (1,)):
+        for c, rows in halves:
+            builds[f"var_{name}_rows{rows}_split{s}"] = build_ours(s, c, rows)
+json.dump(dict(sglang=sg, **builds), sys.stdout)
 """
 
 
@@ -759,6 +876,27 @@ def _update_signatures(ptx: str, file_suffix: str, lines: set[int]) -> set[tuple
     return sigs
 
 
+_REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+@__import__("functools").lru_cache(maxsize=1)
+def _codegen_ptx() -> dict:
+    """PTX (sm_90a, offline) of SGLang's kernel and of our launches (``_CODEGEN_SCRIPT``)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _CODEGEN_SCRIPT, str(_REPO_ROOT)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    err = proc.stderr.lower()
+    if proc.returncode != 0 and "nvidia" in err and "backend" in err:
+        pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
 def test_fold_codegen_matches_sglang():
     """Compile SGLang's selective_state_update kernel and ours for sm_90a (no GPU needed) at the
     Nano-4B shape and compare how every fp32 op of the state update is built.
@@ -766,25 +904,16 @@ def test_fold_codegen_matches_sglang():
     The checkpoint is bitwise equal on the GPU only if each fold step compiles exactly as SGLang's
     ``state = state * dA + dB * x[:, None]``: one fma(state, exp(A·Δ), (Δ·B)·x), with the same
     exp lowering. All our sites (replayed records, current token) must match it, in the unsplit
-    launch and in the batch-1 P-split launch (five programs per (row, head)).
+    launch and in the batch-1 P-split launch (five programs per (row, head)), and in every
+    issue-3 variant's launches: the default fold sites, or the lean fold's (records read by PTX
+    loads), and the current token's; a split launch's non-flush half has no fold at all.
     """
     import inspect
-    import json
-    import os
-    import subprocess
-    import sys
 
     import replayssm_kernels.mamba2_decode.kernel as k
     from sglang.kernels.ops.mamba.triton_ops import mamba_ssm
 
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _CODEGEN_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=600)
-    err = proc.stderr.lower()
-    if proc.returncode != 0 and "nvidia" in err and "backend" in err:
-        pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ptx = json.loads(proc.stdout)
+    ptx = _codegen_ptx()
 
     def lines_with(module, pred) -> list[int]:
         with open(inspect.getsourcefile(module)) as f:
@@ -792,17 +921,89 @@ def test_fold_codegen_matches_sglang():
 
     sg_lines = set(lines_with(mamba_ssm, lambda t: t == "state = state * dA + dB * x[:, None]"))
     our_lines = lines_with(k, lambda t: "tl.fma(b_s, dA, dB" in t)
-    assert len(sg_lines) == 1 and len(our_lines) == 3  # full chunks, remainder, current token
+    lean = set(lines_with(k, lambda t: "tl.fma(b_s, dA, dB" in t and t.endswith("# lean fold")))
+    # default: full chunks, remainder; lean: the same two; the current token (shared)
+    assert len(sg_lines) == 1 and len(our_lines) == 5 and len(lean) == 2
+    current = {our_lines[-1]}
+    default = set(our_lines) - lean - current
+    chunks = {min(default), min(lean)}  # the full-chunk sites (a remainder loop is empty and
+    # compiled away at FOLD_UNROLL = 1)
 
     sg = _update_signatures(ptx["sglang"], "mamba_ssm.py", sg_lines)
     expected = {("fma.rn.f32", "a=state", ("ex2.approx.f32",), (("mul.f32",),),
                  (("mul.f32", ("cvt.f32.bf16", "mul.f32")),))}
     assert sg == expected, f"SGLang 0.5.17's update compiles differently now: {sg}"
-    assert set(ptx) == {"sglang", "ours_split1", "ours_split5"}, list(ptx)
-    for launch in ("ours_split1", "ours_split5"):
-        for line in our_lines:
+    assert {"sglang", "ours_split1", "ours_split5"} <= set(ptx), list(ptx)
+    from benchmarks.sweep_mamba2 import ROUND3, variant_config
+
+    for launch in sorted(set(ptx) - {"sglang"}):
+        if launch.startswith("ours_"):
+            want = default | current
+        else:
+            name, rows = launch.split("_")[1], int(launch.split("_rows")[1][0])
+            v = variant_config(name, 80, 128, 16)
+            fold_lean = (v if v.flush is None else v.flush).fold_lean
+            want = set() if rows == 1 else (lean if fold_lean else default) | current
+        for line in sorted(set(our_lines)):
             mine = _update_signatures(ptx[launch], "kernel.py", {line})
-            assert mine == sg, f"{launch}: kernel.py:{line} compiles to {mine}, SGLang to {sg}"
+            if line in want and (line in chunks | current or mine):
+                assert mine == sg, f"{launch}: kernel.py:{line} compiles to {mine}, SGLang to {sg}"
+            elif line not in want:
+                assert mine == set(), f"{launch}: kernel.py:{line} compiled ({mine})"
+    assert {n for n in ROUND3} == {launch.split("_")[1] for launch in ptx
+                                   if launch.startswith("var_")}
+
+
+def test_default_launch_has_no_variant_code():
+    """The default launch compiles none of the candidates' PTX (record loads written as inline
+    PTX, bulk L2 prefetches), and the variants that should have them do."""
+    ptx = _codegen_ptx()
+    rec_ld = "@p ld.global.b16"  # ld_rec's predicated load (Triton's own loads use %p regs)
+    for launch in ("ours_split1", "ours_split5", "var_base_rows0_split1"):
+        assert rec_ld not in ptx[launch] and "cp.async.bulk.prefetch" not in ptx[launch]
+    assert "cp.async.bulk.prefetch.L2" in ptx["var_RF72_rows0_split1"]
+    assert rec_ld in ptx["var_RF72_rows0_split1"] and rec_ld in ptx["var_R96_rows0_split1"]
+    assert "cp.async.bulk.prefetch.L2" not in ptx["var_RF72n_rows0_split1"]
+
+
+# Offline ptxas (this venv's, sm_90a) of every variant launch at the Nano-4B shape, unsplit:
+# (registers, spill-store bytes, CTAs per SM). Recorded; a change means the compiler or the
+# kernel changed the register budget the variants were built for.
+VARIANT_PTXAS = {
+    ("base", "all"): (96, 4, 5), ("R96", "all"): (96, 4, 5), ("RF96", "all"): (96, 0, 5),
+    ("RF72", "all"): (72, 0, 7), ("RF64", "all"): (64, 24, 8), ("RF72n", "all"): (72, 0, 7),
+    ("RF72a2", "all"): (72, 0, 7),
+    ("Sbase", "non-flush"): (96, 0, 5), ("Sbase", "flush"): (96, 0, 5),
+    ("S72", "non-flush"): (72, 0, 7), ("S72", "flush"): (64, 0, 8),
+    ("S64", "non-flush"): (64, 0, 8), ("S64", "flush"): (64, 0, 8),
+    ("S56", "non-flush"): (56, 0, 9), ("S56", "flush"): (64, 0, 8),
+    ("RFw2", "all"): (96, 0, 10),  # 2 warps: CTAs of 64 threads
+    ("S56w2f", "non-flush"): (56, 0, 9), ("S56w2f", "flush"): (96, 0, 10),
+    ("Sw2", "non-flush"): (64, 0, 16), ("Sw2", "flush"): (96, 0, 10),
+    ("S56w1f", "non-flush"): (56, 0, 9), ("S56w1f", "flush"): (165, 0, 12),
+}
+
+
+def test_variant_registers_offline(tmp_path):
+    """``python -m benchmarks.sweep_mamba2 --offline``: every variant launch compiles for sm_90a
+    and ptxas reports the registers / spills / CTAs per SM recorded in VARIANT_PTXAS."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "offline.json"
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.sweep_mamba2", "--offline",
+                           "--out", str(out)], env=env, cwd=_REPO_ROOT, capture_output=True,
+                          text=True, timeout=900)
+    err = proc.stderr.lower()
+    if proc.returncode != 0 and "nvidia" in err and "backend" in err:
+        pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = {(r["variant"], r["launch"]): (r["regs"], r["spill_st"], r["ctas"])
+           for r in json.loads(out.read_text())}
+    assert got == VARIANT_PTXAS
 
 
 # --------------------------------------------------------------------------------------------
@@ -857,3 +1058,20 @@ def test_gpu_nano4b_fp32_activations():
                        seed=400, cycles=2)
     _check(rep_k, torch.float32, torch.float32)
     _check(rep_r, torch.float32, torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("active,pads", [(24, 8), (1, 0)], ids=["batch32", "batch1"])
+@pytest.mark.parametrize("variant", [n for n in __import__("benchmarks.sweep_mamba2",
+                                                           fromlist=["ROUND3"]).ROUND3
+                                     if n != "base"])
+def test_gpu_nano4b_variants(monkeypatch, variant, active, pads):
+    """Every issue-3 variant at the real shape, compiled (PTX record loads, L2 prefetches,
+    register caps): after every launch checkpoint and ring bits equal the default launch's,
+    outputs within rounding of it; the fp32 checkpoint is bit-identical to
+    ``selective_state_update`` after every flush. Batch 1 takes the P-split."""
+    calls = _shadow_variant(monkeypatch, variant)
+    rep = run_cycles("kernel", NANO_4B, 16, torch.float32, torch.bfloat16, active=active,
+                     pads=pads, seed=800 + active, cycles=2, sglang_check=True)
+    _check(rep, torch.float32, torch.bfloat16)
+    assert len(calls) == rep.steps
