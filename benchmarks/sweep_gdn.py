@@ -12,14 +12,19 @@ outputs (``flush_out_bits_eq_fused``).  Prints one table per batch last; writes 
 Variants (``gdn_replay_decode_fwd`` keyword arguments; notes in benchmarks/notes/gdn_decode.md):
 
 * ``fused_32x1``: the default launch.
-* ``tree16`` / ``tree8``: the default launch with the flush rows' fold in tree form (``fold=16`` /
-  ``8``: SGLang's reduction tree written out, 16 / 8 rows on lanes, ``_tree.py``); same bits.
-* ``split_b16`` / ``split_tree8_b16``: two launches: the fold launch at 16 rows per program
-  (default fold: 168 registers; tree form: 157, instead of 255) and the non-flush launch at the
-  default's 32 rows x 1 warp.
+* ``tree16`` / ``tree8``: the flush rows' fold in tree form (``fold=16`` / ``8``: SGLang's
+  reduction tree written out, 16 / 8 rows on lanes, ``_tree.flush_tree``); same bits.
+* ``nf8`` (``nonflush=8``), ``tree16_nf8`` / ``_nf16`` / ``_nf4``: the non-flush rows' sums laid
+  out rows-on-lanes (``_tree.nonflush_rows``; outputs and ``u`` equal up to summation order,
+  checkpoints and raw records bit-identical), alone or with ``tree16``; ``_r8``: records in
+  chunks of 8.
+* ``split_b16`` / ``split_tree8_b16`` / ``_nf8``: two launches: the fold launch at 16 rows per
+  program (default fold: 168 registers; tree form: 157, instead of 255) and the non-flush launch at
+  32 rows x 1 warp (default code or ``nonflush=8``).
 * ``fused_32x1_r4`` / ``_r8``: the default with the non-flush rows' records read in chunks of 4 /
   8 instead of 16 (the first record's cost).
-* ``foldonly*``: the fold launch alone (non-flush rows exit at once): diagnostics, not checked.
+* ``foldonly*`` / ``outonly*``: one launch of the split alone (the other rows exit at once):
+  diagnostics, not checked.
 """
 
 from __future__ import annotations
@@ -37,16 +42,25 @@ VARIANTS = {
     "fused_32x1": dict(split=False),
     "tree16": dict(split=False, fold=16),
     "tree8": dict(split=False, fold=8),
+    "nf8": dict(split=False, nonflush=8),
+    "tree16_nf8": dict(split=False, fold=16, nonflush=8),
+    "tree16_nf16": dict(split=False, fold=16, nonflush=16),
+    "tree16_nf4": dict(split=False, fold=16, nonflush=4),
+    "tree16_nf8_r8": dict(split=False, fold=16, nonflush=8, block_r=8),
     "split_b16": dict(split=True, block_v=16, out_block_v=32, out_num_warps=1),
     "split_tree8_b16": dict(split=True, block_v=16, fold=8, out_block_v=32, out_num_warps=1),
+    "split_tree8_b16_nf8": dict(split=True, block_v=16, fold=8, out_block_v=32, out_num_warps=1,
+                                nonflush=8),
     "fused_32x1_r4": dict(split=False, block_r=4),
     "fused_32x1_r8": dict(split=False, block_r=8),
     "foldonly": dict(split="fold"),
     "foldonly_tree16": dict(split="fold", fold=16),
     "foldonly_tree8_b16": dict(split="fold", block_v=16, fold=8),
+    "outonly_nf8": dict(split="out", out_block_v=32, out_num_warps=1, nonflush=8),
 }
-DEFAULT_VARIANTS = ("fused_32x1", "tree16", "tree8", "split_b16", "split_tree8_b16",
-                    "fused_32x1_r4", "fused_32x1_r8", "foldonly", "foldonly_tree16")  # fmt: skip
+DEFAULT_VARIANTS = ("fused_32x1", "tree16", "tree8", "nf8", "tree16_nf8", "tree16_nf16",
+                    "tree16_nf4", "tree16_nf8_r8", "split_tree8_b16_nf8", "fused_32x1_r8",
+                    "foldonly", "foldonly_tree16")  # fmt: skip
 
 
 def _int_list(s: str) -> list[int]:
@@ -108,7 +122,7 @@ def main(argv=None) -> int:
     live = args0["slot_idx"] >= 0
     fl = live & args0["flush"]
     for n in names:
-        if n.startswith("foldonly"):
+        if n.startswith(("foldonly", "outonly")):
             continue
         got = run_on(fns[n])
         o, r = got["out"][live].float(), ref["out"][live].float()

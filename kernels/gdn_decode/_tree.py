@@ -216,3 +216,175 @@ def flush_tree(
     else:
         b_st = b_h.to(state.dtype.element_ty)
     tl.store(p_s, b_st, mask=mask_h)
+
+
+@triton.jit
+def _ring_row(x, R):
+    # (start + j) % R for a live record (start < R, j < len <= R, so x < 2R): one compare
+    # instead of an integer division; rows of masked records (never loaded) may be anything.
+    return tl.where(x >= R, x - R, x)
+
+
+@triton.jit
+def nonflush_rows(
+    p_s_head,
+    p_ru,
+    p_rk,
+    p_rv,
+    p_rg,
+    p_rb,
+    p_q,
+    p_k,
+    p_v,
+    p_o_head,
+    i_hv,
+    i_v,
+    r_start,
+    r_len,
+    R,
+    g_val,
+    beta_val,
+    scale,
+    stride_s_v,
+    stride_s_k,
+    stride_u_r,
+    stride_u_v,
+    stride_rk_r,
+    stride_rk_k,
+    stride_rv_r,
+    stride_rv_v,
+    stride_g_r,
+    stride_beta_r,
+    stride_q_k,
+    stride_k_k,
+    stride_v_v,
+    stride_o_v,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BR: tl.constexpr,
+    RL: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    o_dtype: tl.constexpr,
+    u_dtype: tl.constexpr,
+    k_dtype: tl.constexpr,
+    v_dtype: tl.constexpr,
+):
+    """Non-flush rows (``NFL = RL``): the default's inner-product output (math.md §4) with every
+    reduction laid out rows-on-lanes, as ``flush_tree`` does for the fold.  Outputs only (never a
+    checkpoint), so the sums may run in any order: the state's two mat-vecs, the records' three
+    dots (``k_j·k̂``, ``k_j·q̃``, ``|k_j|²``, records on lanes) and the records' ``Σ_j c_j u_j``
+    (value rows on lanes, records in registers) each need 2 or fewer shuffle levels instead of 5.
+
+    Rows of the program are ``i_v·BV + rl·RH + rh`` (``rl`` on lanes, ``RH = BV / RL`` rows in
+    registers, so a lane's rows of ``u`` are contiguous); records come in chunks of ``BR``
+    (``BR // 8`` per lane), newest chunk first as in the default; the appended record is the
+    default's (``u``, raw ``k``, raw ``v``, ``g``, ``β``)."""
+    S0: tl.constexpr = 2 if BK >= 8 else 1
+    S1: tl.constexpr = 2 if BK >= 16 else 1
+    S2: tl.constexpr = 2 if BK >= 32 else 1
+    S3: tl.constexpr = 2 if BK >= 64 else 1
+    S4: tl.constexpr = 2 if BK >= 128 else 1
+    RH: tl.constexpr = BV // RL
+    # records of a chunk: dots on [8 lanes, BR // 8 regs]; the u sum on [4 lanes, BR // 4 regs]
+    QL: tl.constexpr = BR // 8 if BR >= 8 else 1
+    PL: tl.constexpr = BR // QL
+    UL: tl.constexpr = 4 if BR >= 4 else BR
+    UH: tl.constexpr = BR // UL
+    rl = tl.arange(0, RL)
+    rh = tl.arange(0, RH)
+    row2 = i_v * BV + rl[:, None] * RH + rh[None, :]  # [RL, RH]
+    mask_v2 = row2 < V
+    c0 = tl.arange(0, S0)[None, :, None, None, None, None, None, None]
+    c1 = tl.arange(0, S1)[None, None, :, None, None, None, None, None]
+    c2 = tl.arange(0, S2)[None, None, None, None, :, None, None, None]
+    c3 = tl.arange(0, S3)[None, None, None, None, None, :, None, None]
+    c4 = tl.arange(0, S4)[None, None, None, None, None, None, :, None]
+    j = tl.arange(0, 4)[None, None, None, None, None, None, None, :]
+    col8 = 4 * (c0 + 2 * c1 + 4 * c2 + 8 * c3 + 16 * c4) + j
+    mask_c8 = col8 < K
+    row8 = _r8(row2)
+    b_h0 = tl.load(p_s_head + row8 * stride_s_v + col8 * stride_s_k,
+                   mask=(row8 < V) & mask_c8, other=0).to(tl.float32)
+
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    b_q_raw = tl.load(p_q + o_k * stride_q_k, mask=mask_k, other=0)
+    b_k_raw = tl.load(p_k + o_k * stride_k_k, mask=mask_k, other=0)
+    b_v_raw = tl.load(p_v + row2 * stride_v_v, mask=mask_v2, other=0)
+    b_q = _norm(b_q_raw.to(tl.float32), USE_QK_L2NORM) * scale
+    b_k = _norm(b_k_raw.to(tl.float32), USE_QK_L2NORM)
+    b_kq_c = tl.sum(b_k * b_q)
+    k8 = _cols(b_k, BK)
+    q8 = _cols(b_q, BK)
+    b_hk = _rows(b_h0 * k8)
+    b_hq = _rows(b_h0 * q8)
+
+    # Records, newest chunk first (ω_j = exp(Σ_{i>j} g_i) as a suffix sum).
+    ql = tl.arange(0, PL)
+    qh = tl.arange(0, QL)
+    rec2 = qh[None, :] * PL + ql[:, None]  # [PL, QL]: record of a chunk, dots layout
+    ul = tl.arange(0, UL)
+    uh = tl.arange(0, UH)
+    rec_u = (uh[None, None, None, :] * UL + ul[None, :, None, None])  # [1, UL, 1, UH]
+    o_r = tl.arange(0, BR)
+    n_chunks = tl.cdiv(r_len, BR)
+    b_acc_k = tl.zeros([RL, RH], dtype=tl.float32)
+    b_acc_q = tl.zeros([RL, RH], dtype=tl.float32)
+    b_gsum = tl.sum(tl.zeros([BR], dtype=tl.float32), 0)
+    for i_c in range(0, n_chunks):
+        base = (n_chunks - 1 - i_c) * BR
+        # 1-D: the gates and their suffix sums, as the default
+        o_rc = base + o_r
+        mask_r = o_rc < r_len
+        c_g = tl.load(p_rg + _ring_row(r_start + o_rc, R) * stride_g_r, mask=mask_r, other=0.0)
+        b_w = tl.where(mask_r, tl.exp(tl.cumsum(c_g, 0, reverse=True) - c_g + b_gsum), 0.0)
+        b_gsum += tl.sum(c_g, 0)
+        # dots: records on lanes, K chunks as the state tile's
+        r8 = _r8(base + rec2)
+        c_k = tl.load(p_rk + _ring_row(r_start + r8, R) * stride_rk_r + col8 * stride_rk_k,
+                      mask=(r8 < r_len) & mask_c8, other=0).to(tl.float32)
+        b_kk = _rows(c_k * k8)
+        b_kq = _rows(c_k * q8)
+        if USE_QK_L2NORM:
+            b_rn = 1.0 / tl.sqrt(_rows(c_k * c_k) + 1e-6)
+            b_kk = b_kk * b_rn
+            b_kq = b_kq * b_rn
+        # the weights, per record of the dots layout -> 1-D chunk order -> the u layout
+        w2 = tl.reshape(tl.permute(tl.reshape(b_w, (QL, PL)), (1, 0)), (PL, QL))
+        ck = tl.reshape(tl.permute(w2 * b_kk, (1, 0)), (BR,))
+        cq = tl.reshape(tl.permute(w2 * b_kq, (1, 0)), (BR,))
+        ck = tl.permute(tl.reshape(ck, (UH, UL)), (1, 0))[None, :, None, :]
+        cq = tl.permute(tl.reshape(cq, (UH, UL)), (1, 0))[None, :, None, :]
+        # Σ_j c_j u_j: value rows on lanes (a lane's RH rows contiguous), records in registers
+        rr = base + rec_u
+        c_u = tl.load(
+            p_ru + _ring_row(r_start + rr, R) * stride_u_r
+            + row2[:, None, :, None] * stride_u_v,
+            mask=(rr < r_len) & mask_v2[:, None, :, None], other=0,
+        ).to(tl.float32)
+        b_acc_k += tl.sum(tl.sum(c_u * ck, 3), 1)
+        b_acc_q += tl.sum(tl.sum(c_u * cq, 3), 1)
+
+    b_decay = tl.exp(b_gsum)
+    b_hk = b_decay * b_hk + b_acc_k
+    b_hq = b_decay * b_hq + b_acc_q
+    b_alpha = tl.exp(g_val)
+    b_v = b_v_raw.to(tl.float32)
+    b_u_c = beta_val * (b_v - b_alpha * b_hk)
+    b_o = b_alpha * b_hq + b_kq_c * b_u_c
+    tl.store(p_o_head + row2 * stride_o_v, b_o.to(o_dtype), mask=mask_v2)
+
+    # Append the current record at logical row len (the default's values).
+    w_row = (r_start + r_len) % R
+    tl.store(p_ru + w_row * stride_u_r + row2 * stride_u_v, b_u_c.to(u_dtype), mask=mask_v2)
+    tl.store(p_rv + w_row * stride_rv_r + row2 * stride_rv_v, b_v_raw.to(v_dtype), mask=mask_v2)
+    if i_v == 0:
+        tl.store(p_rg + w_row * stride_g_r, g_val)
+        tl.store(p_rb + w_row * stride_beta_r, beta_val)
+        if i_hv % (HV // H) == 0:
+            tl.store(p_rk + w_row * stride_rk_r + o_k * stride_rk_k, b_k_raw.to(k_dtype),
+                     mask=mask_k)

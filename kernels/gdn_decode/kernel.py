@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels.gdn_decode._fold import fold_records
-from replayssm_kernels.gdn_decode._tree import flush_tree
+from replayssm_kernels.gdn_decode._tree import flush_tree, nonflush_rows
 from replayssm_kernels.gdn_decode._validate import validate_gdn_decode
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
 from replayssm_kernels.stochastic_round import (
@@ -140,13 +140,16 @@ def _gdn_decode_program(
     READ_FP8: tl.constexpr,
     SR: tl.constexpr,
     FOLD: tl.constexpr,
+    NFL: tl.constexpr,
 ):
     """One program of the decode launch (kernels below); ``HAS_READ``: split precision, non-flush
     rows read ``S0`` from the read copy (``read_ptr``, fp8: times ``read_scale_ptr``'s per-row
     scale) and flush rows refresh it after storing the checkpoint.  ``SR``: flush rows store the
     fp16 checkpoint with stochastic rounding (``sr_seed`` counter, ``sr_layer`` stream).
     ``FOLD``: 0, the flush rows' fold on SGLang's tile (``_fold.fold_records``); ``RL`` > 0, the
-    same arithmetic with the reduction tree spelled out, ``RL`` rows on lanes (``_tree.py``)."""
+    same arithmetic with the reduction tree spelled out, ``RL`` rows on lanes (``_tree.py``).
+    ``NFL``: 0, the non-flush rows' code below; ``RL`` > 0, ``_tree.nonflush_rows`` (the same
+    outputs, summed rows-on-lanes)."""
     # MODE 0: one launch serves every row (both branches).  MODE 1: flush rows only (the fold;
     # other rows return at once).  MODE 2: non-flush rows only (flush rows return at once).
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -270,6 +273,19 @@ def _gdn_decode_program(
                     p_rs_head, o_v, o_kr, mask_v, mask_k, stride_rd_v, stride_rd_k, stride_rs_v,
                     READ_FP8,
                 )
+    elif NFL != 0:
+        tl.static_assert(not HAS_READ, "NFL > 0 has no read-copy path")
+        nonflush_rows(
+            state + i_s * stride_s_n + i_hv * stride_s_h, p_ru, p_rk, p_rv, p_rg, p_rb,
+            q + i_n * stride_q_b + i_h * stride_q_h, k + i_n * stride_k_b + i_h * stride_k_h,
+            v + i_n * stride_v_b + i_hv * stride_v_h, o + i_n * stride_o_b + i_hv * stride_o_h,
+            i_hv, i_v, r_start, r_len, R, g_val, beta_val, scale,
+            stride_s_v, stride_s_k, stride_u_r, stride_u_v, stride_rk_r, stride_rk_k,
+            stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r, stride_q_k, stride_k_k,
+            stride_v_v, stride_o_v, H, HV, K, V, BK, BV, BR, NFL, USE_QK_L2NORM,
+            o.dtype.element_ty, ring_u.dtype.element_ty, ring_k.dtype.element_ty,
+            ring_v.dtype.element_ty,
+        )  # fmt: skip
     else:
         # ---- Output from S0 + committed records + current token; append the record. ----
         # All loads first (checkpoint tile, the newest chunk of records, the token), then math.
@@ -460,7 +476,7 @@ def gdn_replay_decode_fwd_kernel(
         stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k, stride_v_b,
         stride_v_h, stride_v_v, stride_a_b, stride_a_h, stride_b_b, stride_b_h, stride_o_b,
         stride_o_h, stride_o_v, 0, 0, 0, 0, 0, 0, 0, H, HV, K, V, BK, BV, BR, SOFTPLUS_THRESHOLD,
-        USE_QK_L2NORM, MODE, False, False, SR, 0,
+        USE_QK_L2NORM, MODE, False, False, SR, 0, 0,
     )
 
 
@@ -538,9 +554,11 @@ def gdn_replay_decode_tree_fwd_kernel(
     MODE: tl.constexpr,
     SR: tl.constexpr,
     FOLD: tl.constexpr,
+    NFL: tl.constexpr,
 ):
-    """The decode launch without a read copy, flush rows folded in tree form (``FOLD = RL``
-    rows on lanes, ``_tree.py``); benchmark variant."""
+    """The decode launch without a read copy, with the flush rows folded in tree form
+    (``FOLD = RL`` rows on lanes) and / or the non-flush rows summed rows-on-lanes (``NFL``),
+    ``_tree.py``; benchmark variants (``FOLD = NFL = 0`` compiles the default program)."""
     _gdn_decode_program(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
         slot_idx, ring_start, ring_len, flush, scale, None, None, sr_seed, R, sr_layer,
@@ -551,7 +569,7 @@ def gdn_replay_decode_tree_fwd_kernel(
         stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k, stride_v_b,
         stride_v_h, stride_v_v, stride_a_b, stride_a_h, stride_b_b, stride_b_h, stride_o_b,
         stride_o_h, stride_o_v, 0, 0, 0, 0, 0, 0, 0, H, HV, K, V, BK, BV, BR, SOFTPLUS_THRESHOLD,
-        USE_QK_L2NORM, MODE, False, False, SR, FOLD,
+        USE_QK_L2NORM, MODE, False, False, SR, FOLD, NFL,
     )
 
 
@@ -652,7 +670,7 @@ def gdn_replay_decode_read_fwd_kernel(
         stride_v_b, stride_v_h, stride_v_v, stride_a_b, stride_a_h, stride_b_b, stride_b_h,
         stride_o_b, stride_o_h, stride_o_v, stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
         stride_rs_n, stride_rs_h, stride_rs_v, H, HV, K, V, BK, BV, BR, SOFTPLUS_THRESHOLD,
-        USE_QK_L2NORM, MODE, True, READ_FP8, SR, 0,
+        USE_QK_L2NORM, MODE, True, READ_FP8, SR, 0, 0,
     )
 
 
@@ -689,6 +707,7 @@ def gdn_replay_decode_fwd(
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
     fold: int = 0,
+    nonflush: int = 0,
 ) -> None:
     """Launch the kernel without checks (callers: the validated wrapper, benchmarks).
 
@@ -727,8 +746,13 @@ def gdn_replay_decode_fwd(
     if fold:
         if fold not in (8, 16, 32) or fold > min(triton.next_power_of_2(V), block_v):
             raise ValueError(f"fold must be 0, 8, 16 or 32 and <= block_v, got {fold}")
+    if nonflush:
+        nf_bv = out_block_v if split else block_v
+        if nonflush not in (4, 8, 16) or nonflush > min(triton.next_power_of_2(V), nf_bv):
+            raise ValueError(f"nonflush must be 0, 4, 8 or 16 and <= the block, got {nonflush}")
+    if fold or nonflush:
         if BK > 128 or read_state is not None:
-            raise ValueError("fold > 0 needs K <= 128 and no read copy")
+            raise ValueError("fold / nonflush > 0 need K <= 128 and no read copy")
         kernel = gdn_replay_decode_tree_fwd_kernel
     if read_state is not None:
         kernel = gdn_replay_decode_read_fwd_kernel
@@ -751,10 +775,10 @@ def gdn_replay_decode_fwd(
         BV = min(triton.next_power_of_2(V), bv)
         grid = (triton.cdiv(V, BV), HV, batch)
         kern, extra = kernel, {}
-        if fold and mode == 2:  # the split's non-flush launch has no fold: the default entry
-            kern = gdn_replay_decode_fwd_kernel
-        elif fold:
-            extra = dict(FOLD=fold)
+        if kernel is gdn_replay_decode_tree_fwd_kernel:
+            extra = dict(FOLD=fold if mode != 2 else 0, NFL=nonflush if mode != 1 else 0)
+            if not extra["FOLD"] and not extra["NFL"]:  # this launch is the default program
+                kern, extra = gdn_replay_decode_fwd_kernel, {}
         kern[grid](*args, BV=BV, MODE=mode, num_warps=nw, **meta, **extra)
 
 

@@ -476,6 +476,74 @@ def test_tree_fold_bitwise_gpu(kw):
 
 
 # ---------------------------------------------------------------------------------------------
+# Non-flush rows summed rows-on-lanes (``gdn_replay_decode_fwd(nonflush=RL)``, ``_tree.py``): the
+# default's outputs up to summation order; flush rows and every raw record untouched.
+
+NONFLUSH_CASES = [
+    (Case(HV=2, Hk=1, K=32, V=32, L=6, R=6, act_dtype=FP32, u_dtype=FP32, tol_out=1e-5,
+          force_p=0.1, steps=14), dict(nonflush=8)),  # fmt: skip
+    (Case(HV=2, Hk=1, K=80, V=48, L=16, R=16, noncontig=True, u_dtype=FP32, force_p=0.1,
+          steps=20), dict(nonflush=8, fold=16)),  # fmt: skip
+    (Case(HV=4, Hk=2, K=16, V=16, L=6, R=7, act_dtype=FP32, tol_out=1e-5, idx64=True, pad_rows=2,
+          steps=16), dict(nonflush=4, block_r=2)),  # fmt: skip  (3 record chunks)
+    (Case(HV=2, Hk=1, K=32, V=32, L=6, R=6, act_dtype=FP32, u_dtype=FP32, tol_out=1e-5,
+          steps=12), dict(nonflush=8, split=True, out_block_v=32, out_num_warps=1)),  # fmt: skip
+]
+
+
+def _nonflush_lockstep(case: Case, kw: dict, seed: int) -> float:
+    """Default launch and ``kw``'s launch on twin pools in lockstep: checkpoints and raw records
+    (k, v, g, β) bit-identical after every step, ``u`` and outputs close; returns the worst
+    relative output difference (live rows, per step)."""
+    import functools
+
+    ref, var = Sim(case, seed=seed), Sim(case, seed=seed)
+    var_op = functools.partial(gdn_replay_decode_fwd, **kw)
+    tol = 2e-6 if case.act_dtype == FP32 else 1e-2
+    worst = 0.0
+    for step in range(case.steps or 3 * case.L + 2):
+        inp = ref.make_inputs()
+        var.make_inputs()
+        out_r, _ = ref.step(gdn_replay_decode_fwd, inp)
+        out_v, _ = var.step(var_op, inp)
+        live = inp["slot_idx"] >= 0
+        d = (out_v[live].double() - out_r[live].double()).norm() / out_r[live].double().norm()
+        worst = max(worst, float(d))
+        assert worst < tol, f"step {step}: outputs {worst:.3e} from the default"
+        names = ("state", "u", "k", "v", "g", "beta")
+        for name, tv, tr in zip(names, var.full_tensors(), ref.full_tensors()):
+            if name == "u":  # corrected updates: the default's values up to summation order
+                torch.testing.assert_close(tv, tr, equal_nan=True, atol=1e-5, rtol=tol)
+            else:
+                assert_bits_equal(tv, tr, f"step {step}: {name}")
+    return worst
+
+
+@pytest.mark.usefixtures("interpreter_gpu_sum_order")  # for the case with the tree-form fold
+@pytest.mark.parametrize("case,kw", NONFLUSH_CASES, ids=[f"{c.id}-{k}" for c, k in NONFLUSH_CASES])
+def test_nonflush_rows_vs_default(case, kw):
+    """Rows-on-lanes non-flush code: vs float64 (the Sim's checks: outputs, checkpoints, untouched
+    slots and padding rows) and in lockstep vs the default launch."""
+    import functools
+
+    worst = _nonflush_lockstep(case, kw, seed=11)
+    sim = Sim(case, seed=12).run(functools.partial(gdn_replay_decode_fwd, **kw))
+    print(f"\n[nonflush {case.id} {kw}] out vs default {worst:.2e}, vs f64 {sim.max_out_err:.2e}, "
+          f"state vs f64 {sim.max_state_err:.2e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [dict(nonflush=8), dict(nonflush=8, fold=16)],
+                         ids=["nonflush8", "nonflush8-fold16"])
+def test_nonflush_rows_gpu(kw):
+    import functools
+
+    case = Case(HV=32, Hk=16, K=128, V=128, L=16, R=16, requests=16, pad_rows=2, force_p=0.1)
+    _nonflush_lockstep(case, kw, seed=13)
+    Sim(case, seed=14).run(functools.partial(gdn_replay_decode_fwd, **kw))
+
+
+# ---------------------------------------------------------------------------------------------
 # Validation
 
 
@@ -626,7 +694,7 @@ ptrs = dict(state="*fp32", ring_u="*bf16", ring_k="*bf16", ring_v="*bf16", ring_
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
             ring_len="*i32", flush="*i1", scale="fp32")
 const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=BV, BR=16, SOFTPLUS_THRESHOLD=20.0,
-             USE_QK_L2NORM=True, MODE=MODE, sr_seed=None, SR=False, FOLD=FOLD)
+             USE_QK_L2NORM=True, MODE=MODE, sr_seed=None, SR=False, FOLD=FOLD, NFL=0)
 if FOLD:
     from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_tree_fwd_kernel as our_kernel
 if READ != "none":
