@@ -560,12 +560,17 @@ def _shadow_variant(monkeypatch, name: str, p_split: int | None = None) -> list:
     def fwd(*args, **kw):
         inplace = (0, 1, 2, 3, 9)  # state, ring_x, ring_dt, ring_B, out
         twin = [a.clone() if i in inplace else a for i, a in enumerate(args)]
-        orig(*twin, **kw, p_split=p_split)
+        twin_kw = {n: (v.clone() if n in ("read_state", "read_scale") and v is not None else v)
+                   for n, v in kw.items()}
+        orig(*twin, **twin_kw, p_split=p_split)
         P, N, R = args[4].shape[2], args[0].shape[3], args[1].shape[2]
         cfg = variant_config(name, P, N, R)
         orig(*args, **kw, p_split=p_split, config=cfg)
         for i, what in zip((0, 1, 2, 3), ("state", "ring_x", "ring_dt", "ring_B")):
             assert _bits_equal(args[i], twin[i]), f"{name}: {what} differs from the default launch"
+        for n in ("read_state", "read_scale"):
+            if kw.get(n) is not None:
+                assert _bits_equal(kw[n], twin_kw[n]), f"{name}: {n} differs from the default"
         out, ref = args[9], twin[9]
         assert torch.equal(torch.isnan(out), torch.isnan(ref)), f"{name}: rows written differ"
         live = ~torch.isnan(ref)
@@ -615,6 +620,34 @@ def test_kernel_variant_cycles(monkeypatch, variant, case):
                      force_p=0.2, variant=Variant(True, L == 4))
     _check(rep, sdt, adt, "kernel")
     assert len(calls) == rep.steps and rep.nonflush_rows > 0
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("variant", ["S64", "S56w2f"])
+def test_kernel_variant_read_copy(monkeypatch, variant):
+    """With the split-precision read copy (fp8 + scales; test_split_precision_mamba2's driver,
+    head dim 80) a variant keeps the default code for the non-flush term (the fused term needs
+    no copy) and no L2 prefetch, and still runs s_prefetch 0, the lean fold and the split
+    launch: checkpoint, rings, read copy and scales bit for bit as the default launch."""
+    from test_split_precision_mamba2 import F8, SHAPE_P80, run_split_cycles
+    from test_split_precision_mamba2 import _check as check_split
+
+    calls = _shadow_variant(monkeypatch, variant)
+    rep = run_split_cycles("kernel", SHAPE_P80, 4, F8, seed=33, active=2, cycles=2)
+    check_split(rep, F8, L=4)
+    assert calls
+
+
+@pytest.mark.parametrize("variant", ["RF72", "S56w2f"])
+def test_kernel_variant_stochastic_rounding(monkeypatch, variant):
+    """fp16 checkpoint with stochastic rounding (test_stochastic_rounding's lockstep driver: SR
+    store == the reference rounding of an fp32 twin's fold, bit for bit): a variant's flush
+    stores the same bits as the default launch (same fold, same element keys)."""
+    from test_stochastic_rounding import run_lockstep
+
+    calls = _shadow_variant(monkeypatch, variant)
+    run_lockstep("mamba2_decode", "kernel", steps=6, seed=4)
+    assert calls
 
 
 def test_variant_split_launch_rows():
