@@ -88,8 +88,12 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         self._graph_bs: int | None = None
         if not self.is_draft_worker:
             logger.info(
-                "ReplaySSM GDN backend: window L=%d, ring rows R=%d, device %s. Note: %s.",
-                self.window, self.rows, self.device, PERF_NOTE,
+                "ReplaySSM GDN backend: window L=%d, ring rows R=%d, device %s; decode and verify run the "
+                "ReplaySSM kernels in place of the linear-attention decode backend %s's (prefill/extend keep "
+                "--linear-attn-backend %s). Note: %s.",
+                self.window, self.rows, self.device,
+                getattr(args, "linear_attn_decode_backend", None) or getattr(args, "linear_attn_backend", None),
+                getattr(args, "linear_attn_backend", None), PERF_NOTE,
             )
 
     # ------------------------------------------------------------------ metadata

@@ -178,10 +178,12 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
         self._graph_bs: int | None = None
         if not self.is_draft_worker:
             logger.info(
-                "ReplaySSM Mamba-2 backend: window L=%d, ring rows R=%d, device %s. Note: %s.",
+                "ReplaySSM Mamba-2 backend: window L=%d, ring rows R=%d, device %s; decode and verify run the "
+                "ReplaySSM kernels in place of --mamba-backend %s's (prefill/extend keep it). Note: %s.",
                 self.window,
                 self.rows,
                 self.device,
+                getattr(model_runner.server_args, "mamba_backend", None),
                 PERF_NOTE,
             )
 
