@@ -1,6 +1,6 @@
 """Launch-variant sweep for the Mamba-2 ReplaySSM decode kernel (one GPU call, several variants).
 
-    python -m benchmarks.sweep_mamba2 --batch 256,64,1 [--variants base,R96,...] [--out FILE]
+    python -m benchmarks.sweep_mamba2 --batch 256,64,1 [--variants base,RF72] [--out FILE]
     python -m benchmarks.sweep_mamba2 --offline [--variants ...]   # no GPU: ptxas regs / spills
 
 Per batch and variant: a refcheck on fresh data (bench_decode.refcheck_family: vs the torch
@@ -13,13 +13,13 @@ flush, as in serving), and SGLang's selective_state_update in the same process. 
 per batch last.
 
 ``--offline`` compiles every variant for sm_90a at the Nano-4B shape (batch 256: unsplit) with
-this venv's ptxas and prints registers / spill bytes per launch and the CTAs per SM the register
-count allows (4 warps of 128 threads; 64K registers per SM). Needs no GPU.
+this venv's ptxas and prints registers / spill bytes and the CTAs per SM the register count
+allows (64K registers per SM). Needs no GPU.
 
-Round-3 variants (issue 3; benchmarks/notes/mamba2_decode.md, "Round 3") are LaunchConfig field
-overrides of the default ``launch_config``; a ``flush`` entry makes a split launch (non-flush
-rows by the variant's own fields, flush rows by a second launch with the ``flush`` fields).
-Older rounds' variants are kept for reproducibility (full LaunchConfig tuples).
+Variants are ``LaunchConfig`` field overrides of the default ``launch_config``. The rounds before
+2026-11-30 (benchmarks/notes/mamba2_decode.md) swept code paths that have since been deleted
+(register-held tile prefetch, the pipeliner, the fold through shared memory, the split flush
+launch); their variants are in git history (42bdf52).
 """
 
 from __future__ import annotations
@@ -29,73 +29,22 @@ import json
 import statistics
 import sys
 
-# Round 1 / 2 (benchmarks/notes/mamba2_decode.md): full LaunchConfig tuples
-# (block_p, block_l, fold_unroll, num_warps, s_prefetch, pf_l1, pipe[, maxnreg]).
-OLD_VARIANTS = {
-    "A": (16, 16, 4, 4, 2, True, 0),
-    "B": (16, 16, 4, 8, 2, True, 0),
-    "C": (16, 16, 4, 4, 1, True, 0),
-    "D": (16, 16, 4, 4, 1, True, 3),
-    "E": (16, 16, 4, 4, 1, True, 4),
-    "F": (16, 16, 4, 8, 1, True, 3),
-    "G": (16, 16, 4, 4, 2, False, 0),
-    "H": (16, 16, 8, 8, 2, True, 0),
-    "C96": (16, 16, 4, 4, 1, True, 0, 96),
-    "C80": (16, 16, 4, 4, 1, True, 0, 80),
-    "C64": (16, 16, 4, 4, 1, True, 0, 64),
-    "A96": (16, 16, 4, 4, 2, True, 0, 96),
-    "A80": (16, 16, 4, 4, 2, True, 0, 80),
-    "D80": (16, 16, 4, 4, 1, True, 3, 80),
+# Overrides of launch_config(P, N, R). ptxas (sm_90a, Nano-4B, unsplit) registers / spill-store
+# bytes / CTAs per SM in the comments.
+VARIANTS = {
+    "base": {},  # the default launch (Round 3's RFw2): 2 warps, 96 / 0 / 10
+    # Round 3's runner-up at batch 256 (314.3 us against 300.9): the same code with 4 warps at a
+    # 72-register cap, 72 / 0 / 7. Kept to recheck the 2-warp choice on another GPU or compiler.
+    "RF72": dict(num_warps=4, maxnreg=72),
 }
-
-# Round 3 (issue 3): overrides of launch_config(P, N, R) (the default: C96). Names: R = fused
-# record term (non-flush), F = lean fold (flush), number = register cap; S = split launch
-# (non-flush cap / flush cap). sp0 = no register-held tile ahead, l2aK = bulk L2 prefetch of the
-# tile K ahead. ptxas (sm_90a, Nano-4B) registers / spill-store bytes in the comments.
-_FLUSH_LEAN = dict(fold_lean=True, s_prefetch=0, l2_ahead=1, fold_unroll=2)
-ROUND3 = {
-    "base": {},  # the default launch (96 regs, 4 B spill stores, 5 CTAs/SM)
-    "R96": dict(rec_fused=True),  # 96 / 4 B: same CTAs, non-flush code without the [16,16] term
-    "RF96": dict(rec_fused=True, fold_lean=True),  # 96 / 0: + fold without barriers
-    "RF72": dict(rec_fused=True, **_FLUSH_LEAN, maxnreg=72),  # 72 / 0: 7 CTAs/SM, one launch
-    "RF64": dict(rec_fused=True, **_FLUSH_LEAN, maxnreg=64),  # 64 / 24 B (outside fold): 8 CTAs
-    "RF72n": dict(rec_fused=True, fold_lean=True, s_prefetch=0, fold_unroll=2,
-                  maxnreg=72),  # 72 / 0: RF72 without the L2 prefetch
-    "RF72a2": dict(rec_fused=True, **dict(_FLUSH_LEAN, l2_ahead=2), maxnreg=72),  # 72 / 0
-    "Sbase": dict(flush={}),  # split launch, both halves the default code at 96: its overhead
-    "S72": dict(rec_fused=True, maxnreg=72,  # non-flush 72 / 0 (7 CTAs), flush 64 / 0 (8)
-                flush=dict(_FLUSH_LEAN, maxnreg=64)),
-    "S64": dict(rec_fused=True, s_prefetch=0, l2_ahead=1, maxnreg=64,  # 64 / 0 (8), 64 / 0
-                flush=dict(_FLUSH_LEAN, maxnreg=64)),
-    "S56": dict(rec_fused=True, s_prefetch=0, l2_ahead=1, maxnreg=56,  # 56 / 0 (9), 64 / 0
-                flush=dict(_FLUSH_LEAN, maxnreg=64)),
-    # 2 warps per program: the [16, 128] tile is 32 values a thread, so the fold's per-record
-    # work (record loads, conversions, Δ·B, exp) is spread over twice the state elements
-    # (ptxas: 127 instructions per record per thread for 32 elements vs 85 for 16).
-    "RFw2": dict(rec_fused=True, **_FLUSH_LEAN, num_warps=2, maxnreg=96),  # 96 / 0: 10 CTAs
-    "S56w2f": dict(rec_fused=True, s_prefetch=0, l2_ahead=1, maxnreg=56,  # 56 / 0 (9 CTAs),
-                   flush=dict(_FLUSH_LEAN, fold_unroll=1, num_warps=2, maxnreg=96)),  # 96 / 0 (10)
-    "Sw2": dict(rec_fused=True, s_prefetch=0, l2_ahead=1, num_warps=2, maxnreg=64,  # 64/0 (16)
-                flush=dict(_FLUSH_LEAN, fold_unroll=1, num_warps=2, maxnreg=96)),
-    # 1-warp flush programs: 64 values a thread, 215 instructions per record (3.4 / element)
-    "S56w1f": dict(rec_fused=True, s_prefetch=0, l2_ahead=1, maxnreg=56,  # 56 / 0 (9 CTAs),
-                   flush=dict(_FLUSH_LEAN, fold_unroll=1, num_warps=1, maxnreg=168)),  # 165/0 (12)
-}
-DEFAULT_VARIANTS = list(ROUND3)
+DEFAULT_VARIANTS = list(VARIANTS)
 
 
 def variant_config(name: str, P: int, N: int, R: int):
     """The LaunchConfig of variant ``name`` at head shape ``(P, N)`` and ring size ``R``."""
     import replayssm_kernels.mamba2_decode.kernel as k
 
-    if name in OLD_VARIANTS:
-        return k.LaunchConfig(*OLD_VARIANTS[name])
-    base = k.launch_config(P, N, R)
-    over = dict(ROUND3[name])
-    fl = over.pop("flush", None)
-    if fl is not None:
-        over["flush"] = base._replace(**fl)
-    return base._replace(**over)
+    return k.launch_config(P, N, R)._replace(**VARIANTS[name])
 
 
 # --------------------------------------------------------------------------------------------
@@ -105,16 +54,44 @@ def variant_config(name: str, P: int, N: int, R: int):
 NANO = dict(H=96, P=80, N=128, G=8, R=16)  # Nemotron-3-Nano-4B, L = 16
 
 
-def offline_build(cfg, rows: int = 0, p_split: int = 1, shape: dict = NANO,
-                  state_dtype: str = "fp32", act_dtype: str = "bf16") -> dict:
-    """Compile one launch of ``cfg`` (``rows``: 0 single launch, 1 / 2 the halves of a split
-    launch) for sm_90a as ``mamba2_replay_decode_fwd`` would launch it on contiguous layer views
-    of the pool and the mixer's strided x / B / C / dt (no GPU); return ``{"ptx", "shared"}``."""
+def compile_sm90a(kern, ptrs: dict, ints: dict, const: dict, options: dict):
+    """Compile the Triton ``kern`` for sm_90a (no GPU) as a launch on contiguous pool views
+    would specialise it: ``ptrs`` maps pointer arguments to Triton types (``"constexpr"``: a
+    ``None`` argument), ``const`` the constexprs, ``ints`` the integer arguments; ints equal to 1
+    become constexpr, pointers and non-zero multiples of 16 get divisibility 16. Returns the
+    compiled kernel (``.asm["ptx"]``, ``.metadata.shared``)."""
     import inspect
 
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    sig, cx, attrs = {}, {}, {}
+    for i, n in enumerate(inspect.signature(kern.fn).parameters):
+        if n in ptrs:
+            sig[n] = ptrs[n]
+            if ptrs[n] == "constexpr":
+                cx[n] = None
+            else:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif n in const:
+            sig[n], cx[n] = "constexpr", const[n]
+        elif ints[n] == 1:
+            sig[n], cx[n] = "constexpr", 1
+        else:
+            sig[n] = "i32"
+            if ints[n] % 16 == 0 and ints[n] != 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cx, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def offline_build(cfg, p_split: int = 1, shape: dict = NANO, state_dtype: str = "fp32",
+                  act_dtype: str = "bf16") -> dict:
+    """Compile the launch of ``cfg`` for sm_90a as ``mamba2_replay_decode_fwd`` would launch it
+    on contiguous layer views of the pool and the mixer's strided x / B / C / dt, no read copy,
+    no SR (no GPU); return ``{"ptx", "shared"}``."""
+    import triton
 
     import replayssm_kernels.mamba2_decode.kernel as k
 
@@ -146,38 +123,18 @@ def offline_build(cfg, rows: int = 0, p_split: int = 1, shape: dict = NANO,
                 stride_read_slot=0, stride_read_head=0, stride_read_p=0, stride_read_n=0,
                 stride_rs_slot=0, stride_rs_head=0, stride_rs_p=0)
     block_n = triton.next_power_of_2(N)
+    # As the launcher sets them (kernel.mamba2_replay_decode_fwd) for this case.
     const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False,
                  BLOCK_P=cfg.block_p, BLOCK_N=block_n, BLOCK_L=cfg.block_l, NUM_PT=tiles,
-                 FOLD_UNROLL=cfg.fold_unroll, S_PREFETCH=cfg.s_prefetch, PF_L1=cfg.pf_l1,
+                 FOLD_UNROLL=cfg.fold_unroll,
                  PF_X=triton.next_power_of_2(-(-rows_pp * esz // 128) + 1),
-                 PF_B=triton.next_power_of_2(-(-N * esz // 128)), S_CACHE="", PIPE=cfg.pipe,
-                 HAS_READ=False, READ_FP8=False, S_LATE=cfg.pipe != 0, P_SPLIT=p_split,
-                 SR=False, REC_FUSED=bool(cfg.rec_fused) and block_n >= cfg.block_l,
-                 FOLD_LEAN=bool(cfg.fold_lean), LD_ASM=True, L2_AHEAD=cfg.l2_ahead, ROWS=rows)
-    kern = k._mamba2_replay_decode_fwd_kernel
-    sig, cx, attrs = {}, {}, {}
-    # Mirror the JIT's specialisation: ints equal to 1 become constexpr, multiples of 16 and
-    # pointers get divisibility 16 (a launch on contiguous pool views).
-    for i, n in enumerate(inspect.signature(kern.fn).parameters):
-        if n in ptrs:
-            sig[n] = ptrs[n]
-            if ptrs[n] == "constexpr":
-                cx[n] = None
-            else:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        elif n in const:
-            sig[n], cx[n] = "constexpr", const[n]
-        elif ints[n] == 1:
-            sig[n], cx[n] = "constexpr", 1
-        else:
-            sig[n] = "i32"
-            if ints[n] % 16 == 0 and ints[n] != 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
+                 PF_B=triton.next_power_of_2(-(-N * esz // 128)), HAS_READ=False,
+                 READ_FP8=False, P_SPLIT=p_split, SR=False, REC_FUSED=block_n >= cfg.block_l,
+                 L2_AHEAD=cfg.l2_ahead, PTX=True)
     opts = dict(num_warps=cfg.num_warps)
     if cfg.maxnreg is not None:
         opts["maxnreg"] = cfg.maxnreg
-    ck = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cx, attrs=attrs),
-                        target=GPUTarget("cuda", 90, 32), options=opts)
+    ck = compile_sm90a(k._mamba2_replay_decode_fwd_kernel, ptrs, ints, const, opts)
     return {"ptx": ck.asm["ptx"], "shared": ck.metadata.shared}
 
 
@@ -220,18 +177,14 @@ def offline_table(names: list[str]) -> list[dict]:
     rows = []
     for name in names:
         cfg = variant_config(name, NANO["P"], NANO["N"], NANO["R"])
-        launches = ([(cfg, 0)] if cfg.flush is None
-                    else [(cfg._replace(flush=None), 1), (cfg.flush, 2)])
-        for c, which in launches:
-            b = offline_build(c, rows=which)
-            st = ptxas_stats(b["ptx"])
-            st.update(variant=name, launch={0: "all", 1: "non-flush", 2: "flush"}[which],
-                      cap=c.maxnreg, shared=b["shared"],
-                      ctas=ctas_per_sm(st["regs"], c.num_warps, b["shared"]))
-            rows.append(st)
-            print(f"{name:7} {st['launch']:9} cap {str(c.maxnreg):4} regs {st['regs']:3} "
-                  f"stack {st['stack']:3} spill st/ld {st['spill_st']:3}/{st['spill_ld']:3} "
-                  f"smem {st['shared']:5}  CTAs/SM {st['ctas']}", flush=True)
+        b = offline_build(cfg)
+        st = ptxas_stats(b["ptx"])
+        st.update(variant=name, num_warps=cfg.num_warps, cap=cfg.maxnreg, shared=b["shared"],
+                  ctas=ctas_per_sm(st["regs"], cfg.num_warps, b["shared"]))
+        rows.append(st)
+        print(f"{name:7} warps {cfg.num_warps} cap {str(cfg.maxnreg):4} regs {st['regs']:3} "
+              f"stack {st['stack']:3} spill st/ld {st['spill_st']:3}/{st['spill_ld']:3} "
+              f"smem {st['shared']:5}  CTAs/SM {st['ctas']}", flush=True)
     return rows
 
 
@@ -366,9 +319,9 @@ def main(argv=None) -> int:
                          "script (no measurement)")
     a = ap.parse_args(argv)
     names = [n for n in a.variants.split(",") if n]
-    unknown = [n for n in names if n not in ROUND3 and n not in OLD_VARIANTS]
+    unknown = [n for n in names if n not in VARIANTS]
     if unknown:
-        ap.error(f"unknown variants {unknown}; known: {list(ROUND3) + list(OLD_VARIANTS)}")
+        ap.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
     if a.offline:
         out = offline_table(names)
     else:

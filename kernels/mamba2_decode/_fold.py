@@ -1,9 +1,10 @@
 """One committed Mamba-2 ring record, ready to be folded into a checkpoint tile.
 
 ``record_factors`` loads record ``row`` (``x_j``, ``Δ_j``, ``B_j``) and forms
-``selective_state_update``'s fp32 factors ``dA = exp(A·Δ_j)`` and ``dB = B_j·Δ_j``. The decode
-kernel (flush rows) and the verify kernel (flush rows) both fold with it, Triton inlining it at
-every site. The update itself, ``S = fma(S, dA, dB·x_j)``, stays written out at each fold site
+``selective_state_update``'s fp32 factors ``dA = exp(A·Δ_j)`` and ``dB = B_j·Δ_j``; the verify
+kernel (flush rows) folds with it. ``record_factors_lean`` is the same with the record rows loaded
+by ``ld_rec``; the decode kernel (flush rows) folds with it. Triton inlines both at every site.
+The update itself, ``S = fma(S, dA, dB·x_j)``, stays written out at each fold site
 in the kernels: the offline sm_90a codegen tests (tests/kernels/test_mamba2_decode.py and
 test_mamba2_verify.py) find each site by its source line in its kernel file and check that it
 compiles to SGLang's ``state * dA + dB * x[:, None]``.
@@ -33,8 +34,8 @@ def ld_rec(ptrs, mask):
 
     An elementwise op takes the layout its consumer wants, so a record row lands directly in the
     checkpoint tile's row (x_j) or column (B_j) layout; ``tl.load`` gets the coalescing pass's
-    layout instead and a shared-memory conversion with two barriers per record (the default
-    launch's fold and record term). Masked-off lanes read 0 (+0.0), as ``other=0.0``. Compiled
+    layout instead and a shared-memory conversion with two barriers per record (as in the verify
+    kernel's fold, and the decode kernel's before 2026-11-30). Masked-off lanes read 0 (+0.0), as ``other=0.0``. Compiled
     builds only (the kernels' ``LD_ASM``); the interpreter takes ``tl.load``.
     """
     if ptrs.dtype.element_ty.primitive_bitwidth == 16:

@@ -4,40 +4,37 @@ Layers (fla style): ``_mamba2_replay_decode_fwd_kernel`` (jit) → ``mamba2_repl
 (launcher, no checks) → ``mamba2_replay_decode`` (public, validated).
 
 Launch layout: grid ``(H·P_SPLIT, batch)``; a program walks its share of one (row, head)'s
-checkpoint in ``[BLOCK_P, N]`` tiles, reading each once, with the next tile's loads requested
-before the current tile is used (``S_PREFETCH``). ``P_SPLIT = 1`` (every batch that fills the
-GPU: ``p_split_rule``) is one program per (row, head) over all its tiles; at small batch the
-head's tiles are split over ``P_SPLIT`` adjacent programs, each recomputing the per-head scalars
-(Δ, β_j = B_j·C, the decays): state rows are independent given x[p], so the fold's operation
-order per element is the same either way. Heads of one row are adjacent in launch order, so a slot's
-checkpoint ``[H, P, N]`` streams contiguously and the group's B records, read by ``H/G`` heads,
-hit L2. Record rows are requested into L1 up front (``prefetch.global.L1`` hints, compiled code
-only) because every P-tile re-reads them.
+checkpoint in ``[BLOCK_P, N]`` tiles, reading each once where it is used (no tile held ahead in
+registers); in compiled builds a bulk L2 prefetch of the tile ``L2_AHEAD`` ahead keeps the next
+checkpoint bytes in flight instead (``cp.async.bulk.prefetch.L2``). ``P_SPLIT = 1`` (every batch
+that fills the GPU: ``p_split_rule``) is one program per (row, head) over all its tiles; at small
+batch the head's tiles are split over ``P_SPLIT`` adjacent programs, each recomputing the per-head
+scalars (Δ, β_j = B_j·C, the decays): state rows are independent given x[p], so the fold's
+operation order per element is the same either way. Heads of one row are adjacent in launch order,
+so a slot's checkpoint ``[H, P, N]`` streams contiguously and the group's B records, read by
+``H/G`` heads, hit L2. Record rows are requested into L1 up front (``prefetch.global.L1`` hints,
+compiled code only) because every P-tile re-reads them.
 
 - Padding row (``slot < 0``): the program returns before touching memory.
 - Non-flush row: ``y = ā·(S0·C) + Σ_j λ_j Δ_j (B_j·C) x_j + D x`` (math.md §2), the current token
-  being the last term, with β_j = B_j·C and the coefficients computed once per (row, head); then
-  the record ``(x, Δ, B)`` is appended at logical row ``ring_len`` (``x`` per tile, ``Δ`` once,
-  ``B`` by the group's first head).
+  being the last term, with β_j = B_j·C and the coefficients computed once per (row, head). The
+  records' term joins the S·C reduction in the tile's own layout (``REC_FUSED``: ā is folded
+  into C); with a read copy (the fp8 scale multiplies S·C alone) or ``BLOCK_N < BLOCK_L`` it is
+  a separate ``[BLOCK_L, BLOCK_P]`` sum instead. Then the record ``(x, Δ, B)`` is appended at
+  logical row ``ring_len`` (``x`` per tile, ``Δ`` once, ``B`` by the group's first head).
   The checkpoint is not written.
 - Flush row: the records ``[0, ring_len)`` and the current token are folded into the tile in
   ``selective_state_update``'s own fp32 expressions (``dA = exp(A·Δ)``, ``dB = B·Δ``,
-  ``S = S·dA + dB·x``), the tile is stored once (a 16-bit state is rounded once, here: to
-  nearest, or for an fp16 state with ``SR`` stochastically, ``stochastic_round.py``), and
-  ``y = S·C + D x``.
+  ``S = S·dA + dB·x``), record rows loaded straight into the tile's row / column layouts
+  (``_fold.record_factors_lean``), the tile is stored once (a 16-bit state is rounded once,
+  here: to nearest, or for an fp16 state with ``SR`` stochastically, ``stochastic_round.py``),
+  and ``y = S·C + D x``.
 
 No autotune (the kernel writes the pool), no host sync, no data-dependent allocation: the launch is
-CUDA-graph safe.
-
-Issue-3 candidates, selected at launch time through ``LaunchConfig`` fields that are off in
-``launch_config`` (the default launch compiles to the same PTX as before they existed; none is
-timed yet: benchmarks/notes/mamba2_decode.md, "Round 3"): ``rec_fused`` (non-flush: the records'
-term joins the S·C reduction in the tile's own layout), ``fold_lean`` (flush: the same fold, its
-record rows loaded straight into the tile's layouts, no barrier or ``% R`` per record),
-``s_prefetch = 0`` (no tile held ahead in registers), ``l2_ahead`` (bulk L2 prefetch of the tile
-``l2_ahead`` ahead), and ``flush`` (a split launch: non-flush and flush rows in two launches, each
-compiled without the other branch and with its own register cap / warps). Checkpoints and ring
-records are bit-identical to the default launch's; outputs differ by summation order only.
+CUDA-graph safe. ``launch_config`` is the fixed configuration measured fastest on the H200
+(benchmarks/notes/mamba2_decode.md, "Round 3 result"); the variants that lost there (register-held
+tile prefetch, the pipeliner, the fold through shared memory, the separate record term without a
+read copy, the split flush launch) were deleted from this file after that measurement.
 """
 
 from __future__ import annotations
@@ -50,7 +47,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels._checks import check_launch_device, interpreting
-from replayssm_kernels.mamba2_decode._fold import ld_rec, record_factors, record_factors_lean
+from replayssm_kernels.mamba2_decode._fold import ld_rec, record_factors_lean
 from replayssm_kernels.mamba2_decode._validate import validate_mamba2_decode
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
 from replayssm_kernels.stochastic_round import (
@@ -102,7 +99,7 @@ def _load_tile(
     p_s_head, p_x_head, p_z_head, p_D_head, p0, t, P, N,
     stride_state_p, stride_state_n, stride_x_p, stride_z_p, stride_D_p,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, NUM_PT: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, S_CACHE: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Loads of the program's P-tile ``t`` (rows ``p0 + t·BLOCK_P ..``) of one (row, head):
     checkpoint tile, current x, D, z (t >= NUM_PT, the program's tile count: all masked off, no
@@ -112,7 +109,7 @@ def _load_tile(
     m_p = (o_p < P) & (t < NUM_PT)
     m_pn = m_p[:, None] & (o_n < N)[None, :]
     p_s = p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
-    b_s = tl.load(p_s, mask=m_pn, other=0.0, cache_modifier=S_CACHE)
+    b_s = tl.load(p_s, mask=m_pn, other=0.0)
     b_x = tl.load(p_x_head + o_p * stride_x_p, mask=m_p, other=0.0)
     if HAS_D:
         b_D = tl.load(p_D_head + o_p * stride_D_p, mask=m_p, other=0.0).to(tl.float32)
@@ -130,8 +127,7 @@ def _nonflush_tile(
     b_s, b_x_raw, b_D, b_z, b_C, b_coef, a_bar, c_cur, p0, t, P, row_l, m_l, row_w, p_rx_head,
     p_o_head, stride_rx_row, stride_rx_p, stride_out_p, p_rs_head, stride_rs_p,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, BLOCK_P: tl.constexpr, READ_FP8: tl.constexpr,
-    REC_FUSED: tl.constexpr = False, LD_ASM: tl.constexpr = False, BLOCK_N: tl.constexpr = 0,
-    BLOCK_L: tl.constexpr = 0,
+    REC_FUSED: tl.constexpr, PTX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     """Output of P-tile ``t`` on the inner-product route, and the append of its x. ``b_s`` is the
     tile as read (checkpoint or read copy); an fp8 copy's per-row scale is applied to ``S0·C``.
@@ -141,9 +137,10 @@ def _nonflush_tile(
     ``BLOCK_L`` groups of ``BLOCK_N / BLOCK_L``, each group is summed in place, record ``j``'s
     ``coef_j·x_j[p]`` is added to group ``j``, and one more reduction over the groups gives
     ``ā·(S0·C) + Σ_j coef_j x_j``. The ``[BLOCK_P, BLOCK_L]`` record tile then lives in the
-    checkpoint tile's layout (with ``LD_ASM``), instead of a layout of its own with a
+    checkpoint tile's layout (with ``PTX``: ``ld_rec``), instead of a layout of its own with a
     cross-warp reduction and conversions per tile (sm_90a, Nano-4B, non-flush rows alone:
-    72 registers without a cap and no spill at 72, against 125 and 48 B of spills at 80)."""
+    72 registers without a cap and no spill at 72, against 125 and 48 B of spills at 80).
+    Otherwise the record term is its own ``[BLOCK_L, BLOCK_P]`` sum."""
     o_p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
     m_p = o_p < P
     if REC_FUSED:
@@ -151,7 +148,7 @@ def _nonflush_tile(
         b_sg = tl.sum(tl.reshape(b_s * b_C[None, :], [BLOCK_P, BLOCK_L, BLOCK_N // BLOCK_L]),
                       axis=2)
         p_xt = p_rx_head + row_l[None, :] * stride_rx_row + o_p[:, None] * stride_rx_p
-        if LD_ASM:
+        if PTX:
             b_xt = ld_rec(p_xt, m_p[:, None] & m_l[None, :]).to(tl.float32)
         else:
             b_xt = tl.load(p_xt, mask=m_p[:, None] & m_l[None, :], other=0.0).to(tl.float32)
@@ -259,27 +256,22 @@ def _mamba2_replay_decode_fwd_kernel(
     BLOCK_L: tl.constexpr,
     NUM_PT: tl.constexpr,
     FOLD_UNROLL: tl.constexpr,
-    S_PREFETCH: tl.constexpr,
-    PF_L1: tl.constexpr,
     PF_X: tl.constexpr,
     PF_B: tl.constexpr,
-    S_CACHE: tl.constexpr,
-    PIPE: tl.constexpr,
     HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr,
-    S_LATE: tl.constexpr,
     P_SPLIT: tl.constexpr,
     SR: tl.constexpr,
     REC_FUSED: tl.constexpr,
-    FOLD_LEAN: tl.constexpr,
-    LD_ASM: tl.constexpr,
     L2_AHEAD: tl.constexpr,
-    ROWS: tl.constexpr,
+    PTX: tl.constexpr,
 ):
+    # PTX: a compiled build (inline PTX: L1 prefetch hints, record loads by `ld_rec`); off under
+    # the interpreter, which takes tl.load and no hints. L2_AHEAD > 0 only in compiled builds.
     # P_SPLIT programs share one (row, head): program i_s owns the head's P-tiles
     # [i_s·NUM_PT, (i_s+1)·NUM_PT), i.e. rows p0 .. p0 + NUM_PT·BLOCK_P - 1 (rows >= P masked).
     # Splits of one head are adjacent in launch order. P_SPLIT == 1 is the unsplit launch, with
-    # p0 the literal 0 (same code as before the split existed).
+    # p0 the literal 0.
     if P_SPLIT > 1:
         i_h = tl.program_id(0) // P_SPLIT
         i_s = tl.program_id(0) % P_SPLIT
@@ -295,23 +287,8 @@ def _mamba2_replay_decode_fwd_kernel(
     do_flush = tl.load(flush_ptr + i_b)
     if slot < 0:
         return  # padding row: touches nothing, not even its output row
-    # ROWS: 0 every row (one launch); 1 / 2 only the non-flush / flush rows (the two launches of
-    # a split launch, each compiled without the other branch: its own register budget).
-    if ROWS == 0:
-        go_flush = do_flush
-    elif ROWS == 1:
-        if do_flush:
-            return
-        go_flush = False
-    else:
-        if not do_flush:
-            return
-        go_flush = True
     i_g = i_h // heads_per_group
 
-    # The checkpoint streams first: tiles 0 .. S_PREFETCH-1 (with this head's current x, D, z)
-    # are requested before anything else, and each step of the tile loops below requests the
-    # tile S_PREFETCH ahead, so the state loads stay in flight behind the record work.
     p_s_head = state_ptr + slot * stride_state_slot + i_h * stride_state_head
     p_x_head = x_ptr + i_b * stride_x_batch + i_h * stride_x_head
     p_z_head = z_ptr
@@ -320,22 +297,11 @@ def _mamba2_replay_decode_fwd_kernel(
     p_D_head = D_ptr
     if HAS_D:
         p_D_head = D_ptr + i_h * stride_D_head
-    # S_LATE (PIPE != 0, or a read copy: non-flush rows read the copy, flush rows the
-    # checkpoint): the first tiles are requested inside the branches instead.
-    # S_PREFETCH == 0: no tile is held in registers ahead; each is loaded where it is used
-    # (with L2_AHEAD, bulk L2 prefetches keep the next tiles in flight instead).
-    if not S_LATE and S_PREFETCH > 0:
-        s_n1, x_n1, D_n1, z_n1 = _load_tile(
-            p_s_head, p_x_head, p_z_head, p_D_head, p0, 0, P, N, stride_state_p, stride_state_n,
-            stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N, S_CACHE)
-        if S_PREFETCH == 2:
-            s_n2, x_n2, D_n2, z_n2 = _load_tile(
-                p_s_head, p_x_head, p_z_head, p_D_head, p0, 1, P, N, stride_state_p, stride_state_n,
-                stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N,
-                S_CACHE)
+    # No checkpoint tile is held in registers ahead: each is loaded where it is used. With
+    # L2_AHEAD the tiles 1 .. L2_AHEAD-1 go into L2 now (tile 0 is loaded right away) and the
+    # tile loops below request tile t + L2_AHEAD, so checkpoint bytes stay in flight.
     if L2_AHEAD > 0:
-        # Tiles not loaded right away: into L2 now (the loops below request tile t + L2_AHEAD).
-        for tt in tl.static_range(S_PREFETCH + 1, L2_AHEAD):
+        for tt in tl.static_range(1, L2_AHEAD):
             _prefetch_l2_tile(p_s_head, p0, tt, P, stride_state_p, NUM_PT, BLOCK_P)
 
     o_n = tl.arange(0, BLOCK_N)
@@ -363,7 +329,7 @@ def _mamba2_replay_decode_fwd_kernel(
         p_r_head = read_ptr + slot * stride_read_slot + i_h * stride_read_head
     if READ_FP8:
         p_rs_head = read_scale_ptr + slot * stride_rs_slot + i_h * stride_rs_head
-    if PF_L1:
+    if PTX:
         # Both routes read this head's committed x rows once per P-tile: request their lines
         # into L1 once, up front (a hint: no register, no wait), so those loads hit L1.
         o_l = tl.arange(0, BLOCK_L)
@@ -375,7 +341,7 @@ def _mamba2_replay_decode_fwd_kernel(
             o_px = tl.minimum(tl.arange(0, PF_X) * 64, P - 1)
         _prefetch_l1(p_rx_head + row_l[:, None] * stride_rx_row + o_px[None, :] * stride_rx_p)
 
-    if go_flush:
+    if do_flush:
         # Exact fold, one P-tile at a time: replay the committed raw records, then the current
         # token, in the conventional kernel's op order; the tile stays fp32 in registers.
         # `S = S·dA + dB·x` is written as fma(S, dA, dB·x) because that is what
@@ -383,85 +349,46 @@ def _mamba2_replay_decode_fwd_kernel(
         # tests/kernels/test_mamba2_decode.py checks both kernels' PTX). Left to LLVM, the same
         # expression was contracted the other way, fma(dB, x, S·dA), at one site. The
         # interpreter evaluates tl.fma unfused, as it evaluates SGLang's kernel.
-        if PF_L1:
+        if PTX:
             # The fold reads every record once per P-tile: B rows and Δ are requested into L1
             # up front too (x rows above), so the fold's loads hit L1 on every tile.
             o_nb = tl.minimum(tl.arange(0, PF_B) * 64, N - 1)
             _prefetch_l1(ring_B_ptr + slot * stride_rB_slot + i_g * stride_rB_group
                          + row_l[:, None] * stride_rB_row + o_nb[None, :] * stride_rB_n)
             _prefetch_l1(p_rdt + row_l * stride_rdt_row)
-        if S_LATE and S_PREFETCH > 0:
-            s_n1, x_n1, D_n1, z_n1 = _load_tile(
-                p_s_head, p_x_head, p_z_head, p_D_head, p0, 0, P, N, stride_state_p, stride_state_n,
-                stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT, BLOCK_P, BLOCK_N,
-                S_CACHE)
-            if S_PREFETCH == 2:
-                s_n2, x_n2, D_n2, z_n2 = _load_tile(
-                    p_s_head, p_x_head, p_z_head, p_D_head, p0, 1, P, N, stride_state_p,
-                    stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
-                    BLOCK_P, BLOCK_N, S_CACHE)
         if SR:  # fp16 checkpoint, stochastic rounding: this (seed, layer, slot)'s key
             sr_k = sr_key(sr_seed_ptr, sr_layer, slot)
         dA_c = tl.exp(A * dt)
         dB_c = b_B * dt
         n_full = (length // FOLD_UNROLL) * FOLD_UNROLL
-        if FOLD_LEAN:
-            s0 = start % R  # record j's row is s0 + j, less R past the end: no % per record
+        s0 = start % R  # record j's row is s0 + j, less R past the end: no % per record
         for t in range(NUM_PT):
             if L2_AHEAD > 0:
                 _prefetch_l2_tile(p_s_head, p0, t + L2_AHEAD, P, stride_state_p, NUM_PT, BLOCK_P)
-            if S_PREFETCH == 0:
-                s_n1, x_n1, D_n1, z_n1 = _load_tile(
-                    p_s_head, p_x_head, p_z_head, p_D_head, p0, t, P, N, stride_state_p,
-                    stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
-                    BLOCK_P, BLOCK_N, S_CACHE)
+            s_n1, b_x_raw, b_D, b_z = _load_tile(
+                p_s_head, p_x_head, p_z_head, p_D_head, p0, t, P, N, stride_state_p,
+                stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                BLOCK_P, BLOCK_N)
             b_s = s_n1.to(tl.float32)
-            b_x_raw = x_n1
-            b_D = D_n1
-            b_z = z_n1
-            if S_PREFETCH == 2:
-                s_n1, x_n1, D_n1, z_n1 = s_n2, x_n2, D_n2, z_n2
-                s_n2, x_n2, D_n2, z_n2 = _load_tile(
-                    p_s_head, p_x_head, p_z_head, p_D_head, p0, t + 2, P, N, stride_state_p,
-                    stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
-                    BLOCK_P, BLOCK_N, S_CACHE)
-            elif S_PREFETCH == 1:
-                s_n1, x_n1, D_n1, z_n1 = _load_tile(
-                    p_s_head, p_x_head, p_z_head, p_D_head, p0, t + 1, P, N, stride_state_p,
-                    stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
-                    BLOCK_P, BLOCK_N, S_CACHE)
             o_p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
             m_p = o_p < P
             p_rx = p_rx_head + o_p * stride_rx_p
             # Full chunks of FOLD_UNROLL records (their loads do not depend on the state, so they
             # are in flight together), then the remainder one by one; no masked fold steps.
-            if FOLD_LEAN:
-                # The same fold; records read straight into the tile's layouts (LD_ASM).
-                for c in range(0, n_full, FOLD_UNROLL):
-                    for jj in tl.static_range(FOLD_UNROLL):
-                        row = s0 + c + jj
-                        b_xj, dA, dB = record_factors_lean(
-                            p_rx, p_rdt, p_rB, tl.where(row >= R, row - R, row), A, m_p, m_n,
-                            stride_rx_row, stride_rdt_row, stride_rB_row, LD_ASM)
-                        b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])  # lean fold
-                for j in range(n_full, length):
-                    row = s0 + j
+            # Records are read straight into the tile's layouts (`record_factors_lean`).
+            for c in range(0, n_full, FOLD_UNROLL):
+                for jj in tl.static_range(FOLD_UNROLL):
+                    row = s0 + c + jj
                     b_xj, dA, dB = record_factors_lean(
                         p_rx, p_rdt, p_rB, tl.where(row >= R, row - R, row), A, m_p, m_n,
-                        stride_rx_row, stride_rdt_row, stride_rB_row, LD_ASM)
-                    b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])  # lean fold
-            else:
-                for c in range(0, n_full, FOLD_UNROLL):
-                    for jj in tl.static_range(FOLD_UNROLL):
-                        b_xj, dA, dB = record_factors(p_rx, p_rdt, p_rB, (start + c + jj) % R, A,
-                                                      m_p, m_n, stride_rx_row, stride_rdt_row,
-                                                      stride_rB_row)
-                        b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
-                for j in range(n_full, length):
-                    b_xj, dA, dB = record_factors(p_rx, p_rdt, p_rB, (start + j) % R, A, m_p,
-                                                  m_n, stride_rx_row, stride_rdt_row,
-                                                  stride_rB_row)
+                        stride_rx_row, stride_rdt_row, stride_rB_row, PTX)
                     b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
+            for j in range(n_full, length):
+                row = s0 + j
+                b_xj, dA, dB = record_factors_lean(
+                    p_rx, p_rdt, p_rB, tl.where(row >= R, row - R, row), A, m_p, m_n,
+                    stride_rx_row, stride_rdt_row, stride_rB_row, PTX)
+                b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32)[:, None])
             b_x = b_x_raw.to(tl.float32)
             dA = dA_c
             dB = dB_c
@@ -513,63 +440,20 @@ def _mamba2_replay_decode_fwd_kernel(
             p_src_head = p_r_head
             stride_src_p = stride_read_p
             stride_src_n = stride_read_n
-            if PIPE == 0 and S_PREFETCH > 0:
-                c_n1, x_n1, D_n1, z_n1 = _load_tile(
-                    p_src_head, p_x_head, p_z_head, p_D_head, p0, 0, P, N, stride_src_p,
-                    stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
-                    BLOCK_P, BLOCK_N, S_CACHE)
-                if S_PREFETCH == 2:
-                    c_n2, x_n2, D_n2, z_n2 = _load_tile(
-                        p_src_head, p_x_head, p_z_head, p_D_head, p0, 1, P, N, stride_src_p,
-                        stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
-                        BLOCK_P, BLOCK_N, S_CACHE)
-        elif PIPE == 0 and S_PREFETCH > 0:
-            # The tiles requested before the branch (`c_`: copy or checkpoint; a read copy's
-            # tiles have another dtype than the flush branch's `s_` tiles).
-            c_n1 = s_n1
-            if S_PREFETCH == 2:
-                c_n2 = s_n2
-        if PIPE != 0:
-            for t in tl.range(0, NUM_PT, num_stages=PIPE):
-                b_s, b_x_raw, b_D, b_z = _load_tile(
-                    p_src_head, p_x_head, p_z_head, p_D_head, p0, t, P, N, stride_src_p,
-                    stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
-                    BLOCK_P, BLOCK_N, S_CACHE)
-                _nonflush_tile(
-                    b_s.to(tl.float32), b_x_raw, b_D, b_z, b_Cy, b_coef, a_bar, c_cur, p0, t, P,
-                    row_l, m_l, row_w, p_rx_head, p_o_head, stride_rx_row, stride_rx_p,
-                    stride_out_p, p_rs_head, stride_rs_p, HAS_D, HAS_Z, BLOCK_P, READ_FP8,
-                    REC_FUSED, LD_ASM, BLOCK_N, BLOCK_L)
-        else:
-            for t in range(NUM_PT):
-                if L2_AHEAD > 0:
-                    _prefetch_l2_tile(p_src_head, p0, t + L2_AHEAD, P, stride_src_p, NUM_PT,
-                                      BLOCK_P)
-                if S_PREFETCH == 0:
-                    c_n1, x_n1, D_n1, z_n1 = _load_tile(
-                        p_src_head, p_x_head, p_z_head, p_D_head, p0, t, P, N, stride_src_p,
-                        stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
-                        BLOCK_P, BLOCK_N, S_CACHE)
-                b_s = c_n1.to(tl.float32)
-                b_x_raw = x_n1
-                b_D = D_n1
-                b_z = z_n1
-                if S_PREFETCH == 2:
-                    c_n1, x_n1, D_n1, z_n1 = c_n2, x_n2, D_n2, z_n2
-                    c_n2, x_n2, D_n2, z_n2 = _load_tile(
-                        p_src_head, p_x_head, p_z_head, p_D_head, p0, t + 2, P, N, stride_src_p,
-                        stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
-                        BLOCK_P, BLOCK_N, S_CACHE)
-                elif S_PREFETCH == 1:
-                    c_n1, x_n1, D_n1, z_n1 = _load_tile(
-                        p_src_head, p_x_head, p_z_head, p_D_head, p0, t + 1, P, N, stride_src_p,
-                        stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
-                        BLOCK_P, BLOCK_N, S_CACHE)
-                _nonflush_tile(
-                    b_s, b_x_raw, b_D, b_z, b_Cy, b_coef, a_bar, c_cur, p0, t, P, row_l, m_l,
-                    row_w, p_rx_head, p_o_head, stride_rx_row, stride_rx_p, stride_out_p,
-                    p_rs_head, stride_rs_p, HAS_D, HAS_Z, BLOCK_P, READ_FP8, REC_FUSED, LD_ASM,
-                    BLOCK_N, BLOCK_L)
+        for t in range(NUM_PT):
+            if L2_AHEAD > 0:
+                _prefetch_l2_tile(p_src_head, p0, t + L2_AHEAD, P, stride_src_p, NUM_PT,
+                                  BLOCK_P)
+            c_n1, b_x_raw, b_D, b_z = _load_tile(
+                p_src_head, p_x_head, p_z_head, p_D_head, p0, t, P, N, stride_src_p,
+                stride_src_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
+                BLOCK_P, BLOCK_N)
+            b_s = c_n1.to(tl.float32)
+            _nonflush_tile(
+                b_s, b_x_raw, b_D, b_z, b_Cy, b_coef, a_bar, c_cur, p0, t, P, row_l, m_l,
+                row_w, p_rx_head, p_o_head, stride_rx_row, stride_rx_p, stride_out_p,
+                p_rs_head, stride_rs_p, HAS_D, HAS_Z, BLOCK_P, READ_FP8, REC_FUSED, PTX,
+                BLOCK_N, BLOCK_L)
         # Δ once per head, B once per group: by the head's first split only.
         if P_SPLIT > 1:
             tl.store(p_rdt + row_w * stride_rdt_row, dt, mask=i_s == 0)
@@ -586,30 +470,34 @@ class LaunchConfig(NamedTuple):
     block_l: int  # records per chunk, >= R: all committed records in one chunk
     fold_unroll: int  # records per unrolled fold step (flush rows)
     num_warps: int
-    s_prefetch: int  # checkpoint tiles held in registers ahead of the one in use (0, 1 or 2)
-    pf_l1: bool  # L1 prefetch hints for the record rows (compiled code only)
-    pipe: int  # 0: register prefetch of checkpoint tiles; k > 1: Triton pipeliner, k stages
+    l2_ahead: int  # bulk L2 prefetch of checkpoint tile t + l2_ahead (0: none; compiled only)
     maxnreg: int | None = None  # register cap per thread (ptxas), None: the compiler's choice
-    # Issue-3 candidates (benchmarks/notes/mamba2_decode.md, "Round 3"); all off by default:
-    rec_fused: bool = False  # non-flush: record term folded into the S·C reduction
-    fold_lean: bool = False  # flush: records loaded in the tile's layouts, no % R per record
-    l2_ahead: int = 0  # bulk L2 prefetch of checkpoint tile t + l2_ahead (0: none)
-    # Split launch: non-flush rows by this config, flush rows by a second launch with `flush`
-    # (each compiled without the other branch). None: one launch for every row.
-    flush: LaunchConfig | None = None
 
 
 def launch_config(P: int, N: int, R: int) -> LaunchConfig:
-    """Fixed launch parameters; no autotune (the kernel writes the pool). See kernels/README.md
-    and benchmarks/notes/mamba2_decode.md for how they were chosen."""
+    """Fixed launch parameters; no autotune (the kernel writes the pool).
+
+    Chosen from the H200 sweep of 2026-11-30 at commit 42bdf52 (``benchmarks.sweep_mamba2``,
+    Nemotron-3-Nano-4B layer, fp32 state, bf16 activations, L = 16; benchmarks/notes/
+    mamba2_decode.md, "Round 3 result"): variant RFw2, the fastest of 15 at batch 256
+    (300.9 us cycle mean, 2.25x ``selective_state_update``), 64 (2.07x) and 1 (1.18x).
+    ``BLOCK_P = min(16, P)``, ``BLOCK_L = next_pow2(R)``, two records per unrolled fold step,
+    a bulk L2 prefetch one tile ahead, and a 96-register cap. Two warps for tiles of up to
+    2,048 elements (the measured ``[16, 128]`` tile: 32 state values a thread; ptxas sm_90a:
+    96 registers, no spill, 10 CTAs per SM); larger tiles (N > 128, not measured) keep the
+    earlier rule's 4 warps, i.e. no more than 32 values a thread up to N = 256.
+    """
     block_p = min(16, triton.next_power_of_2(P))
     block_l = triton.next_power_of_2(R)
-    num_warps = 4 if triton.next_power_of_2(N) * block_p >= 1024 else 2
-    return LaunchConfig(block_p, block_l, 4, num_warps, 1, not interpreting(), 0, 96)
+    num_warps = 2 if triton.next_power_of_2(N) * block_p <= 2048 else 4
+    return LaunchConfig(block_p, block_l, fold_unroll=2, num_warps=num_warps, l2_ahead=1,
+                        maxnreg=96)
 
 
-# The P-split's target: at least this many programs per SM (at the 96-register cap 5 CTAs of 4
-# warps fit an SM, so 4 per SM is about one resident wave). Fixed, not tuned on a GPU yet.
+# The P-split's target: at least this many programs per SM. Set when the default was 4 warps at
+# the 96-register cap (5 CTAs per SM: 4 per SM was about one resident wave); with 2 warps 10
+# CTAs fit an SM, so the target is now under half a resident wave. Fixed, not retuned since
+# (batch 1 measured with this target and the 2-warp launch: 8.0 us, 1.18x SGLang).
 SPLIT_PROGRAMS_PER_SM = 4
 
 
@@ -651,6 +539,15 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _l2_prefetch_ok(state: torch.Tensor) -> bool:
+    """Whole checkpoint tiles can be bulk-prefetched: N contiguous, rows back to back, 16-byte
+    aligned rows and bases (``cp.async.bulk.prefetch.L2``'s size and address rules)."""
+    es = state.element_size()
+    ss, sh, sp, sn = state.stride()
+    return (sn == 1 and sp == state.shape[3] and (sp * es) % 16 == 0 and (sh * es) % 16 == 0
+            and (ss * es) % 16 == 0 and state.data_ptr() % 16 == 0)
+
+
 def mamba2_replay_decode_fwd(
     state: torch.Tensor,
     ring_x: torch.Tensor,
@@ -675,82 +572,39 @@ def mamba2_replay_decode_fwd(
     stride_A_head: int,
     stride_D: tuple[int, int],
     stride_dt_bias_head: int,
-    block_p: int | None = None,
-    block_l: int | None = None,
-    fold_unroll: int | None = None,
-    num_warps: int | None = None,
-    s_prefetch: int | None = None,
-    pf_l1: bool | None = None,
-    s_cache: str = "",
-    pipe: int | None = None,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
-    p_split: int | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
     config: LaunchConfig | None = None,
+    block_p: int | None = None,
+    p_split: int | None = None,
 ) -> None:
     """Launch the kernel on validated arguments (no checks; see ``mamba2_replay_decode``).
 
-    ``config`` replaces ``launch_config``'s result (a candidate's whole configuration, a split
-    launch included); ``block_p`` / ``block_l`` / ``fold_unroll`` / ``num_warps`` /
-    ``s_prefetch`` / ``pf_l1`` / ``pipe`` then override single fields (of the non-flush launch
-    of a split launch), and ``p_split`` overrides ``p_split_rule`` (tests, benchmarks and tuning
-    only). ``p_split`` must be ``cdiv(n_tiles, k)`` for some ``k`` (every program owns at least
-    one tile), with ``n_tiles = cdiv(P, block_p)``; otherwise ``ValueError``.
+    ``config`` replaces ``launch_config``'s result and ``block_p`` then overrides its tile
+    height; ``p_split`` overrides ``p_split_rule`` (tests, benchmarks and tuning only).
+    ``p_split`` must be ``cdiv(n_tiles, k)`` for some ``k`` (every program owns at least one
+    tile), with ``n_tiles = cdiv(P, block_p)``; otherwise ``ValueError``.
     """
-    batch, H, P = x.shape
-    N = state.shape[3]
-    R = ring_x.shape[2]
-    if batch == 0:
-        return
-    cfg = launch_config(P, N, R) if config is None else config
-    cfg = cfg._replace(**{k: v for k, v in dict(
-        block_p=block_p, block_l=block_l, fold_unroll=fold_unroll, num_warps=num_warps,
-        s_prefetch=s_prefetch, pf_l1=pf_l1, pipe=pipe).items() if v is not None})
-    if cfg.flush is None:
-        launches = [(cfg, 0)]
-    else:  # split launch: non-flush rows, then flush rows (disjoint writes: order is free)
-        launches = [(cfg._replace(flush=None), 1), (cfg.flush, 2)]
-    for c, rows in launches:
-        _launch(c, rows, state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx,
-                ring_start, ring_len, flush, D, z, dt_bias, dt_softplus, stride_dt,
-                stride_A_head, stride_D, stride_dt_bias_head, s_cache, read_state, read_scale,
-                p_split, sr_seed, sr_layer)
-
-
-def _l2_prefetch_ok(state: torch.Tensor) -> bool:
-    """Whole checkpoint tiles can be bulk-prefetched: N contiguous, rows back to back, 16-byte
-    aligned rows and bases (``cp.async.bulk.prefetch.L2``'s size and address rules)."""
-    es = state.element_size()
-    ss, sh, sp, sn = state.stride()
-    return (sn == 1 and sp == state.shape[3] and (sp * es) % 16 == 0 and (sh * es) % 16 == 0
-            and (ss * es) % 16 == 0 and state.data_ptr() % 16 == 0)
-
-
-def _launch(cfg, rows, state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot_idx,
-            ring_start, ring_len, flush, D, z, dt_bias, dt_softplus, stride_dt, stride_A_head,
-            stride_D, stride_dt_bias_head, s_cache, read_state, read_scale, p_split, sr_seed,
-            sr_layer) -> None:
-    """One launch of the kernel for ``rows`` (0 every row, 1 non-flush rows, 2 flush rows)."""
     batch, H, P = x.shape
     N = state.shape[3]
     G = B.shape[1]
     R = ring_x.shape[2]
-    block_p, block_l, fold_unroll, num_warps = (cfg.block_p, cfg.block_l, cfg.fold_unroll,
-                                                cfg.num_warps)
-    s_prefetch, pf_l1, pipe = cfg.s_prefetch, cfg.pf_l1, cfg.pipe
+    if batch == 0:
+        return
+    cfg = launch_config(P, N, R) if config is None else config
+    if block_p is not None:
+        cfg = cfg._replace(block_p=block_p)
+    block_p, block_l = cfg.block_p, cfg.block_l
     extra = {} if cfg.maxnreg is None or interpreting() else {"maxnreg": cfg.maxnreg}
     if block_l < R:
         raise AssertionError(f"block_l ({block_l}) must be >= R ({R})")
-    if s_prefetch == 0 and pipe != 0:
-        raise ValueError("s_prefetch = 0 needs pipe = 0")
     block_n = triton.next_power_of_2(N)
-    # The candidates' switches, where they apply (each falls back to the default code path):
-    # the fused record term needs BLOCK_N >= BLOCK_L and no read copy; the record loads are
-    # PTX only in compiled builds; the L2 prefetch (compiled only) needs whole contiguous tiles
-    # of the checkpoint and no read copy.
-    rec_fused = bool(cfg.rec_fused) and block_n >= block_l and read_state is None
+    # Where the default code does not apply: the fused record term needs BLOCK_N >= BLOCK_L and
+    # no read copy (an fp8 copy's scale multiplies S·C alone); the L2 prefetch (compiled only)
+    # needs whole contiguous tiles of the checkpoint and no read copy.
+    rec_fused = block_n >= block_l and read_state is None
     l2_ahead = cfg.l2_ahead
     if interpreting() or read_state is not None or not _l2_prefetch_ok(state):
         l2_ahead = 0
@@ -798,24 +652,17 @@ def _launch(cfg, rows, state, ring_x, ring_dt, ring_B, x, dt, A, B, C, out, slot
         BLOCK_N=block_n,
         BLOCK_L=block_l,
         NUM_PT=tiles,
-        FOLD_UNROLL=fold_unroll,
-        S_PREFETCH=s_prefetch,
-        PF_L1=bool(pf_l1),
+        FOLD_UNROLL=cfg.fold_unroll,
         PF_X=triton.next_power_of_2(triton.cdiv(rows_per_program * x.element_size(), 128) + 1),
         PF_B=triton.next_power_of_2(triton.cdiv(N * B.element_size(), 128)),
-        S_CACHE=s_cache,
-        PIPE=pipe,
         HAS_READ=read_state is not None,
         READ_FP8=read_scale is not None,
-        S_LATE=pipe != 0 or read_state is not None,
         P_SPLIT=p_split,
         SR=sr_seed is not None,
         REC_FUSED=rec_fused,
-        FOLD_LEAN=bool(cfg.fold_lean),
-        LD_ASM=not interpreting(),
         L2_AHEAD=l2_ahead,
-        ROWS=rows,
-        num_warps=num_warps,
+        PTX=not interpreting(),
+        num_warps=cfg.num_warps,
         **extra,
     )
 
