@@ -212,6 +212,10 @@ def sweep_batch(batch: int, names: list[str], reps: int, no_ssu: bool,
                          "--state-dtype", "fp32", "--out", "/tmp/sweep_unused"]
                         + (["--device", device] if device else []))
     cuda = cfg.device == "cuda"
+    if not cuda:  # the CPU smoke run calls SGLang's kernel as bench_decode's does (interpreter)
+        from benchmarks import _cpu_shims
+
+        _cpu_shims.apply(sglang=not no_ssu)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     peers, _ = bd.load_peers(cfg)
     timer = bd.Timer(cfg)
