@@ -1,11 +1,13 @@
 """Committed GDN ring records applied to a checkpoint tile: the exact fold, and the update replay.
 
-One ``@triton.jit`` helper, inlined by Triton into both ``gdn_replay_decode_fwd_kernel`` (flush
-rows) and ``gdn_replay_verify_recurrent_fwd_kernel`` (flush rows), so the two kernels fold a
-checkpoint with the same code: each record is the conventional packed-decode step (SGLang's
+``fold_records`` is inlined by Triton into ``gdn_replay_verify_recurrent_fwd_kernel`` (flush
+rows): each record is the conventional packed-decode step (SGLang's
 ``fused_recurrent_gated_delta_rule_packed_decode_kernel``) without q and the output, in the same
-expressions, order and tile layout. ``tests/kernels/test_gdn_decode.py`` and ``test_gdn_verify.py``
-compile both kernels for sm_90a and check the loop's TTGIR against SGLang's step.
+expressions, order and tile layout (``[32, next_pow2(K)]``, one warp, so each ``tl.sum`` compiles
+to SGLang's reduction tree); ``tests/kernels/test_gdn_verify.py`` compiles the verify kernel for
+sm_90a and checks the loop's TTGIR against SGLang's step.  The decode kernel folds with the same
+arithmetic in tree form (``_tree.flush_tree``: the reduction tree written out, rows on lanes), so
+both give SGLang's bits.
 
 ``replay_updates`` rebuilds the state after the records in registers from their stored corrected
 updates (``S ← e^{g_j} S + u_j k̂_jᵀ``, no reduction per record): the non-flush path of

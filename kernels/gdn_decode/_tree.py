@@ -1,33 +1,42 @@
-"""Flush rows of the GDN decode with the fold's row sums written out as SGLang's reduction tree.
+"""The two row kinds of the GDN decode program, with every row sum laid out rows-on-lanes.
 
-The exact fold (``_fold.fold_records`` and the current-token step in ``kernel.py``) reduces every
-``[32, 128]`` row product ``S·k̂`` with ``tl.sum`` on SGLang's ``[1,4]×[1,32]`` tile layout: each
-lane sums its 4 columns ``4c..4c+3`` in order (``((p0 + p1) + p2) + p3``, the first add fused with
-``p0``'s product), then the warp combines the 32 lane partials with butterfly shuffles,
+SGLang's packed decode (``fused_recurrent_gated_delta_rule_packed_decode_kernel``) reduces every
+``[32, 128]`` row product ``S·k̂`` with ``tl.sum`` on its ``[1,4]×[1,32]`` tile layout (one warp):
+each lane sums its 4 columns ``4c..4c+3`` in order (``((p0 + p1) + p2) + p3``, the first add fused
+with ``p0``'s product), then the warp combines the 32 lane partials with butterfly shuffles,
 xor 16, 8, 4, 2, 1.  The layout fixes that tree, and the tree fixes the bits.  On that layout a
-record costs 160 shuffles per 32 rows (5 per row) and as many dependent adds, which is what makes
-the flush latency-bound (``benchmarks/notes/gdn_decode.md``).
+record costs 160 shuffles per 32 rows (5 per row) and as many dependent adds, which made a fold
+written the same way latency-bound (``benchmarks/notes/gdn_decode.md``).
 
-``flush_tree`` computes the same tree with the pairings spelled out: the tile is viewed as
-``[RL, b0, b1, RH, b2, b3, b4, 4]`` (row = ``rh·RL + rl``, column = ``4·c + j`` with
-``c = b0 + 2 b1 + 4 b2 + 8 b3 + 16 b4``), each row sum is ``tl.sum`` over ``j`` (the 4-column
-chain), then over ``b4`` (``c`` with ``c ^ 16``: the xor-16 level), ``b3``, ``b2``, ``b1``, ``b0``:
-each level one add of the same two partials the butterfly adds (fp32 addition is commutative, so
-which lane holds which operand does not matter).  The bits no longer depend on where the data
-lives, so the compiler is free to put rows on lanes: Triton assigns lanes to ``RL`` rows and the
-low chunk bits (``RL = 16``: lanes = 16 rows × ``b0``, each lane 16 chunks of one or more rows),
-and the levels ``b4 .. b1`` become in-thread adds; one shuffle per row and record remains (xor
-with the ``b0`` lane).  The norms of k and q are computed exactly as in the default (1-D
-``[4]×[32]`` layout, same code); ``pin`` then keeps the normalised vectors' division in that layout
-before they are moved (an exact copy) to the tile's.  Everything else (decay, ``v −= S·k̂``,
-``v *= β``, ``S += v k̂ᵀ``, ``y = S·q̃``, the store) is the default's expressions, element for
-element.
+``flush_tree`` (flush rows: the exact fold) computes the same tree with the pairings spelled out:
+the tile is viewed as ``[RL, b0, b1, RH, b2, b3, b4, 4]`` (row = ``rh·RL + rl``, column =
+``4·c + j`` with ``c = b0 + 2 b1 + 4 b2 + 8 b3 + 16 b4``), each row sum is ``tl.sum`` over ``j``
+(the 4-column chain, in-thread), then over ``b4`` (``c`` with ``c ^ 16``: the xor-16 level),
+``b3``, ``b2``, ``b1``, ``b0``: each level one add of the same two partials the butterfly adds
+(fp32 addition is commutative, so which lane holds which operand does not matter).  The bits no
+longer depend on where the data lives, so the compiler is free to put rows on lanes: Triton
+assigns lanes to ``RL`` rows and the low chunk bits (``RL = 16``: lanes = 16 rows × ``b0``, each
+lane 16 chunks of one or more rows), and the levels ``b4 .. b1`` become in-thread adds; one
+shuffle per row and record remains (xor with the ``b0`` lane).  The norms of k and q are computed
+exactly as in SGLang's kernel (1-D ``[4]×[32]`` layout, same code); ``pin`` then keeps the
+normalised vectors' division in that layout before they are moved (an exact copy) to the tile's.
+Everything else (decay, ``v −= S·k̂``, ``v *= β``, ``S += v k̂ᵀ``, ``y = S·q̃``, the store) is
+SGLang's expressions, element for element.
 
-Bitwise status: on the GPU the flushed checkpoint and the flush output are meant to equal the
-default launch's (and so SGLang's packed decode); the ``gpu``-marked tests check it.  The Triton
-interpreter does not run the GPU's tree for ``tl.sum`` over 128 columns (numpy sums them), so on
-the CPU the test swaps the interpreter's ``tl.sum`` for the GPU's row-sum order and checks the two
-folds bit for bit.  ``K <= 128`` (one 4-column chunk per lane of the default layout).
+``nonflush_rows`` (non-flush rows: the inner-product form, math.md §4) lays its sums out the same
+way (``RL = 4`` rows on lanes); its outputs never feed a checkpoint, so their order is free.
+
+Bitwise status: on the GPU the flushed checkpoint and the flush output equal SGLang's packed
+decode run token by token (``gpu``-marked tests).  The Triton interpreter does not run the GPU's
+tree for ``tl.sum`` over 128 columns (numpy sums them), so on the CPU the tests swap the
+interpreter's ``tl.sum`` for the GPU's row-sum order (``tests/kernels/conftest.py``) and check
+the fold against SGLang's kernel bit for bit.  ``K <= 128`` (one 4-column chunk per lane of
+SGLang's layout).
+
+Split precision (``HAS_READ``): the fold reads and writes the checkpoint only, then refreshes the
+read copy from the checkpoint as stored (``read_copy.quantize_rows``'s bits: fp8 with one
+power-of-two scale per value row); non-flush rows read ``S0`` from the copy instead of the
+checkpoint.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from replayssm_kernels.mamba2_decode.read_copy import fp8_row_scale
 from replayssm_kernels.stochastic_round import sr_key, sr_round_fp16
 
 
@@ -87,10 +97,34 @@ def _r8(x):
 
 @triton.jit
 def _norm(x, USE_QK_L2NORM: tl.constexpr):
-    # The default's expression and layout (1-D, [4] x [32] for K = 128).
+    # SGLang's expression and layout (1-D, [4] x [32] for K = 128).
     if USE_QK_L2NORM:
         x = x / tl.sqrt(tl.sum(x * x) + 1e-6)
     return x
+
+
+@triton.jit
+def _col8(BK: tl.constexpr):
+    """Column ``4c + j`` of every position of the ``[1, b0, b1, 1, b2, b3, b4, 4]`` view."""
+    S0: tl.constexpr = 2 if BK >= 8 else 1
+    S1: tl.constexpr = 2 if BK >= 16 else 1
+    S2: tl.constexpr = 2 if BK >= 32 else 1
+    S3: tl.constexpr = 2 if BK >= 64 else 1
+    S4: tl.constexpr = 2 if BK >= 128 else 1
+    c0 = tl.arange(0, S0)[None, :, None, None, None, None, None, None]
+    c1 = tl.arange(0, S1)[None, None, :, None, None, None, None, None]
+    c2 = tl.arange(0, S2)[None, None, None, None, :, None, None, None]
+    c3 = tl.arange(0, S3)[None, None, None, None, None, :, None, None]
+    c4 = tl.arange(0, S4)[None, None, None, None, None, None, :, None]
+    j = tl.arange(0, 4)[None, None, None, None, None, None, None, :]
+    return 4 * (c0 + 2 * c1 + 4 * c2 + 8 * c3 + 16 * c4) + j
+
+
+@triton.jit
+def _row_max(x):
+    """``[RL, b0, b1, RH, b2, b3, b4, 4]`` -> ``[RL, RH]`` maxima over the columns (exact in any
+    order)."""
+    return tl.max(tl.max(tl.max(tl.max(tl.max(tl.max(x, 7), 6), 5), 4), 2), 1)
 
 
 @triton.jit
@@ -105,6 +139,8 @@ def flush_tree(
     p_k,
     p_v,
     p_o_head,
+    p_rd_head,
+    p_rs_head,
     sr_seed,
     sr_layer,
     i_s,
@@ -128,45 +164,42 @@ def flush_tree(
     stride_k_k,
     stride_v_v,
     stride_o_v,
+    stride_rd_v,
+    stride_rd_k,
+    stride_rs_v,
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
     RL: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
+    HAS_READ: tl.constexpr,
+    READ_FP8: tl.constexpr,
     SR: tl.constexpr,
     o_dtype: tl.constexpr,
 ):
-    """The flush branch of the decode program (``FOLD = RL``): fold records ``[0, r_len)`` and the
-    current token into the checkpoint tile of rows ``i_v·BV ..``, write the output rows and store
-    the tile once.  ``p_s_head`` / ``p_o_head``: the row's state / output at this value head."""
-    S0: tl.constexpr = 2 if BK >= 8 else 1
-    S1: tl.constexpr = 2 if BK >= 16 else 1
-    S2: tl.constexpr = 2 if BK >= 32 else 1
-    S3: tl.constexpr = 2 if BK >= 64 else 1
-    S4: tl.constexpr = 2 if BK >= 128 else 1
+    """Flush rows: fold records ``[0, r_len)`` and the current token into the checkpoint tile of
+    rows ``i_v·BV ..`` (``RL`` rows on lanes), write the output rows and store the tile once;
+    with a read copy (``HAS_READ``), refresh it from the tile as stored.  ``p_s_head`` /
+    ``p_o_head`` / ``p_rd_head`` / ``p_rs_head``: the row's state / output / copy / fp8 scales at
+    this value head."""
     RH: tl.constexpr = BV // RL
     rl = tl.arange(0, RL)
     rh = tl.arange(0, RH)
     row2 = i_v * BV + rh[None, :] * RL + rl[:, None]  # [RL, RH]
     mask_v2 = row2 < V
-    c0 = tl.arange(0, S0)[None, :, None, None, None, None, None, None]
-    c1 = tl.arange(0, S1)[None, None, :, None, None, None, None, None]
-    c2 = tl.arange(0, S2)[None, None, None, None, :, None, None, None]
-    c3 = tl.arange(0, S3)[None, None, None, None, None, :, None, None]
-    c4 = tl.arange(0, S4)[None, None, None, None, None, None, :, None]
-    j = tl.arange(0, 4)[None, None, None, None, None, None, None, :]
-    col8 = 4 * (c0 + 2 * c1 + 4 * c2 + 8 * c3 + 16 * c4) + j
+    col8 = _col8(BK)
     row8 = _r8(row2)
     mask_h = (row8 < V) & (col8 < K)
     p_s = p_s_head + row8 * stride_s_v + col8 * stride_s_k
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
 
+    # Always the checkpoint (never the read copy): the fold must start from the stored bits.
     b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
 
-    # ---- Records [0, r_len): raw rows prefetched two ahead, as in ``fold_records``; the next
-    # record's k is normalised (and pinned) one iteration early, off the state's critical path.
+    # ---- Records [0, r_len): raw rows prefetched two ahead; the next record's k is normalised
+    # (and pinned) one iteration early, off the state's critical path.
     row = r_start % R
     pf = r_len > 0
     n0_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
@@ -198,7 +231,7 @@ def flush_tree(
         b_v *= b_beta
         b_h += _r8(b_v) * b_k
 
-    # ---- The current token, then the output from the folded state (the default's step).
+    # ---- The current token, then the output from the folded state (SGLang's step).
     b_q = tl.load(p_q + o_k * stride_q_k, mask=mask_k, other=0).to(tl.float32)
     b_k = tl.load(p_k + o_k * stride_k_k, mask=mask_k, other=0).to(tl.float32)
     b_v = tl.load(p_v + row2 * stride_v_v, mask=mask_v2, other=0).to(tl.float32)
@@ -216,6 +249,16 @@ def flush_tree(
     else:
         b_st = b_h.to(state.dtype.element_ty)
     tl.store(p_s, b_st, mask=mask_h)
+    if HAS_READ:
+        # The copy from the checkpoint as stored (``quantize_rows``): masked entries are zeros,
+        # so they do not enter an fp8 row's max.
+        b_c = b_st.to(tl.float32)
+        if READ_FP8:
+            rscale, inv = fp8_row_scale(_row_max(tl.abs(b_c)))
+            tl.store(p_rs_head + row2 * stride_rs_v, rscale, mask=mask_v2)
+            b_c = b_c * _r8(inv)
+        p_rd = p_rd_head + row8 * stride_rd_v + col8 * stride_rd_k
+        tl.store(p_rd, b_c.to(p_rd.dtype.element_ty), mask=mask_h)
 
 
 @triton.jit
@@ -237,6 +280,8 @@ def nonflush_rows(
     p_k,
     p_v,
     p_o_head,
+    p_rd_head,
+    p_rs_head,
     i_hv,
     i_v,
     r_start,
@@ -259,6 +304,9 @@ def nonflush_rows(
     stride_k_k,
     stride_v_v,
     stride_o_v,
+    stride_rd_v,
+    stride_rd_k,
+    stride_rs_v,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -268,26 +316,28 @@ def nonflush_rows(
     BR: tl.constexpr,
     RL: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
+    HAS_READ: tl.constexpr,
+    READ_FP8: tl.constexpr,
     o_dtype: tl.constexpr,
     u_dtype: tl.constexpr,
     k_dtype: tl.constexpr,
     v_dtype: tl.constexpr,
 ):
-    """Non-flush rows (``NFL = RL``): the default's inner-product output (math.md §4) with every
-    reduction laid out rows-on-lanes, as ``flush_tree`` does for the fold.  Outputs only (never a
-    checkpoint), so the sums may run in any order: the state's two mat-vecs, the records' three
-    dots (``k_j·k̂``, ``k_j·q̃``, ``|k_j|²``, records on lanes) and the records' ``Σ_j c_j u_j``
-    (value rows on lanes, records in registers) each need 2 or fewer shuffle levels instead of 5.
+    """Non-flush rows: the inner-product output (math.md §4) with every reduction laid out
+    rows-on-lanes, as ``flush_tree`` does for the fold.  ``S_w`` is never built: one pass over the
+    checkpoint tile (with ``HAS_READ``: the read copy, fp8 times its row scales; the checkpoint is
+    not read) gives ``S0·k̂_c`` and ``S0·q̃_c``; the records add ``Σ_j ω_j (k̂_j·k̂_c) u_j`` and
+    ``Σ_j ω_j (k̂_j·q̃_c) u_j`` with ``ω_j = exp(Σ_{i>j} g_i)``, then ``u_c = β(v − α·hk)``,
+    ``y = α·hq + (k̂_c·q̃_c)·u_c``.  Outputs only (never a checkpoint), so the sums may run in any
+    order: the state's two mat-vecs, the records' three dots (``k_j·k̂``, ``k_j·q̃``, ``|k_j|²``,
+    records on lanes) and the records' ``Σ_j c_j u_j`` (value rows on lanes, records in registers)
+    each need 2 or fewer shuffle levels.
 
     Rows of the program are ``i_v·BV + rl·RH + rh`` (``rl`` on lanes, ``RH = BV / RL`` rows in
     registers, so a lane's rows of ``u`` are contiguous); records come in chunks of ``BR``
-    (``BR // 8`` per lane), newest chunk first as in the default; the appended record is the
-    default's (``u``, raw ``k``, raw ``v``, ``g``, ``β``)."""
-    S0: tl.constexpr = 2 if BK >= 8 else 1
-    S1: tl.constexpr = 2 if BK >= 16 else 1
-    S2: tl.constexpr = 2 if BK >= 32 else 1
-    S3: tl.constexpr = 2 if BK >= 64 else 1
-    S4: tl.constexpr = 2 if BK >= 128 else 1
+    (``BR // 8`` per lane), newest chunk first (with ``R <= BR`` exactly one chunk); the record
+    ``(u_c, raw k_c, raw v_c, g_c, β_c)`` is appended at logical row ``len`` (k by one program per
+    key head, g and β by the first V tile)."""
     RH: tl.constexpr = BV // RL
     # records of a chunk: dots on [8 lanes, BR // 8 regs]; the u sum on [4 lanes, BR // 4 regs]
     QL: tl.constexpr = BR // 8 if BR >= 8 else 1
@@ -298,17 +348,17 @@ def nonflush_rows(
     rh = tl.arange(0, RH)
     row2 = i_v * BV + rl[:, None] * RH + rh[None, :]  # [RL, RH]
     mask_v2 = row2 < V
-    c0 = tl.arange(0, S0)[None, :, None, None, None, None, None, None]
-    c1 = tl.arange(0, S1)[None, None, :, None, None, None, None, None]
-    c2 = tl.arange(0, S2)[None, None, None, None, :, None, None, None]
-    c3 = tl.arange(0, S3)[None, None, None, None, None, :, None, None]
-    c4 = tl.arange(0, S4)[None, None, None, None, None, None, :, None]
-    j = tl.arange(0, 4)[None, None, None, None, None, None, None, :]
-    col8 = 4 * (c0 + 2 * c1 + 4 * c2 + 8 * c3 + 16 * c4) + j
+    col8 = _col8(BK)
     mask_c8 = col8 < K
     row8 = _r8(row2)
-    b_h0 = tl.load(p_s_head + row8 * stride_s_v + col8 * stride_s_k,
-                   mask=(row8 < V) & mask_c8, other=0).to(tl.float32)
+    if HAS_READ:
+        b_h0 = tl.load(p_rd_head + row8 * stride_rd_v + col8 * stride_rd_k,
+                       mask=(row8 < V) & mask_c8, other=0.0).to(tl.float32)
+        if READ_FP8:
+            b_rs = tl.load(p_rs_head + row2 * stride_rs_v, mask=mask_v2, other=0.0)
+    else:
+        b_h0 = tl.load(p_s_head + row8 * stride_s_v + col8 * stride_s_k,
+                       mask=(row8 < V) & mask_c8, other=0).to(tl.float32)
 
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -322,6 +372,9 @@ def nonflush_rows(
     q8 = _cols(b_q, BK)
     b_hk = _rows(b_h0 * k8)
     b_hq = _rows(b_h0 * q8)
+    if READ_FP8:
+        b_hk = b_hk * b_rs
+        b_hq = b_hq * b_rs
 
     # Records, newest chunk first (ω_j = exp(Σ_{i>j} g_i) as a suffix sum).
     ql = tl.arange(0, PL)
@@ -337,7 +390,7 @@ def nonflush_rows(
     b_gsum = tl.sum(tl.zeros([BR], dtype=tl.float32), 0)
     for i_c in range(0, n_chunks):
         base = (n_chunks - 1 - i_c) * BR
-        # 1-D: the gates and their suffix sums, as the default
+        # 1-D: the gates and their suffix sums
         o_rc = base + o_r
         mask_r = o_rc < r_len
         c_g = tl.load(p_rg + _ring_row(r_start + o_rc, R) * stride_g_r, mask=mask_r, other=0.0)
@@ -378,7 +431,7 @@ def nonflush_rows(
     b_o = b_alpha * b_hq + b_kq_c * b_u_c
     tl.store(p_o_head + row2 * stride_o_v, b_o.to(o_dtype), mask=mask_v2)
 
-    # Append the current record at logical row len (the default's values).
+    # Append the current record at logical row len.
     w_row = (r_start + r_len) % R
     tl.store(p_ru + w_row * stride_u_r + row2 * stride_u_v, b_u_c.to(u_dtype), mask=mask_v2)
     tl.store(p_rv + w_row * stride_rv_r + row2 * stride_rv_v, b_v_raw.to(v_dtype), mask=mask_v2)

@@ -25,10 +25,20 @@ from replayssm_kernels._checks import (
     check_tensor,
 )
 
-__all__ = ["GDNDims", "validate_gdn_decode", "validate_gdn_verify", "MAX_K", "MAX_T"]
+__all__ = [
+    "GDNDims",
+    "validate_gdn_decode",
+    "validate_gdn_verify",
+    "MAX_K",
+    "MAX_K_DECODE",
+    "MAX_T",
+]
 
 # A program holds a whole key row (``BK = next_pow2(K)``), like SGLang's packed decode.
 MAX_K = 256
+# Decode: the fold's row sums are written out as SGLang's tree for at most one 4-column chunk per
+# lane of its [1,4]x[1,32] layout (``gdn_decode/_tree.py``); every GDN model served has K = 128.
+MAX_K_DECODE = 128
 # Verify: the forward substitution and the per-token loops are unrolled over T.
 MAX_T = 16
 
@@ -69,6 +79,7 @@ def _validate_gdn(
     scale: float,
     *,
     windowed: bool,
+    max_k: int = MAX_K,
 ) -> GDNDims:
     """Check every argument of a GDN ReplaySSM call; return the sizes.
 
@@ -77,8 +88,8 @@ def _validate_gdn(
     """
     check_tensor("state", state, (None, None, None, None), STATE_DTYPES)
     slots, HV, V, K = state.shape
-    if K < 1 or K > MAX_K:
-        raise ValueError(f"state: expected head dim K in [1, {MAX_K}], got K={K}")
+    if K < 1 or K > max_k:
+        raise ValueError(f"state: expected head dim K in [1, {max_k}], got K={K}")
     check_tensor("q", q, (None, None, None, K) if windowed else (None, None, K), FLOAT_DTYPES)
     batch, T, Hk = (q.shape[0], q.shape[1], q.shape[2]) if windowed else (q.shape[0], 1, q.shape[1])
     if windowed and (T < 1 or T > MAX_T):
@@ -140,8 +151,8 @@ def _validate_gdn(
 
 def validate_gdn_decode(*args) -> GDNDims:
     """Check every argument of a GDN ReplaySSM decode call (``gdn_replay_decode``'s positional
-    order); return the sizes (``T = 1``)."""
-    return _validate_gdn(*args, windowed=False)
+    order); return the sizes (``T = 1``).  ``K <= MAX_K_DECODE``."""
+    return _validate_gdn(*args, windowed=False, max_k=MAX_K_DECODE)
 
 
 def validate_gdn_verify(*args) -> GDNDims:

@@ -17,7 +17,8 @@ rejected or stale record would poison an output or the checkpoint.  Checks per s
 * after every flush (verify or decode) the checkpoint against that float64 state (a 16-bit
   checkpoint against the float64 state rounded at the same flush points), and, for an fp32
   checkpoint and the Triton kernels, **bitwise** against ``gdn_replay_decode``'s exact fold run on
-  the same accepted tokens one at a time (window ``L = 1``: the conventional packed-decode update);
+  the same accepted tokens one at a time (window ``L = 1``: the conventional packed-decode update;
+  on the CPU with the interpreter's ``tl.sum`` in the GPU's row-sum order, conftest.py);
 * non-flush rows leave the checkpoint bit-identical; slots not in the batch (and the null slot 0)
   are bit-identical in the checkpoint and every ring tensor; padding rows leave their output rows
   untouched (still NaN); every other output element is written.
@@ -50,7 +51,9 @@ DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 CPU = torch.device("cpu")
 
 pytestmark = [
-    pytest.mark.usefixtures("interpreter_bf16_rtne"),
+    # GPU row-sum order for the interpreter's tl.sum (conftest): the verify kernel's fold (SGLang's
+    # tile) and the decode kernel's tree-form fold then agree bit for bit, as on the GPU.
+    pytest.mark.usefixtures("interpreter_bf16_rtne", "interpreter_gpu_sum_order"),
     # The interpreter converts 0-d loop bounds with int(array): numpy's deprecation, not ours.
     pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
 ]
@@ -981,7 +984,7 @@ def test_gpu_qwen35_split_vs_ref_and_no_copy(T, rd):
 
 
 # ---------------------------------------------------------------------------------------------
-# Codegen: the verify kernel's fold compiles (for sm_90, no GPU needed) to gdn_replay_decode's.
+# Codegen: the verify kernel's fold compiles (for sm_90, no GPU needed) to SGLang's update.
 
 _CODEGEN_SCRIPT = r'''
 import inspect, json, re, sys
@@ -1038,17 +1041,20 @@ k_read = {rd: build(gdn_replay_verify_recurrent_read_fwd_kernel,
                     dict(ptrs, read_ptr=f"*{rd}", read_scale_ptr="*fp32"), rstr,
                     dict(const, READ_FP8=rd == "fp8e4nv"), 1) for rd in ("bf16", "fp8e4nv")}
 
-from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_fwd_kernel as dec_kernel
-dstr = {n: v for n, v in strides.items() if not n.endswith("_t")}
-dstr.update(stride_q_b=D, stride_k_b=D, stride_v_b=D, stride_a_b=2 * HV, stride_b_b=2 * HV,
-            stride_o_b=HV * V)
-dk = build(dec_kernel,
-    dict(state="*fp32", ring_u="*bf16", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
-         ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
-         A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
-         ring_len="*i32", flush="*i1", scale="fp32"),
-    dstr, dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, BR=16, SOFTPLUS_THRESHOLD=20.0,
-               USE_QK_L2NORM=True, MODE=0, sr_seed=None, SR=False), 1)
+from sglang.kernels.ops.attention.fla.fused_recurrent import (
+    fused_recurrent_gated_delta_rule_packed_decode_kernel as sg_kernel,
+)
+sg_c = build(
+    sg_kernel,
+    dict(mixed_qkv="*bf16", a="*bf16", b="*bf16", A_log="*fp32", dt_bias="*fp32", o="*bf16",
+         h0="*fp32", ht="*fp32", ssm_state_indices="*i32", scale="fp32"),
+    {},
+    dict(stride_mixed_qkv_tok=D, stride_a_tok=HV, stride_b_tok=HV,
+         stride_init_state_token=HV * V * K, stride_final_state_token=HV * V * K,
+         stride_indices_seq=1, H=H, HV=HV, K=K, V=V, BK=128, BV=32, SOFTPLUS_THRESHOLD=20.0,
+         USE_QK_L2NORM_IN_KERNEL=True),
+    3,  # as SGLang's launcher
+)
 KEEP = re.compile(r"^(arith\.(mulf|addf|subf|divf|extf|truncf)|math\.\w+|\"tt\.reduce\"|"
                   r"tt\.reshape|ttg\.convert_layout|tt\.expand_dims|tt\.broadcast|tt\.splat|"
                   r"\}\) : \(tensor)")
@@ -1071,21 +1077,22 @@ def fold_body(txt):
     i_yield = next(i for i, l in enumerate(lines) if i > i_for and "scf.yield" in l)
     return seq(txt, i_for, i_yield), lines[i_for]
 ours, _ = fold_body(k.asm["ttgir"])
-dec, _ = fold_body(dk.asm["ttgir"])
 read = {rd: fold_body(kr.asm["ttgir"])[0] for rd, kr in k_read.items()}
-json.dump(dict(verify=ours, decode=dec, read=read), sys.stdout)
+json.dump(dict(verify=ours, sglang=seq(sg_c.asm["ttgir"]), read=read), sys.stdout)
 '''
 
 
-def test_fold_codegen_matches_decode():
-    """Compile both kernels for sm_90a on any machine and compare the fold loop's TTGIR.
+def test_fold_codegen_matches_sglang():
+    """Compile the verify kernel and SGLang's packed decode for sm_90a on any machine and compare
+    the fold loop's TTGIR.
 
-    ``test_gdn_decode.py::test_fold_codegen_matches_sglang`` shows the decode kernel's replayed
-    record is SGLang's packed-decode step op for op (same layouts, so the same reduction trees);
-    here the verify kernel's fold loop must be the decode kernel's, op for op, so a checkpoint the
-    verify kernel folds is the one the decode path (and SGLang's packed decode) would hold; the
-    same for the launch with a split-precision read copy (bf16, fp8), whose flush rows must fold
-    as without it.  Qwen3.5-4B head shape, T = 2, bf16 activations, fp32 state.
+    The checkpoint is bitwise SGLang's only if every fp32 op of the fold compiles as in SGLang's
+    kernel: the same ops in the same order on tensors of the same layouts (the layout fixes the
+    reduction tree of every ``tl.sum``).  Each replayed record must be SGLang's step without the
+    q / output ops; the same for the launch with a split-precision read copy (bf16, fp8), whose
+    flush rows must fold as without it.  (The decode kernel folds in tree form, checked against
+    SGLang's tree by ``test_gdn_decode.py``.)  Qwen3.5-4B head shape, T = 2, bf16 activations, fp32
+    state.
     """
     import json
     import os
@@ -1105,7 +1112,12 @@ def test_fold_codegen_matches_decode():
         pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
-    assert len(got["decode"]) == 23, "decode fold body changed shape: re-check test_gdn_decode"
-    assert got["verify"] == got["decode"], "verify fold loop differs from gdn_replay_decode's"
+    sg = got["sglang"]
+    assert len(sg) == 39, "SGLang 0.5.17's packed decode step changed shape: re-derive the slices"
+    # SGLang's step is: q, k loads [0:6), v load [6:8), q norm [8:13), k norm [13:18),
+    # q * scale [18:20), the state update [20:33), the output [33:39).  A replayed record is the
+    # same step without q and without the output.
+    want = sg[3:8] + sg[13:18] + sg[20:33]
+    assert got["verify"] == want, "verify fold loop differs from SGLang's packed-decode update"
     for rd, body in got["read"].items():
-        assert body == got["decode"], f"verify fold loop with a {rd} read copy differs"
+        assert body == want, f"verify fold loop with a {rd} read copy differs"

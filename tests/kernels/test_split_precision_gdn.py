@@ -5,8 +5,9 @@ NaN-poisoned rings and outputs, float64 shadow per request, untouched slots and 
 a non-contiguous allocation bit-identical) with a read copy ``[slots, HV, V, K]`` (bf16 / fp16 /
 fp8 e4m3 with per-(head, row) scales) beside the checkpoint. The copy and scales are part of the
 untouched-bytes checks; in addition, after every step: flush rows' copy is bit-identical to
-``quantize_rows`` of the stored checkpoint, non-flush rows' copy is unchanged. Run with ``-s``
-for the ``[split-gdn]`` error lines.
+``quantize_rows`` of the stored checkpoint, non-flush rows' copy is unchanged. In lockstep with
+the launch without a copy, checkpoints, raw records and flush outputs are bit-identical. Run with
+``-s`` for the ``[split-gdn]`` error lines.
 """
 
 from __future__ import annotations
@@ -117,6 +118,44 @@ def test_kernel_split(cr):
 def test_reference_split(cr):
     case, rd = cr
     _run("ref", _with_tol(case, rd), rd, seed=1)
+
+
+def _lockstep_vs_no_copy(case: Case, read_dtype: torch.dtype, seed: int) -> int:
+    """The launch with a read copy and the launch without one on twin pools: after every step the
+    checkpoints, the raw records (k, v, g, β) and the flush rows' outputs are bit-identical (the
+    fold reads the checkpoint, never the copy); returns the number of flushed rows."""
+    case = _with_tol(case, read_dtype)
+    with_copy, plain = SplitSim(case, read_dtype, seed), Sim(case, seed)
+    flushed = 0
+    for step in range(case.steps or 3 * case.L + 2):
+        inp = with_copy.make_inputs()
+        plain.make_inputs()  # keep the generators in step
+        out_c, flush = with_copy.step(gdn_replay_decode, inp)
+        out_p, _ = plain.step(gdn_replay_decode, inp)
+        rows = [i for i, s in enumerate(inp["slot_idx"].tolist()) if s >= 0 and bool(flush[i])]
+        flushed += len(rows)
+        for i in rows:
+            assert_bits_equal(out_c[i], out_p[i], f"step {step}: flush output of row {i}")
+        names = ("state", "u", "k", "v", "g", "beta")
+        for name, tc, tp in zip(names, with_copy.tensors(), plain.tensors()):
+            if name != "u":  # u of non-flush rows is computed against the copy
+                assert_bits_equal(tc, tp, f"step {step}: {name}")
+    return flushed
+
+
+@pytest.mark.parametrize("rd", [BF16, F8], ids=["bf16", "fp8"])
+def test_flush_rows_equal_the_launch_without_copy(rd):
+    case = Case(HV=2, Hk=1, K=32, V=48, L=4, R=6, force_p=0.25, steps=12)
+    assert _lockstep_vs_no_copy(case, rd, seed=5) >= 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rd", [BF16, F8], ids=["bf16", "fp8"])
+def test_gpu_qwen35_flush_rows_equal_the_launch_without_copy(rd):
+    """Compiled: the copy's loads and stores must not change the fold's reduction trees."""
+    case = Case(HV=32, Hk=16, K=128, V=128, L=16, R=16, requests=16, pad_rows=2, force_p=0.1,
+                steps=34)  # fmt: skip
+    assert _lockstep_vs_no_copy(case, rd, seed=6) >= 3
 
 
 @pytest.mark.parametrize("op", ["kernel", "ref"])
