@@ -11,6 +11,11 @@ names, shapes and layouts), which is what the smoke run is there to check. Never
 3. SGLang's fla modules alias ``exp = tl.exp`` at module level, a builtin the interpreter refuses
    outside ``@triton.jit``: it becomes a jitted wrapper.
 4. ``selective_state_update`` asks the CUDA arch whether to launch with PDL: on CPU, no.
+5. (opt-in, ``gpu_sum_order=True``) ``tl.sum`` of more than 4 elements in the GPU's row-sum order
+   on SGLang's GDN tile (per lane 4 elements in order, then the butterfly), as
+   ``tests/kernels/conftest.py``'s ``interpreter_gpu_sum_order``: our GDN decode spells that tree
+   out (``gdn_decode/_tree.py``) while SGLang's packed decode gets it from its layout, so under
+   numpy's order the two folds differ in the last bits although they agree on the GPU.
 """
 
 from __future__ import annotations
@@ -69,14 +74,54 @@ def _make_exp():
     return _jit_exp
 
 
-def apply(sglang: bool = True) -> list[str]:
+def _gpu_tree_sum(self, input):  # noqa: A002 (interpreter API)
+    """The interpreter's ``tl.sum`` reducing as a GPU row sum on SGLang's ``[1,4]×[.., 32]`` tile:
+    axes of 4 or fewer elements in order, longer ones as 4-element lane chains in order, then the
+    lane partials by butterfly (xor n/8, .., 1)."""
+    import numpy as np
+
+    data = input.handle.data
+    axis = self.axis
+    x = data.reshape(-1) if axis is None else np.moveaxis(data, axis, -1)
+    n = x.shape[-1]
+    if n <= 4:
+        acc = x[..., 0]
+        for i in range(1, n):
+            acc = acc + x[..., i]
+    else:
+        x = x.reshape(*x.shape[:-1], n // 4, 4)
+        acc = ((x[..., 0] + x[..., 1]) + x[..., 2]) + x[..., 3]
+        lanes = np.arange(n // 4)
+        step = n // 8
+        while step >= 1:
+            acc = acc + acc[..., lanes ^ step]
+            step //= 2
+        acc = acc[..., 0]
+    acc = np.asarray(acc, dtype=data.dtype)
+    if self.keep_dims:
+        acc = np.expand_dims(acc, tuple(range(data.ndim)) if axis is None else axis)
+    elif axis is None:
+        acc = acc.item()
+    return self.to_tensor(acc, input.dtype)
+
+
+def apply(sglang: bool = True, gpu_sum_order: bool = False) -> list[str]:
     """Apply the shims (idempotent; only under ``TRITON_INTERPRET=1``). Returns what was done.
 
     ``sglang=False`` skips the SGLang ones (and SGLang's slow import) when no peer is run.
+    ``gpu_sum_order``: shim 5 (``tl.sum`` in the GPU's row-sum order).
     """
     global _applied  # noqa: PLW0603
     done: list[str] = []
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") or _applied:
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return done
+    if gpu_sum_order:
+        from triton.runtime import interpreter
+
+        if interpreter.ReduceOps.sum is not _gpu_tree_sum:
+            interpreter.ReduceOps.sum = _gpu_tree_sum
+            done.append("tl.sum in the GPU's row-sum order")
+    if _applied:
         return done
     import torch
 

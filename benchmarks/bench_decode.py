@@ -1663,7 +1663,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cfg.device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
             from benchmarks import _cpu_shims
 
-            meta["cpu_shims"] = _cpu_shims.apply(sglang=not cfg.skip_peers)
+            # GPU row-sum order: our GDN fold vs SGLang's packed decode (crosscheck) bit for bit
+            meta["cpu_shims"] = _cpu_shims.apply(sglang=not cfg.skip_peers, gpu_sum_order=True)
         kernels, refs, kerr = load_ours(cfg)
         peers, perr = load_peers(cfg)
         for k, e in {**{f"ours/{k}": v for k, v in kerr.items()},
