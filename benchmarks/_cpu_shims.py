@@ -74,10 +74,19 @@ def _make_exp():
     return _jit_exp
 
 
-def _gpu_tree_sum(self, input):  # noqa: A002 (interpreter API)
-    """The interpreter's ``tl.sum`` reducing as a GPU row sum on SGLang's ``[1,4]×[.., 32]`` tile:
-    axes of 4 or fewer elements in order, longer ones as 4-element lane chains in order, then the
-    lane partials by butterfly (xor n/8, .., 1)."""
+def gpu_tree_sum(self, input):  # noqa: A002 (interpreter API)
+    """The interpreter's ``tl.sum``, reducing in the order of a GPU row sum on SGLang's tile.
+
+    On the GPU a ``[.., BK]`` row on the ``[1,4]`` x ``[.., BK/4]``-lane layout (and a 1-D
+    ``[BK]`` norm, ``[4]`` x ``[32]``) is reduced as: each lane its 4 consecutive elements in order,
+    then the BK/4 lane partials by butterfly (xor BK/8, .., 2, 1).  The interpreter's own ``tl.sum``
+    is numpy's order, so SGLang's packed decode (and the verify kernel's fold, on the same tile)
+    and the decode kernel's tree-form fold (``gdn_decode/_tree.py``, which spells the GPU's tree
+    out) would differ in the last bits there although they agree on the GPU.  With this order
+    SGLang's kernel under the interpreter computes the GPU's tree (without FMA contraction, which
+    the interpreter does not do for either kernel), and the two must agree bit for bit.  Axes of 4
+    or fewer elements are summed in order (one lane's chain; the tree-form fold's levels).
+    """
     import numpy as np
 
     data = input.handle.data
@@ -118,8 +127,8 @@ def apply(sglang: bool = True, gpu_sum_order: bool = False) -> list[str]:
     if gpu_sum_order:
         from triton.runtime import interpreter
 
-        if interpreter.ReduceOps.sum is not _gpu_tree_sum:
-            interpreter.ReduceOps.sum = _gpu_tree_sum
+        if interpreter.ReduceOps.sum is not gpu_tree_sum:
+            interpreter.ReduceOps.sum = gpu_tree_sum
             done.append("tl.sum in the GPU's row-sum order")
     if _applied:
         return done

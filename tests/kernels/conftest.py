@@ -111,56 +111,19 @@ def sglang_fla_interpret(interpreter_bf16_rtne):
         del torch.cpu.device
 
 
-def _gpu_tree_sum(self, input):
-    """The interpreter's ``tl.sum``, reducing in the order of a GPU row sum on SGLang's tile.
-
-    On the GPU a ``[.., BK]`` row on the ``[1,4]`` x ``[.., BK/4]``-lane layout (and a 1-D
-    ``[BK]`` norm, ``[4]`` x ``[32]``) is reduced as: each lane its 4 consecutive elements in order,
-    then the BK/4 lane partials by butterfly (xor BK/8, .., 2, 1).  The interpreter's own ``tl.sum``
-    is numpy's order, so SGLang's packed decode (and the verify kernel's fold, on the same tile)
-    and the decode kernel's tree-form fold (``gdn_decode/_tree.py``, which spells the GPU's tree
-    out) would differ in the last bits there although they agree on the GPU.  With this order
-    SGLang's kernel under the interpreter computes the GPU's tree (without FMA contraction, which
-    the interpreter does not do for either kernel), and the two must agree bit for bit.  Axes of 4
-    or fewer elements are summed in order (one lane's chain; the tree-form fold's levels).
-    """
-    import numpy as np
-
-    data = input.handle.data
-    axis = self.axis
-    x = data.reshape(-1) if axis is None else np.moveaxis(data, axis, -1)
-    n = x.shape[-1]
-    if n <= 4:
-        acc = x[..., 0]
-        for i in range(1, n):
-            acc = acc + x[..., i]
-    else:
-        x = x.reshape(*x.shape[:-1], n // 4, 4)
-        acc = ((x[..., 0] + x[..., 1]) + x[..., 2]) + x[..., 3]
-        lanes = np.arange(n // 4)
-        step = n // 8
-        while step >= 1:  # butterfly: every lane adds its xor-partner's partial
-            acc = acc + acc[..., lanes ^ step]
-            step //= 2
-        acc = acc[..., 0]
-    acc = np.asarray(acc, dtype=data.dtype)
-    if self.keep_dims:
-        acc = np.expand_dims(acc, tuple(range(data.ndim)) if axis is None else axis)
-    elif axis is None:
-        acc = acc.item()
-    return self.to_tensor(acc, input.dtype)
-
-
 @pytest.fixture
 def interpreter_gpu_sum_order():
-    """Interpreter ``tl.sum`` in the GPU's row-sum order (``_gpu_tree_sum``); no-op on a GPU."""
+    """Interpreter ``tl.sum`` in the GPU's row-sum order (``benchmarks._cpu_shims.gpu_tree_sum``); no-op on
+    a GPU."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         yield
         return
     from triton.runtime import interpreter
 
     orig = interpreter.ReduceOps.sum
-    interpreter.ReduceOps.sum = _gpu_tree_sum
+    from benchmarks._cpu_shims import gpu_tree_sum
+
+    interpreter.ReduceOps.sum = gpu_tree_sum
     yield
     interpreter.ReduceOps.sum = orig
 
