@@ -25,7 +25,18 @@ architecture, which has MoE MLPs only: 4 experts all active + a shared one, as w
 dense 9216) and ``qwen3_5_4b`` (the same in SGLang's dense ``Qwen3_5ForCausalLM``).  About 4 B
 parameters each: build them on a GPU, ``materialize(name, out, dtype=torch.bfloat16, device="cuda")``.
 
-Run as a script: ``python tests/models/make_model.py nemotron_h_tiny /tmp/nh``.
+Echo variant (``materialize(..., echo=True)``, script flag ``--echo``; issue 6's controlled-acceptance
+spec benchmark): the same tensors, shapes and bytes, but greedy decoding is robust to numerical noise.
+Every residual branch's output projection (Mamba-2 / GDN ``out_proj``, attention ``o_proj``, every MLP
+and expert ``down_proj``) is scaled by ``ECHO_BRANCH_SCALE``, so the final hidden state is the current
+token's embedding plus a small residual, and the LM head is the embedding table re-indexed by
+``echo_next``: row ``echo_next(x)`` is ``ECHO_LOGIT / hidden_size`` x embedding ``x`` (specials
+``0..3`` never win).  The next token is therefore ``echo_next(current token)`` with a logit of about
+``ECHO_LOGIT`` against a largest wrong logit of a few units (margin > 15 at hidden 128 and 3136),
+far above bf16 noise (ulp 0.125 at 30).  Every layer still runs on unit-RMS inputs (the norms see
+the embedding), and every weight is at most as large as the plain preset's (nothing overflows).
+
+Run as a script: ``python tests/models/make_model.py nemotron_h_tiny /tmp/nh [--echo]``.
 """
 
 from __future__ import annotations
@@ -38,11 +49,15 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["MODELS", "materialize", "build_tokenizer"]
+__all__ = ["MODELS", "ECHO_BRANCH_SCALE", "ECHO_LOGIT", "materialize", "build_tokenizer", "echo_next",
+           "echo_continuation"]
 
 HERE = Path(__file__).resolve().parent
 MODELS = ("nemotron_h_tiny", "qwen3_next_tiny", "llama_tiny", "nemotron_h_nano4b", "qwen3_next_4b", "qwen3_5_4b")
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
+#: echo variant: residual branches' output projections x this; the echo token's logit (about)
+ECHO_BRANCH_SCALE = 0.05
+ECHO_LOGIT = 30.0
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -280,6 +295,53 @@ def _qwen3_5_weights(cfg: dict, gen: _Gen) -> dict[str, torch.Tensor]:
     return w
 
 
+# ----------------------------------------------------------------------------- echo variant
+
+
+def echo_next(token: int, vocab: int) -> int:
+    """The echo model's greedy next token after ``token``: the next non-special id (cyclic over
+    ``4 .. vocab-1``); after a special ``s`` (``0..3``): ``4 + s``."""
+    n = len(SPECIALS)
+    if token < n:
+        return n + token
+    return n + (token - n + 1) % (vocab - n)
+
+
+def echo_continuation(prompt: list[int], length: int, vocab: int) -> list[int]:
+    """The echo model's greedy output of ``length`` tokens for ``prompt`` (it depends on the last token only)."""
+    out, token = [], int(prompt[-1])
+    for _ in range(length):
+        token = echo_next(token, vocab)
+        out.append(token)
+    return out
+
+
+#: names of each family's embedding and LM head
+_EMBED_HEAD = {
+    "nemotron_h": ("backbone.embeddings.weight", "lm_head.weight"),
+    "qwen": ("model.embed_tokens.weight", "lm_head.weight"),
+}
+#: residual branches' output projections (the last linear before each residual add)
+_BRANCH_OUT = (".out_proj.weight", ".o_proj.weight", ".down_proj.weight")
+
+
+def _echo(weights: dict[str, torch.Tensor]) -> None:
+    """Turn a preset's weights into its echo variant in place (module docstring)."""
+    embed_key = next(e for e, _ in _EMBED_HEAD.values() if e in weights)
+    emb = weights[embed_key]
+    v, d = emb.shape
+    idx = torch.arange(v, device=emb.device)
+    n = len(SPECIALS)
+    head = torch.zeros_like(emb)
+    # row echo_next(x) gets embedding x; specials' successors 4..7 get two sources (both win nowhere else)
+    succ = torch.where(idx < n, n + idx, n + (idx - n + 1) % (v - n))
+    head.index_add_(0, succ, emb)
+    weights["lm_head.weight"] = head * (ECHO_LOGIT / d)
+    for k in weights:
+        if k.endswith(_BRANCH_OUT):
+            weights[k] = weights[k] * ECHO_BRANCH_SCALE
+
+
 _BUILDERS = {
     "nemotron_h_tiny": (_nemotron_h_weights, 1234),
     "qwen3_next_tiny": (_qwen3_next_weights, 4321),
@@ -334,7 +396,7 @@ def _save_sharded(weights: dict[str, torch.Tensor], out: Path, dtype: torch.dtyp
 
 def materialize(name: str, out_dir: str | Path, *, dtype: torch.dtype = torch.float32,
                 device: str | torch.device = "cpu", config: dict | None = None,
-                shard_bytes: int | None = None) -> Path:
+                shard_bytes: int | None = None, echo: bool = False) -> Path:
     """Write model ``name`` (one of ``MODELS``) into ``out_dir``; return the directory.
 
     Idempotent: an existing complete directory with the same config is left as is.
@@ -342,6 +404,7 @@ def materialize(name: str, out_dir: str | Path, *, dtype: torch.dtype = torch.fl
     ``config``: use this config dict instead of ``tests/models/<name>/config.json`` (same builder
     and seed; the benchmark tests shrink a preset this way).  ``shard_bytes``: write HF-style
     shards of at most this size (plus ``model.safetensors.index.json``) instead of one file.
+    ``echo``: write the echo variant (module docstring; ``echo_continuation`` predicts its greedy output).
     """
     from safetensors.torch import save_file
 
@@ -350,8 +413,11 @@ def materialize(name: str, out_dir: str | Path, *, dtype: torch.dtype = torch.fl
     out = Path(out_dir)
     src_cfg = HERE / name / "config.json"
     cfg_text = src_cfg.read_text() if config is None else json.dumps(config, indent=2)
+    if echo and _BUILDERS.get(name, (None,))[0] is None:
+        raise ValueError(f"echo: expected a model with weights, got {name!r}")
     stamp = out / ".complete"
-    if stamp.exists() and stamp.read_text() == cfg_text:
+    stamp_text = cfg_text + ("\n# echo variant\n" if echo else "")
+    if stamp.exists() and stamp.read_text() == stamp_text:
         return out
     out.mkdir(parents=True, exist_ok=True)
     cfg = json.loads(cfg_text)
@@ -359,6 +425,8 @@ def materialize(name: str, out_dir: str | Path, *, dtype: torch.dtype = torch.fl
     if builder is not None:
         with torch.no_grad():
             weights = builder(cfg, _Gen(seed, device))
+            if echo:
+                _echo(weights)
             if shard_bytes is None:
                 save_file({k: t.to(dtype).contiguous().cpu() for k, t in weights.items()},
                           str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -370,11 +438,12 @@ def materialize(name: str, out_dir: str | Path, *, dtype: torch.dtype = torch.fl
     else:
         (out / "config.json").write_text(cfg_text)
     build_tokenizer(_vocab_size(cfg), out)
-    stamp.write_text(cfg_text)
+    stamp.write_text(stamp_text)
     return out
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit(f"usage: {sys.argv[0]} {{{','.join(MODELS)}}} OUT_DIR")
-    print(materialize(sys.argv[1], sys.argv[2]))
+    argv = [a for a in sys.argv[1:] if a != "--echo"]
+    if len(argv) != 2:
+        raise SystemExit(f"usage: {sys.argv[0]} {{{','.join(MODELS)}}} OUT_DIR [--echo]")
+    print(materialize(argv[0], argv[1], echo="--echo" in sys.argv[1:]))
