@@ -275,6 +275,9 @@ class Decision:
     path: str  # "replay" or "snapshot"
     reason: str
     source: str  # "measured", "byte-model", "override", "tree", "cached ..."
+    #: where the times come from ("measured ..." or "byte-model ..."); logged where ``source`` does
+    #: not say it (an override or a tree draft decides without timing, so its times are the byte model's)
+    times: str = ""
     snapshot_bytes: float
     replay_bytes: float
     snapshot_s: float
@@ -285,10 +288,13 @@ class Decision:
     def log_line(self) -> str:
         return (
             f"ReplaySSM verify bs={self.batch_size} T={self.num_tokens}: {self.path} ({self.reason}; "
-            f"source={self.source}; snapshot {self.snapshot_bytes / 1e6:.3f} MB "
+            f"source={self.source}{self._times_note()}; snapshot {self.snapshot_bytes / 1e6:.3f} MB "
             f"{self.snapshot_s * 1e6:.1f} us util {self.snapshot_util:.2f}, replay "
             f"{self.replay_bytes / 1e6:.3f} MB {self.replay_s * 1e6:.1f} us util {self.replay_util:.2f})"
         )
+
+    def _times_note(self) -> str:
+        return f", times: {self.times}" if self.times and not self.source.endswith(self.times) else ""
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -356,6 +362,7 @@ def decide(
         t_replay = fixed + b_replay / device.peak_bytes_per_s
     u_snap = b_snap / t_snap / device.peak_bytes_per_s
     u_replay = b_replay / t_replay / device.peak_bytes_per_s
+    times = source
 
     if topk > 1:
         path, reason, source = "snapshot", f"tree drafts (topk={topk}) use the snapshot path", "tree"
@@ -373,7 +380,7 @@ def decide(
         reason = (f"replay not faster enough ({t_snap / t_replay:.2f}x < {MIN_SPEEDUP}x) although the "
                   f"snapshot path is bandwidth-bound (util {u_snap:.2f})")
     return Decision(
-        batch_size=batch_size, num_tokens=num_tokens, path=path, reason=reason, source=source,
+        batch_size=batch_size, num_tokens=num_tokens, path=path, reason=reason, source=source, times=times,
         snapshot_bytes=b_snap, replay_bytes=b_replay, snapshot_s=t_snap, replay_s=t_replay,
         snapshot_util=u_snap, replay_util=u_replay,
     )

@@ -87,6 +87,11 @@ def test_override_wins_over_the_timings(mode: str) -> None:
     for timing in (_timing(64, 0.9, 3.0), _timing(64, 0.1, 0.5)):
         d = h.decide(64, T, SHAPE, GPU, mode=mode, timing=timing)
         assert (d.path, d.source, d.reason) == (mode, "override", f"override --replayssm-verify {mode}")
+        assert d.times == "measured" and "source=override, times: measured;" in d.log_line()
+    # without timings (what spec_plan gives an override: no probe) the log says the times are estimates
+    d = h.decide(64, T, SHAPE, GPU, mode=mode)
+    assert d.times == "byte-model" and "source=override, times: byte-model;" in d.log_line()
+    assert "times:" not in h.decide(64, T, SHAPE, GPU, mode="auto").log_line()  # source says it already
 
 
 def test_tree_drafts_go_to_snapshot_and_replay_override_is_refused(caplog: pytest.LogCaptureFixture) -> None:
