@@ -17,8 +17,22 @@ commit, the accepted tokens' KV move.  The algorithm declares itself draft-model
 ``batch.spec_info``).
 
 Oracle file (path in ``REPLAYSSM_SPEC_ORACLE``; it may appear after the server starts, and is read
-again whenever a request's prompt is not in it):
+again when a new request's prompt is not in it and the file changed since it was last read):
 ``{"entries": [{"prompt": [ids], "reference": [ids], "rate": float, "seed": int}, ...]}``.
+
+Host cost per verify step (the benchmark runs batches of 256-512): each entry's whole draft sequence
+(``draft_sequence``) is computed once, when the file is read; a request's sequence is looked up by
+prompt once, on its first verify step, and kept by request id; a step then costs one list slice per
+request: 0.4 ms per step at batch 512 on this CPU, where drawing ``random.Random`` per draft token and
+hashing the prompt per step cost 12 ms; the file read (0.5 s for 512 prompts x 128 tokens) happens
+at the first request it lacks, so write it before the warm-up.
+
+On CUDA the verify attention (FlashInfer, as NGRAM's ``USE_FULL_MASK``) takes the full mask: per
+request ``T`` rows of ``seq_len + T`` entries (the prefix, then the chain's causal ``T x T``),
+built on the device with no per-request loop (``full_chain_mask``); on a CPU the ``T x T`` mask per
+request, as SGLang's torch_native verify reads it.  Everything else is NGRAM's flow; CUDA-graph
+capture and replay of TARGET_VERIFY take NGRAM's branch (``is_ngram``: ``NgramVerifyInput`` with the
+graph's mask buffer, ``bs x T`` input ids).
 """
 
 from __future__ import annotations
@@ -30,7 +44,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ALGORITHM", "ENV", "expected_verify_steps", "perturbed", "register"]
+__all__ = ["ALGORITHM", "ENV", "draft_sequence", "expected_accept_length", "expected_verify_steps", "full_chain_mask",
+           "perturbed", "register"]
 
 ALGORITHM = "REPLAYSSM_ORACLE"
 ENV = "REPLAYSSM_SPEC_ORACLE"
@@ -45,18 +60,18 @@ def perturbed(reference: list[int], index: int, rate: float, seed: int, vocab: i
     return (token + 1) % vocab if random.Random(f"{seed}:{index}").random() < rate else token
 
 
-def expected_verify_steps(reference: list[int], rate: float, seed: int, vocab: int, num_draft_tokens: int,
-                          max_new_tokens: int) -> int:
-    """Verify steps a correct server takes for ``max_new_tokens`` (the first token comes from prefill).
+def draft_sequence(reference: list[int], rate: float, seed: int, vocab: int) -> list[int]:
+    """``perturbed`` for every output position of ``reference`` (what the drafter proposes there)."""
+    return [perturbed(reference, i, rate, seed, vocab) for i in range(len(reference))]
 
-    Each step accepts the drafts up to the first wrong one plus the target's own next token.
-    """
+
+def _verify_walk(reference: list[int], drafts: list[int], num_draft_tokens: int, max_new_tokens: int) -> int:
     steps, produced = 0, 1
     while produced < max_new_tokens:
         accepted = 1
         while accepted < num_draft_tokens and produced + accepted - 1 < len(reference):
             index = produced + accepted - 1
-            if perturbed(reference, index, rate, seed, vocab) != reference[index]:
+            if drafts[index] != reference[index]:
                 break
             accepted += 1
         produced += accepted
@@ -64,24 +79,91 @@ def expected_verify_steps(reference: list[int], rate: float, seed: int, vocab: i
     return steps
 
 
+def expected_verify_steps(reference: list[int], rate: float, seed: int, vocab: int, num_draft_tokens: int,
+                          max_new_tokens: int) -> int:
+    """Verify steps a correct server takes for ``max_new_tokens`` (the first token comes from prefill).
+
+    Each step accepts the drafts up to the first wrong one plus the target's own next token.
+    """
+    return _verify_walk(reference, draft_sequence(reference, rate, seed, vocab), num_draft_tokens, max_new_tokens)
+
+
+def expected_accept_length(entries: list[dict], vocab: int, num_draft_tokens: int, max_new_tokens: int) -> float:
+    """Accepted tokens per verify step (bonus included) over all ``entries`` (oracle-file entries):
+    total verify-produced tokens / total verify steps, as a server's ``accept len`` averages them."""
+    steps = tokens = 0
+    for e in entries:
+        n = min(max_new_tokens, len(e["reference"]))
+        steps += expected_verify_steps(e["reference"], e["rate"], e["seed"], vocab, num_draft_tokens, n)
+        tokens += n - 1
+    return tokens / steps if steps else float("nan")
+
+
+def full_chain_mask(seq_lens: torch.Tensor, seq_lens_sum: int, num_draft_tokens: int) -> torch.Tensor:
+    """The flat bool verify mask of linear chains in NGRAM's ``USE_FULL_MASK`` layout (FlashInfer).
+
+    Per request ``i``, ``T`` rows of ``seq_lens[i] + T`` entries: the prefix all True, then row ``k``
+    True up to the chain's ``k``-th token.  Built where ``seq_lens`` lives (no host loop, no sync:
+    ``seq_lens_sum`` is the host's sum).
+    """
+    t = num_draft_tokens
+    lens = seq_lens.to(torch.int64)
+    bs = lens.numel()
+    mask = torch.ones(seq_lens_sum * t + t * t * bs, dtype=torch.bool, device=lens.device)
+    pairs = [(k, q) for k in range(t - 1) for q in range(t - 1 - k)]
+    if not pairs or bs == 0:
+        return mask
+    k = torch.tensor([kq[0] for kq in pairs], dtype=torch.int64, device=lens.device)
+    q = torch.tensor([kq[1] for kq in pairs], dtype=torch.int64, device=lens.device)
+    row = lens + t
+    base = torch.cumsum(t * row, 0) - t * row
+    idx = base[:, None] + k * row[:, None] + lens[:, None] + k + 1 + q
+    mask[idx.flatten()] = False
+    return mask
+
+
 class _Oracle:
-    """Prompt → (reference output, wrong rate, seed), from the oracle file (re-read on a prompt it lacks)."""
+    """Prompt → its draft sequence (``draft_sequence``), from the oracle file; per request id, the
+    sequence found on the request's first step (module docstring: host cost)."""
 
     def __init__(self, path: Path, vocab: int):
         self.path = path
         self.vocab = vocab
-        self.entries: dict[tuple[int, ...], tuple[list[int], float, int]] = {}
+        self.sequences: dict[tuple[int, ...], list[int]] = {}
+        self.by_rid: dict[str, list[int]] = {}
+        self._stamp: tuple[int, int] | None = None
 
-    def _entry(self, prompt: tuple[int, ...]) -> tuple[list[int], float, int]:
-        if prompt not in self.entries and self.path.exists():
-            self.entries = {tuple(e["prompt"]): (e["reference"], e["rate"], e["seed"])
-                            for e in json.loads(self.path.read_text())["entries"]}
-        return self.entries.get(prompt, ([], 0.0, 0))
+    def _reload(self) -> None:
+        """Read the file again if it changed (mtime, size) since the last read."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return
+        if (st.st_mtime_ns, st.st_size) == self._stamp:
+            return
+        entries = json.loads(self.path.read_text())["entries"]
+        self.sequences = {tuple(e["prompt"]): draft_sequence(e["reference"], e["rate"], e["seed"], self.vocab)
+                          for e in entries}
+        self._stamp = (st.st_mtime_ns, st.st_size)
 
-    def drafts(self, prompt: list[int], num_output: int, count: int) -> list[int]:
-        """``count`` drafts after ``num_output`` output tokens (token 0 for prompts not in the file)."""
-        reference, rate, seed = self._entry(tuple(prompt))
-        return [perturbed(reference, num_output + i, rate, seed, self.vocab) for i in range(count)]
+    def sequence(self, rid: str, prompt) -> list[int]:
+        """The request's draft sequence (empty for a prompt not in the file: every draft is token 0)."""
+        seq = self.by_rid.get(rid)
+        if seq is None:
+            key = tuple(prompt)
+            if key not in self.sequences:
+                self._reload()
+            seq = self.by_rid[rid] = self.sequences.get(key, [])
+        return seq
+
+    def drafts(self, rid: str, prompt, num_output: int, count: int) -> list[int]:
+        """``count`` drafts after ``num_output`` output tokens (token 0 past the sequence)."""
+        d = self.sequence(rid, prompt)[num_output:num_output + count]
+        return d + [0] * (count - len(d)) if len(d) < count else d
+
+    def forget_except(self, rids: set[str]) -> None:
+        """Drop the sequences of requests that left the batch (called when the table outgrows it)."""
+        self.by_rid = {r: s for r, s in self.by_rid.items() if r in rids}
 
 
 def _worker_class():
@@ -113,16 +195,24 @@ def _worker_class():
         def _chain(self, batch) -> NgramVerifyInput:
             """The verify input of ``[last token, T-1 oracle drafts]`` per request (a linear chain)."""
             bs, t = len(batch.reqs), self.draft_token_num
+            oracle = self._oracle
             tokens = [
-                [req.output_ids[-1], *self._oracle.drafts(list(req.origin_input_ids), len(req.output_ids), t - 1)]
+                [req.output_ids[-1], *oracle.drafts(req.rid, req.origin_input_ids, len(req.output_ids), t - 1)]
                 for req in batch.reqs
             ]
+            if len(oracle.by_rid) > 2 * bs + 1024:
+                oracle.forget_except({req.rid for req in batch.reqs})
             steps = torch.arange(t, device=self.device)
             nodes = torch.arange(bs * t, device=self.device).view(bs, t)
             next_token = torch.where(steps + 1 < t, steps + 1, -1).expand(bs, t).contiguous()
+            if str(self.device) == "cpu":  # torch_native verify: T x T per request
+                mask = torch.ones(t, t, dtype=torch.bool, device=self.device).tril().repeat(bs, 1).flatten()
+            else:  # FlashInfer: NGRAM's full mask
+                lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
+                mask = full_chain_mask(batch.seq_lens, int(lens_cpu.sum()), t)
             return NgramVerifyInput(
                 draft_token=torch.tensor(tokens, dtype=torch.int64, device=self.device).flatten(),
-                custom_mask=torch.ones(t, t, dtype=torch.bool, device=self.device).tril().repeat(bs, 1).flatten(),
+                custom_mask=mask,
                 positions=(batch.seq_lens.to(torch.int64)[:, None] + steps).flatten(),
                 retrieve_index=nodes,
                 retrieve_next_token=next_token,
