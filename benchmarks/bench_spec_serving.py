@@ -103,6 +103,25 @@ may read the buffer), so its running-request limit is stock spec's less the ring
 ``--replay-verify replay`` (linear drafts) solves without the reserve (``hooks/pool.py``) and shows the
 memory gain.  The two questions need one run each.
 
+**(4) Controlled acceptance: ``--draft oracle``.**  The target is the preset's *echo* variant
+(``make_model.materialize(..., echo=True)``: the same shapes and bytes, residual branches scaled
+down, the LM head the re-indexed embedding, so the greedy next token is ``echo_next(current)`` by a
+logit margin > 15 that bf16 batch-composition noise cannot flip; the model directory gets
+``_echo``), and the drafter is the test-only ``REPLAYSSM_ORACLE`` plug-in of ``tests/e2e/spec_oracle``
+(NGRAM's draft-model-free flow; ``SGLANG_PLUGINS=replayssm,replayssm_spec_oracle``, the oracle file in
+``REPLAYSSM_SPEC_ORACLE``).  Before the servers start, the oracle file is written from the exact
+prompts bench_serving will send (``bench_prompts``: bench_serving's own ``get_dataset`` on the
+namespace of the run's command line, after the same ``random`` / ``numpy`` seeding, then the
+server's encoding of the text), one entry per distinct prompt of every concurrency's run, with the
+reference = ``echo_continuation`` and the wrong rate ``--wrong-rate``: both spec servers get the same
+drafts, so the same acceptance.  The expected accept length per run (``expected_accept_length`` of
+its prompts; about ``(1 - (1 - r)^T) / r``) is reported beside the measured ones.  Once the spec
+servers are up, ``REFERENCE_CHECK_PROMPTS`` of the prompts are generated greedily on every server and
+compared with the references (differences are reported; the spec outputs are the target's greedy
+tokens whatever the drafts).  The oracle raises on ``return_logprob``, so the warm-up of this mode
+asks for no logprobs.  No draft model: nothing of a draft in memory, and the spec servers' memory is
+the target's pools only.
+
 No CPU mode: STANDALONE has no CPU path in SGLang 0.5.17 (no ``torch_native`` draft attention
 backend) and ``--ssm-backend replay`` refuses it on a CPU (``spec_plan.startup_refusals``,
 ``benchmarks/notes/spec_algorithms.md``).  CPU tests cover the arguments, the commands
@@ -146,6 +165,8 @@ __all__ = [
     "parse_heuristic_log",
     "nospec_order",
     "build_report",
+    "bench_prompts",
+    "oracle_entries",
     "main",
 ]
 
@@ -169,6 +190,12 @@ MIN_RUN_S = 20.0
 SPEC_READY_RESERVE_S = 60.0
 NOSPEC_READY_RESERVE_S = 150.0
 BENCH_TIMEOUT_S = 300.0
+#: --draft oracle: the test-only drafter plug-in (``tests/e2e/spec_oracle``) and its algorithm name
+ORACLE_DIR = ab.ROOT / "tests" / "e2e" / "spec_oracle"
+ORACLE_ALGORITHM = "REPLAYSSM_ORACLE"
+ORACLE_ENV = "REPLAYSSM_SPEC_ORACLE"
+#: prompts of the oracle file generated on every server once it is up (the reference check)
+REFERENCE_CHECK_PROMPTS = 8
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -210,6 +237,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-budget", type=float, default=530.0,
                    help="seconds for the whole command; later runs are skipped when it runs out")
     p.add_argument("--seed", type=int, default=1, help="bench_serving --seed (same prompts for every server)")
+    p.add_argument("--draft", choices=("standalone", "oracle"), default="standalone",
+                   help="standalone: STANDALONE with a tiny Llama draft of dummy weights (accept length ~1); "
+                        "oracle: the echo model and the REPLAYSSM_ORACLE drafter, acceptance set by --wrong-rate")
+    p.add_argument("--wrong-rate", type=float, default=None,
+                   help="--draft oracle: probability that a draft token is wrong (default 0.25: expected accept "
+                        "length ~2.73 at T=4)")
     # read by bench_serving_ab's helpers (model generation, bench_serving command)
     p.set_defaults(dataset="random-ids", device="cuda")
     args = p.parse_args(argv)
@@ -242,10 +275,18 @@ def _complete(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')}: expected a fraction in (0, 1), got {getattr(args, name)}")
     if args.time_budget <= 0:
         raise ValueError(f"--time-budget: expected seconds > 0, got {args.time_budget}")
+    if args.draft == "oracle":
+        if args.wrong_rate is None:
+            args.wrong_rate = 0.25
+        if not 0 <= args.wrong_rate <= 1:
+            raise ValueError(f"--wrong-rate: expected a probability in [0, 1], got {args.wrong_rate}")
+    elif args.wrong_rate is not None:
+        raise ValueError(f"--wrong-rate: expected only with --draft oracle, got --draft {args.draft}")
     if args.model is None:
         args.model = ab.FAMILY_MODELS[args.family]
     if args.model_dir is None:
-        args.model_dir = f"/tmp/replayssm_bench_models/{args.model}"
+        suffix = "_echo" if args.draft == "oracle" else ""
+        args.model_dir = f"/tmp/replayssm_bench_models/{args.model}{suffix}"
     if args.commit is None:
         args.commit = ab._git_commit()
 
@@ -306,7 +347,9 @@ def common_flags(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def _spec_flags(draft_dir: str | Path, num_tokens: int) -> list[str]:
+def _spec_flags(draft_dir: str | Path, num_tokens: int, draft: str = "standalone") -> list[str]:
+    if draft == "oracle":  # the plug-in sets steps T-1 and topk 1 itself (as NGRAM)
+        return ["--speculative-algorithm", ORACLE_ALGORITHM, "--speculative-num-draft-tokens", str(num_tokens)]
     return ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(draft_dir),
             "--speculative-draft-load-format", "dummy", "--speculative-num-steps", str(num_tokens - 1),
             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(num_tokens)]
@@ -327,11 +370,159 @@ def variant_flags(variant: str, args: argparse.Namespace, draft_dir: str | Path)
         raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
     flags = ["--mem-fraction-static", str(args.spec_mem_fraction),
              "--max-running-requests", str(SPEC_MAX_RUNNING_REQUESTS),
-             "--mamba-radix-cache-strategy", "no_buffer", *_spec_flags(draft_dir, args.draft_tokens)]
+             "--mamba-radix-cache-strategy", "no_buffer",
+             *_spec_flags(draft_dir, args.draft_tokens, args.draft)]
     if variant == "stock_spec":
         return ["--ssm-backend", "default", *flags, *extra]
     return ["--ssm-backend", "replay", "--replayssm-window", str(args.window),
             "--replayssm-verify", args.replay_verify, *flags, *extra, *shlex.split(args.replay_args)]
+
+
+# ----------------------------------------------------------------------------- --draft oracle
+
+
+def _oracle_module():
+    """``tests/e2e/spec_oracle/replayssm_spec_oracle.py`` (test-only plug-in; imported for its helpers)."""
+    if str(ORACLE_DIR) not in sys.path:
+        sys.path.insert(0, str(ORACLE_DIR))
+    import replayssm_spec_oracle
+
+    return replayssm_spec_oracle
+
+
+def oracle_env(oracle_file: str | Path) -> dict[str, str]:
+    """Environment of a spec server with the oracle drafter (its plug-in loaded through its entry point)."""
+    return {"SGLANG_PLUGINS": "replayssm,replayssm_spec_oracle",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ORACLE_DIR), os.environ.get("PYTHONPATH")])),
+            ORACLE_ENV: str(oracle_file)}
+
+
+def bench_prompts(args: argparse.Namespace, num_prompts: int, tokenizer) -> list[list[int]]:
+    """The prompt ids a server receives from one run's ``sglang.bench_serving --dataset-name random-ids``.
+
+    bench_serving 0.5.17 seeds ``random`` and ``numpy`` with ``--seed`` (``run_benchmark``), draws
+    nothing else before ``get_dataset``, and sends each prompt as text (no ``--tokenize-prompt``),
+    which the server encodes.  Here: the same seeding (the caller's random states are restored), its
+    own ``get_dataset`` on the namespace of ``bench_serving_ab.bench_cmd``'s flags (the tests check
+    it against bench_serving's parser), then ``tokenizer.encode`` of each text.
+    """
+    import random
+
+    import numpy as np
+    from sglang.benchmark.datasets import get_dataset
+
+    ns = argparse.Namespace(dataset_name="random-ids", random_input_len=args.input_len,
+                            random_output_len=args.output_len, num_prompts=num_prompts, random_range_ratio=1.0,
+                            dataset_path="", tokenize_prompt=False, seed=args.seed)
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        with contextlib.redirect_stdout(None):  # its "#Input tokens" lines
+            rows = get_dataset(ns, tokenizer, None)
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+    return [tokenizer.encode(r.prompt) if isinstance(r.prompt, str) else list(r.prompt) for r in rows]
+
+
+def oracle_entries(prompts: dict[int, list[list[int]]], output_len: int, vocab: int, rate: float,
+                   num_draft_tokens: int) -> tuple[list[dict], dict[int, float]]:
+    """Oracle-file entries (one per distinct prompt, reference = the echo model's greedy continuation)
+    and the expected accept length of each run (``{concurrency: x}``).
+
+    ``prompts``: ``{concurrency: that run's prompts}`` (``bench_prompts``).  Seeds are the entries'
+    indices, so every server and every run see the same drafts for a prompt.
+    """
+    oracle = _oracle_module()
+    entries: dict[tuple[int, ...], dict] = {}
+    for run in prompts.values():
+        for p in run:
+            if tuple(p) not in entries:
+                entries[tuple(p)] = {"prompt": list(p), "reference": make_model.echo_continuation(p, output_len, vocab),
+                                     "rate": rate, "seed": len(entries)}
+    expected = {c: round(oracle.expected_accept_length([entries[tuple(p)] for p in run], vocab, num_draft_tokens,
+                                                       output_len), 4)
+                for c, run in prompts.items()}
+    return list(entries.values()), expected
+
+
+def geometric_accept_length(rate: float, num_draft_tokens: int) -> float:
+    """Accept length (bonus included) of ``T-1`` drafts each wrong with probability ``rate``, independently,
+    for unbounded outputs: ``(1 - (1 - r)^T) / r`` (``T`` at ``r = 0``)."""
+    return float(num_draft_tokens) if rate == 0 else (1 - (1 - rate) ** num_draft_tokens) / rate
+
+
+def _generate_ids(url: str, ids: list[int], n: int, timeout: float) -> dict:
+    """One greedy request without logprobs (the oracle drafter refuses them): ``{"tokens"}`` or ``{"error"}``."""
+    import requests
+
+    try:
+        r = requests.post(f"{url}/generate", json={
+            "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": n, "ignore_eos": True}},
+            timeout=timeout)
+        r.raise_for_status()
+        return {"tokens": r.json()["output_ids"]}
+    except Exception as e:  # reported, never fatal
+        return {"error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def _warmup_ids(urls: dict, n: int, input_len: int, vocab: int, timeout: float) -> None:
+    """``bench_serving_ab._warmup`` without logprobs: ``n`` requests (``input_len`` tokens, 8 new) per server."""
+    prompts = ab._probe_prompts(n, vocab, input_len, seed=11)
+    prompts = [(p * (input_len // len(p) + 1))[:input_len] for p in prompts]
+    with cf.ThreadPoolExecutor(min(2 * n, 512)) as ex:
+        futs = [ex.submit(_generate_ids, url, p, 8, timeout) for url in urls.values() for p in prompts]
+        errors = [r["error"] for r in (f.result() for f in futs) if "error" in r]
+    if errors:
+        _log(f"warm-up: {len(errors)} request(s) failed, e.g. {errors[0]}")
+
+
+def check_references(urls: dict, entries: list[dict], new_tokens: int, timeout: float) -> dict:
+    """Greedy outputs of ``entries``' prompts on every server vs their references.
+
+    Returns ``{server: {"checked", "equal", "errors", "first_diff"}}``; ``first_diff``: ``[entry,
+    position, got, expected]`` of the first differing token (None if all equal).
+    """
+    out = {}
+    with cf.ThreadPoolExecutor(max(1, len(urls) * len(entries))) as ex:
+        futs = {name: [ex.submit(_generate_ids, url, e["prompt"], new_tokens, timeout) for e in entries]
+                for name, url in urls.items()}
+        for name, fs in futs.items():
+            res = {"checked": len(entries), "equal": 0, "errors": 0, "first_diff": None}
+            for i, (f, e) in enumerate(zip(fs, entries)):
+                r = f.result()
+                if "error" in r:
+                    res["errors"] += 1
+                    continue
+                ref = e["reference"][:new_tokens]
+                if r["tokens"] == ref:
+                    res["equal"] += 1
+                elif res["first_diff"] is None:
+                    k = next((j for j, (a, b) in enumerate(zip(r["tokens"], ref)) if a != b),
+                             min(len(r["tokens"]), len(ref)))
+                    res["first_diff"] = [i, k, r["tokens"][k] if k < len(r["tokens"]) else None,
+                                         ref[k] if k < len(ref) else None]
+            out[name] = res
+    return out
+
+
+def _generate_echo_model(args: argparse.Namespace, out: Path, timeout: float) -> float:
+    """``bench_serving_ab._generate_model`` for the echo variant (a child process, bf16 shards on the GPU)."""
+    t = time.monotonic()
+    code = (
+        "import sys, time, torch; sys.path.insert(0, sys.argv[1]); import make_model; t = time.time(); "
+        "make_model.materialize(sys.argv[2], sys.argv[3], dtype=torch.bfloat16, device=sys.argv[4], "
+        "shard_bytes=int(sys.argv[5]), echo=True); "
+        "print(f'generated {sys.argv[2]} (echo) in {time.time() - t:.1f}s', flush=True)"
+    )
+    cmd = [sys.executable, "-c", code, str(ab.ROOT / "tests" / "models"), args.model, args.model_dir, args.device,
+           str(ab.SHARD_BYTES)]
+    with open(out / "gen.log", "a") as fh:
+        r = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=max(timeout, 1.0), cwd=ab.ROOT)
+    if r.returncode != 0:
+        raise RuntimeError(f"model generation failed (exit {r.returncode}):\n{(out / 'gen.log').read_text()[-3000:]}")
+    return time.monotonic() - t
 
 
 # ----------------------------------------------------------------------------- log parsers
@@ -497,6 +688,40 @@ def _heuristic_rows(decisions: list[dict], max_running: int | None) -> list[str]
     return lines
 
 
+def _oracle_lines(runs: dict, meta: dict) -> list[str]:
+    """--draft oracle: expected vs measured accept length per run, and the reference check."""
+    o = meta.get("oracle") or {}
+    expected = {int(c): x for c, x in (o.get("expected_accept_len") or {}).items()}
+    lines = [
+        f"Acceptance: REPLAYSSM_ORACLE drafts on the echo model, each draft token wrong with probability "
+        f"{meta.get('wrong_rate')} (the same drafts for both spec servers; geometric accept length "
+        f"{ab._fmt(o.get('geometric_accept_len'), '.3f')} at T={meta.get('draft_tokens')}; expected per run: "
+        "the references' own draws, the outputs' last steps cut by the output length).",
+        "",
+        "| concurrency | expected accept len | stock_spec (this run) | replay_spec (this run) "
+        "| stock_spec (bench_serving) | replay_spec (bench_serving) |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in sorted(runs):
+        r = runs[c]
+        cells = [ab._fmt(((r.get(v) or {}).get("server_log_decode") or {}).get("accept_len"), ".3f")
+                 for v in SPEC_VARIANTS]
+        cells += [ab._fmt((r.get(v) or {}).get("accept_length"), ".3f") for v in SPEC_VARIANTS]
+        lines.append(f"| {c} | {ab._fmt(expected.get(c), '.3f')} | {' | '.join(cells)} |")
+    checks = o.get("reference_check") or {}
+    lines.append("")
+    if not checks:
+        lines.append("Reference check: not run.")
+    for v in VARIANTS:
+        if v in checks:
+            r = checks[v]
+            diff = "" if r["first_diff"] is None else (
+                f"; first difference [entry, position, got, expected] {r['first_diff']}")
+            lines.append(f"Reference check {v}: {r['equal']}/{r['checked']} greedy outputs equal the references "
+                         f"({r['errors']} errors{diff}).")
+    return lines
+
+
 def _verdict(x: float | None, goal: float) -> str:
     return "not measured" if x is None else ("met" if x >= goal else "MISSED")
 
@@ -541,24 +766,31 @@ def build_report(runs: dict, memory: dict, decisions: list[dict], meta: dict) ->
     meta : dict
         Run description: ``model``, ``family``, ``commit``, ``date``, ``gpu``, ``input_len``,
         ``output_len``, ``draft_tokens``, ``window``, ``replay_verify``, ``gpu_of``, ``mem_fraction``,
-        ``flags``, ``warnings``.
+        ``flags``, ``warnings``; with ``draft`` ``"oracle"``: ``wrong_rate`` and ``oracle``
+        (``expected_accept_len`` per concurrency, ``geometric_accept_len``, ``reference_check``).
     """
     t = meta.get("draft_tokens")
+    oracle = meta.get("draft") == "oracle"
+    drafter = (f"REPLAYSSM_ORACLE drafter on the echo variant of the model, wrong rate {meta.get('wrong_rate')}, "
+               f"{t - 1 if t else '—'} steps, topk 1" if oracle else
+               f"STANDALONE draft (tiny Llama, dummy weights), {t - 1 if t else '—'} steps, topk 1")
+    acceptance = _oracle_lines(runs, meta) if oracle else [
+        "Acceptance: the draft has random (dummy) weights, so nearly every draft token is rejected and the "
+        "accept length is ~1 (the bonus token): speculation cannot pay at that acceptance, and the spec servers "
+        "are expected to be slower than stock without spec."]
     lines = [
         f"### Speculative serving (T={t}): {meta.get('model')} ({meta.get('family')}), stock spec vs replay spec "
         "vs stock without spec",
         "",
         f"commit `{meta.get('commit')}`, {meta.get('date')}, {meta.get('gpu') or '—'}; bench_serving random-ids, "
-        f"input {meta.get('input_len')}, output {meta.get('output_len')}, range ratio 1.0; STANDALONE draft "
-        f"(tiny Llama, dummy weights), {t - 1 if t else '—'} steps, topk 1, {t} draft tokens; replay "
+        f"input {meta.get('input_len')}, output {meta.get('output_len')}, range ratio 1.0; {drafter}, "
+        f"{t} draft tokens; replay "
         f"--replayssm-window {meta.get('window')} --replayssm-verify {meta.get('replay_verify')}; server flags "
         f"in results.json.",
         "",
         *_throughput_rows(runs),
         "",
-        "Acceptance: the draft has random (dummy) weights, so nearly every draft token is rejected and the "
-        "accept length is ~1 (the bonus token): speculation cannot pay at that acceptance, and the spec servers "
-        "are expected to be slower than stock without spec.",
+        *acceptance,
         "",
         "#### Max running requests at equal memory",
         "",
@@ -625,6 +857,7 @@ class _Session:
         self.status = 0
         self.unequal_warned = False
         self.lock = threading.Lock()
+        self.oracle_entries: list[dict] = []
         self.meta = self._meta(argv)
 
     def _meta(self, argv: Sequence[str]) -> dict:
@@ -634,12 +867,12 @@ class _Session:
             "model": a.model, "family": a.family, "commit": a.commit, "gpu": ab._gpu_name(),
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "input_len": a.input_len, "output_len": a.output_len, "draft_tokens": a.draft_tokens,
-            "window": a.window, "replay_verify": a.replay_verify,
+            "window": a.window, "replay_verify": a.replay_verify, "draft": a.draft, "wrong_rate": a.wrong_rate,
             "gpu_of": {v: s.gpu for v, s in self.servers.items()},
             "mem_fraction": {v: a.nospec_mem_fraction if v == "stock_nospec" else a.spec_mem_fraction
                              for v in VARIANTS},
             "flags": {v: " ".join(self.base_flags + s.flags) for v, s in self.servers.items()},
-            "draft_config": draft_config(self.target_cfg, self._draft_base()),
+            "draft_config": draft_config(self.target_cfg, self._draft_base()) if a.draft == "standalone" else None,
             "command": " ".join(shlex.quote(x) for x in cmd), "warnings": [],
         }
 
@@ -664,15 +897,54 @@ class _Session:
     # -- models and servers
 
     def make_models(self) -> None:
-        self.timings["generate"] = ab._generate_model(self.args, self.out,
-                                                      min(240.0, self.dl.left() - ab.TEARDOWN_RESERVE_S))
-        make_model.materialize("llama_tiny", self.draft_dir, config=self.meta["draft_config"])
+        timeout = min(240.0, self.dl.left() - ab.TEARDOWN_RESERVE_S)
+        if self.args.draft == "oracle":
+            self.timings["generate"] = _generate_echo_model(self.args, self.out, timeout)
+        else:
+            self.timings["generate"] = ab._generate_model(self.args, self.out, timeout)
+            make_model.materialize("llama_tiny", self.draft_dir, config=self.meta["draft_config"])
         _log(f"models ready in {self.dl.elapsed():.0f}s")
+
+    @property
+    def oracle_file(self) -> Path:
+        return self.work / "oracle.json"
+
+    def write_oracle(self) -> None:
+        """--draft oracle: the oracle file from the runs' exact prompts (before the servers start, so its
+        one read, at the warm-up's first request, is over before any run)."""
+        if self.args.draft != "oracle":
+            return
+        from sglang.benchmark.utils import get_tokenizer
+
+        t = time.monotonic()
+        a = self.args
+        tokenizer = get_tokenizer(str(a.model_dir))
+        by_n: dict[int, list[list[int]]] = {}
+        for n in set(a.num_prompts):
+            by_n[n] = bench_prompts(a, n, tokenizer)
+        prompts = {c: by_n[n] for c, n in zip(a.concurrency, a.num_prompts)}
+        bad = sorted({len(p) for run in prompts.values() for p in run} - {a.input_len})
+        if bad:
+            self.warn(f"oracle: prompt lengths {bad} after the server's encoding, expected {a.input_len}")
+        vocab = int(self.target_cfg["vocab_size"])
+        entries, expected = oracle_entries(prompts, a.output_len, vocab, a.wrong_rate, a.draft_tokens)
+        self.oracle_file.write_text(json.dumps({"entries": entries}))
+        self.oracle_entries = entries
+        self.meta["oracle"] = {
+            "wrong_rate": a.wrong_rate, "entries": len(entries), "expected_accept_len": expected,
+            "geometric_accept_len": round(geometric_accept_length(a.wrong_rate, a.draft_tokens), 4),
+            "reference_check": {},
+        }
+        self.timings["oracle_file"] = time.monotonic() - t
+        _log(f"oracle file: {len(entries)} prompts, expected accept length {expected} "
+             f"({self.timings['oracle_file']:.1f}s)")
 
     def _launch(self, s: _Server) -> None:
         env = {"SGLANG_MAMBA_CONV_DTYPE": "bfloat16", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": s.gpu,
                "SGLANG_REPLAYSSM_VERIFY_CACHE": str(self.work / "verify_decisions.json")}
+        if self.args.draft == "oracle" and s.name in SPEC_VARIANTS:
+            env |= oracle_env(self.oracle_file)
         s.proc = ab.srv.launch(Path(self.args.model_dir), s.flags, s.log, port=s.port, env=env,
                                base_flags=self.base_flags)
         self.timings[f"launch_{s.name}"] = self.dl.elapsed()
@@ -725,9 +997,27 @@ class _Session:
         self._check_backends(fresh)
         if fresh and self.dl.left() > 90:
             t = time.monotonic()
-            ab._warmup({v: self.servers[v].url for v in fresh}, max(self.args.concurrency), self.args.input_len,
-                       int(self.target_cfg["vocab_size"]), timeout=min(120.0, self.dl.left() - 60.0))
+            warmup = _warmup_ids if self.args.draft == "oracle" else ab._warmup
+            warmup({v: self.servers[v].url for v in fresh}, max(self.args.concurrency), self.args.input_len,
+                   int(self.target_cfg["vocab_size"]), timeout=min(120.0, self.dl.left() - 60.0))
             self.timings[f"warmup_{'+'.join(fresh)}"] = time.monotonic() - t
+            self._check_references(fresh)
+
+    def _check_references(self, fresh: Sequence[str]) -> None:
+        """--draft oracle: the first prompts' greedy outputs on these servers vs the oracle's references."""
+        if self.args.draft != "oracle" or not fresh or self.dl.left() < 90:
+            return
+        t = time.monotonic()
+        entries = self.oracle_entries[:REFERENCE_CHECK_PROMPTS]
+        found = check_references({v: self.servers[v].url for v in fresh}, entries, self.args.output_len,
+                                 timeout=min(60.0, self.dl.left() - 60.0))
+        self.timings[f"reference_check_{'+'.join(fresh)}"] = time.monotonic() - t
+        self.meta["oracle"]["reference_check"].update(found)
+        for v, r in found.items():
+            if r["equal"] != r["checked"]:
+                self.warn(f"{v}: {r['equal']}/{r['checked']} greedy outputs equal the oracle's references "
+                          f"({r['errors']} errors; first difference [entry, position, got, expected] "
+                          f"{r['first_diff']}): the drafts do not follow this server's tokens there")
 
     def _check_backends(self, fresh: Sequence[str]) -> None:
         """Warn when a server that just came up runs the other SSM backend than its name says."""
@@ -831,6 +1121,7 @@ def _run(session: _Session) -> None:
     CUDA-graph capture) on the first GPU would slow stock spec's runs there and not replay spec's.
     """
     session.make_models()
+    session.write_oracle()
     session.start()
     session.prepare(SPEC_VARIANTS, SPEC_READY_RESERVE_S)
     session.prepare(("stock_nospec",), NOSPEC_READY_RESERVE_S)

@@ -9,7 +9,14 @@
 - the report (ratios, targets, equal acceptance, skipped and failed runs);
 - ``main()`` end to end with fake servers and a fake bench_serving: launch order and GPUs, the stagger
   of stock without spec behind stock spec's pool sizing, the run order, the per-run log slices, the outputs;
-  and a server that does not start.
+  and a server that does not start;
+- ``--draft oracle``: its arguments and server flags; ``bench_prompts`` equals what 0.5.17's
+  bench_serving sends for the run's command line (its own parser and dataset code, the server's
+  encoding); the oracle entries and expected accept lengths; the report; ``main()`` with fakes (oracle
+  file, plug-in environment of the spec servers only, no-logprob warm-up, reference check); and on a
+  real CPU server (echo tiny model, ``REPLAYSSM_ORACLE``, ``--ssm-backend replay``): the reference check
+  passes and a real ``sglang.bench_serving`` run shows the expected accept length, so its prompts were
+  the oracle file's.
 """
 
 from __future__ import annotations
@@ -61,6 +68,10 @@ def test_defaults():
     ["--time-budget", "0"],
     ["--replay-verify", "always"],
     ["--family", "llama"],
+    ["--draft", "eagle"],
+    ["--wrong-rate", "0.3"],
+    ["--draft", "oracle", "--wrong-rate", "1.5"],
+    ["--draft", "oracle", "--wrong-rate", "-0.1"],
 ])
 def test_bad_arguments(argv):
     with pytest.raises(SystemExit):
@@ -499,3 +510,182 @@ def test_main_goes_on_without_a_server(monkeypatch, tmp_path: Path):
     assert "stock_spec: its log shows 'ReplaySSM rings are allocated': ReplaySSM is active there" in res["meta"][
         "warnings"]
     assert "not measured" in (out / "results.md").read_text()
+
+
+# ----------------------------------------------------------------------------- --draft oracle
+
+
+def test_oracle_arguments_and_flags():
+    a = bs.parse_args(["--commit", "x", "--draft", "oracle"])
+    assert a.wrong_rate == 0.25 and a.model_dir == "/tmp/replayssm_bench_models/nemotron_h_nano4b_echo"
+    assert bs.parse_args(["--commit", "x"]).wrong_rate is None
+    assert bs.parse_args(["--commit", "x", "--draft", "oracle", "--wrong-rate", "0"]).wrong_rate == 0.0
+    p = _server_parser()
+    for v in bs.SPEC_VARIANTS:
+        flags = bs.variant_flags(v, a, "/d")
+        n = p.parse_args(["--model-path", "/m", *bs.common_flags(a), *flags])
+        assert n.speculative_algorithm == "REPLAYSSM_ORACLE" and n.speculative_num_draft_tokens == 4
+        assert n.speculative_draft_model_path is None and n.max_running_requests == bs.SPEC_MAX_RUNNING_REQUESTS
+    env = bs.oracle_env("/o.json")
+    assert env["SGLANG_PLUGINS"] == "replayssm,replayssm_spec_oracle" and env["REPLAYSSM_SPEC_ORACLE"] == "/o.json"
+    assert env["PYTHONPATH"].split(":")[0] == str(bs.ORACLE_DIR)
+    assert (bs.ORACLE_DIR / "replayssm_spec_oracle-0.0.0.dist-info" / "entry_points.txt").exists()
+    assert bs._oracle_module().ALGORITHM == bs.ORACLE_ALGORITHM and bs._oracle_module().ENV == bs.ORACLE_ENV
+
+
+@pytest.fixture(scope="module")
+def tokenizer_131k(tmp_path_factory):
+    """The word-level tokenizer of the Nano-4B preset (131072 ids), as the model directory has it."""
+    import make_model
+    from sglang.benchmark.utils import get_tokenizer
+
+    d = tmp_path_factory.mktemp("tok")
+    make_model.build_tokenizer(_cfg("nemotron_h_nano4b")["vocab_size"], d)
+    return get_tokenizer(str(d)), d
+
+
+def test_bench_prompts_are_what_bench_serving_sends(monkeypatch, tokenizer_131k):
+    """bench_serving's own parser on the run's command, its seeding and dataset code, and the server's
+    encoding of the text give ``bench_prompts``; the text round-trips to the sampled ids."""
+    import random
+
+    import numpy as np
+    from sglang.benchmark import serving
+    from sglang.benchmark.datasets import get_dataset
+
+    tok, tok_dir = tokenizer_131k
+    a = bs.parse_args(["--commit", "x", "--draft", "oracle", "--input-len", "96", "--output-len", "16",
+                       "--seed", "5"])
+    cmd = ab.bench_cmd(a, tok_dir, 30001, 64, 64, "/o.jsonl", "replay_spec-c64")
+    seen = {}
+    monkeypatch.setattr(serving, "run_benchmark", lambda ns: seen.setdefault("args", ns))
+    monkeypatch.setattr(sys, "argv", ["bench_serving", *cmd[3:]])
+    serving.cli_main()
+    ns = seen["args"]
+    random.seed(ns.seed)
+    np.random.seed(ns.seed)
+    rows = get_dataset(ns, tok, None)
+    sent = [tok.encode(r.prompt) for r in rows]
+    got = bs.bench_prompts(a, 64, tok)
+    assert got == sent and len(got) == 64 and all(len(p) == 96 for p in got)
+    # the ids path (--tokenize-prompt) gives the same ids: the text round-trips, specials included
+    ns.tokenize_prompt = True
+    random.seed(ns.seed)
+    np.random.seed(ns.seed)
+    assert [list(r.prompt) for r in get_dataset(ns, tok, None)] == got
+    assert tok.encode(tok.decode([0, 1, 2, 3, 4, 131071])) == [0, 1, 2, 3, 4, 131071]
+
+
+def test_bench_prompts_restore_random_states(tokenizer_131k):
+    import random
+
+    import numpy as np
+
+    tok, _ = tokenizer_131k
+    a = bs.parse_args(["--commit", "x", "--draft", "oracle", "--input-len", "8"])
+    random.seed(123)
+    np.random.seed(123)
+    expect = (random.random(), float(np.random.rand()))
+    random.seed(123)
+    np.random.seed(123)
+    bs.bench_prompts(a, 4, tok)
+    assert (random.random(), float(np.random.rand())) == expect
+
+
+def test_oracle_entries_and_expected_accept():
+    import make_model
+
+    vocab = 1000
+    runs = {4: [[5, 6, 7], [9, 10, 11]], 1: [[5, 6, 7]], 2: [[5, 6, 7], [9, 10, 11]]}
+    entries, expected = bs.oracle_entries(runs, 20, vocab, 0.25, 4)
+    assert [e["prompt"] for e in entries] == [[5, 6, 7], [9, 10, 11]] and [e["seed"] for e in entries] == [0, 1]
+    assert entries[0]["reference"] == make_model.echo_continuation([5, 6, 7], 20, vocab) == list(range(8, 28))
+    assert all(e["rate"] == 0.25 for e in entries) and expected[4] == expected[2]
+    o = bs._oracle_module()
+    steps = o.expected_verify_steps(entries[0]["reference"], 0.25, 0, vocab, 4, 20)
+    assert expected[1] == round(19 / steps, 4)
+    assert bs.oracle_entries({1: [[5]]}, 128, vocab, 0.0, 4)[1][1] == round(127 / 32, 4)  # 4 per step
+    assert bs.geometric_accept_length(0.0, 4) == 4.0 and bs.geometric_accept_length(1.0, 4) == 1.0
+    assert abs(bs.geometric_accept_length(0.25, 4) - 2.734375) < 1e-9
+
+
+def _oracle_meta() -> dict:
+    return {**_meta(), "draft": "oracle", "wrong_rate": 0.25, "warnings": [],
+            "oracle": {"wrong_rate": 0.25, "entries": 509, "expected_accept_len": {"256": 2.704, "1": 2.69},
+                       "geometric_accept_len": 2.7344,
+                       "reference_check": {"stock_spec": {"checked": 8, "equal": 8, "errors": 0, "first_diff": None},
+                                           "replay_spec": {"checked": 8, "equal": 7, "errors": 0,
+                                                           "first_diff": [3, 5, 11, 12]}}}}
+
+
+def test_report_oracle():
+    runs = {256: {"num_prompts": 256, "stock_spec": _result(9000.0, 10.0, 2.6, 2.70, 61, 256),
+                  "replay_spec": _result(18000.0, 7.0, 2.65, 2.71, 140, 256)},
+            1: {"num_prompts": 8}}
+    report = bs.build_report(runs, {}, [], _oracle_meta())
+    assert "REPLAYSSM_ORACLE drafter on the echo variant of the model, wrong rate 0.25, 3 steps, topk 1, 4 draft " \
+           "tokens" in report
+    assert "| 256 | 2.704 | 2.700 | 2.710 | 2.600 | 2.650 |" in report and "| 1 | 2.690 | — | — | — | — |" in report
+    assert "geometric accept length 2.734 at T=4" in report
+    assert "Reference check stock_spec: 8/8 greedy outputs equal the references (0 errors)." in report
+    assert "Reference check replay_spec: 7/8 greedy outputs equal the references (0 errors; first difference " \
+           "[entry, position, got, expected] [3, 5, 11, 12])." in report
+    assert "target c=256: replay spec / stock spec output throughput >= 1.80: 2.000 met; accept len 2.700 vs " \
+           "2.710: equal" in report
+    assert "dummy" not in report
+    assert "Reference check: not run." in bs.build_report(runs, {}, [], {**_oracle_meta(), "oracle": {}})
+
+
+def test_main_oracle_with_fakes(monkeypatch, tmp_path: Path):
+    import make_model
+
+    seen = _fake_world(monkeypatch, tmp_path)
+    model_dir = tmp_path / "m_echo"
+    model_dir.mkdir()
+    make_model.build_tokenizer(_cfg("nemotron_h_nano4b")["vocab_size"], model_dir)
+    monkeypatch.setattr(bs, "_generate_echo_model", lambda *a, **k: seen.setdefault("echo", 1) and 0.0)
+    monkeypatch.setattr(bs, "_warmup_ids", lambda urls, n, *a, **k: seen["warmup"].append(("ids", sorted(urls), n)))
+    monkeypatch.setattr(ab, "_warmup", lambda *a, **k: pytest.fail("logprob warm-up with the oracle drafter"))
+    envs = {}
+    launch = ab.srv.launch
+
+    def launch_env(model, vargs, log, *, port, env, base_flags):
+        envs[log.stem.removeprefix("server_")] = env
+        return launch(model, vargs, log, port=port, env=env, base_flags=base_flags)
+
+    monkeypatch.setattr(ab.srv, "launch", launch_env)
+    checked = []
+
+    def check(urls, entries, n, timeout):
+        oracle = json.loads(Path(envs["stock_spec"]["REPLAYSSM_SPEC_ORACLE"]).read_text())["entries"]
+        checked.append((sorted(urls), [e["prompt"] for e in entries], n))
+        assert entries == oracle[:len(entries)]
+        return {v: {"checked": len(entries), "equal": len(entries), "errors": 0, "first_diff": None} for v in urls}
+
+    monkeypatch.setattr(bs, "check_references", check)
+    out = tmp_path / "out"
+    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4,1", "--input-len", "64",
+                  "--output-len", "16", "--model-dir", str(model_dir), "--time-budget", "300",
+                  "--draft", "oracle", "--wrong-rate", "0.5"])
+    assert rc == 0 and seen["echo"] == 1
+    assert not Path(f"{model_dir}_draft").exists()
+    spec_flags = {name: vargs for name, *_, vargs in seen["launch"]}
+    for v in bs.SPEC_VARIANTS:
+        f = spec_flags[v]
+        assert f[f.index("--speculative-algorithm") + 1] == "REPLAYSSM_ORACLE"
+        assert envs[v]["SGLANG_PLUGINS"] == "replayssm,replayssm_spec_oracle"
+    assert "REPLAYSSM_SPEC_ORACLE" not in envs["stock_nospec"] and "SGLANG_PLUGINS" not in envs["stock_nospec"]
+    assert seen["warmup"] == [("ids", ["replay_spec", "stock_spec"], 4), ("ids", ["stock_nospec"], 4)]
+    oracle_file = Path(envs["replay_spec"]["REPLAYSSM_SPEC_ORACLE"])
+    entries = json.loads(oracle_file.read_text())["entries"]
+    # c=4 runs 8 prompts, c=1 8 prompts too: one set (same seed and count)
+    assert len(entries) == 8 and all(len(e["prompt"]) == 64 and len(e["reference"]) == 16 for e in entries)
+    assert all(e["rate"] == 0.5 for e in entries)
+    assert [c[0] for c in checked] == [["replay_spec", "stock_spec"], ["stock_nospec"]] and checked[0][2] == 16
+    res = json.loads((out / "results.json").read_text())
+    o = res["meta"]["oracle"]
+    assert o["entries"] == 8 and set(o["expected_accept_len"]) == {"4", "1"} and o["geometric_accept_len"] == 1.875
+    assert set(o["reference_check"]) == set(bs.VARIANTS) and res["meta"]["warnings"] == []
+    assert res["meta"]["draft_config"] is None
+    report = (out / "results.md").read_text()
+    assert "Reference check replay_spec: 8/8" in report and "wrong rate 0.5" in report
