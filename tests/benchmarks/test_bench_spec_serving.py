@@ -689,3 +689,50 @@ def test_main_oracle_with_fakes(monkeypatch, tmp_path: Path):
     assert res["meta"]["draft_config"] is None
     report = (out / "results.md").read_text()
     assert "Reference check replay_spec: 8/8" in report and "wrong rate 0.5" in report
+
+
+@pytest.mark.e2e
+def test_oracle_mode_on_a_cpu_server(tmp_path: Path):
+    """The whole --draft oracle chain on a real CPU server: echo tiny Nemotron-H, REPLAYSSM_ORACLE with
+    ``--ssm-backend replay``, the oracle file from ``bench_prompts``; the reference check passes on 8
+    prompts, and a real bench_serving run (``bench_serving_ab.bench_cmd``) shows the expected accept
+    length: its prompts were the oracle file's (a prompt not in the file gets drafts of token 0, accept
+    length ~1).  About 70 s on 2 cores."""
+    import subprocess
+
+    import make_model
+    from sglang.benchmark.utils import get_tokenizer
+
+    sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+    import server as srv
+
+    model = make_model.materialize("nemotron_h_tiny", tmp_path / "echo", echo=True)
+    vocab = _cfg("nemotron_h_tiny")["vocab_size"]
+    c, n, rate = 4, 8, 0.25
+    a = bs.parse_args(["--commit", "x", "--draft", "oracle", "--wrong-rate", str(rate), "--input-len", "40",
+                       "--output-len", "24", "--concurrency", str(c), "--num-prompts", str(n),
+                       "--model-dir", str(model)])
+    prompts = bs.bench_prompts(a, n, get_tokenizer(str(model)))
+    entries, expected = bs.oracle_entries({c: prompts}, a.output_len, vocab, rate, a.draft_tokens)
+    oracle_file = tmp_path / "oracle.json"
+    oracle_file.write_text(json.dumps({"entries": entries}))
+    flags = ["--ssm-backend", "replay", "--max-mamba-cache-size", "32", *bs._spec_flags("", a.draft_tokens, "oracle")]
+    with srv.server(model, flags, tmp_path / "server.log", env=bs.oracle_env(oracle_file)) as url:
+        check = bs.check_references({"replay_spec": url}, entries, a.output_len, timeout=300)
+        port = int(url.rsplit(":", 1)[1])
+        ofile = tmp_path / "run.jsonl"
+        cmd = ab.bench_cmd(a, model, port, c, n, ofile, "replay_spec-c4")
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                           env={**__import__("os").environ, "SGLANG_PLUGINS": "replayssm"}, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout[-3000:]
+    k = len(entries)  # distinct prompts (random-ids repeats one now and then)
+    assert check["replay_spec"] == {"checked": k, "equal": k, "errors": 0, "first_diff": None}
+    res = ab.read_bench_jsonl(ofile)
+    assert res["completed"] == n
+    # the server's average since it started: the check's requests, bench_serving's warm-up (prompt 0), the run
+    by_prompt = {tuple(e["prompt"]): e for e in entries}
+    run = [by_prompt[tuple(p)] for p in prompts]
+    served = entries + run[:1] + run
+    want = bs._oracle_module().expected_accept_length(served, vocab, a.draft_tokens, a.output_len)
+    print(f"accept length: server {res['accept_length']}, expected {want:.3f} (run alone {expected[c]})")
+    assert abs(res["accept_length"] - want) < 0.1
