@@ -116,7 +116,8 @@ server's encoding of the text), one entry per distinct prompt of every concurren
 reference = ``echo_continuation`` and the wrong rate ``--wrong-rate``: both spec servers get the same
 drafts, so the same acceptance.  The expected accept length per run (``expected_accept_length`` of
 its prompts; about ``(1 - (1 - r)^T) / r``) is reported beside the measured ones.  Once the spec
-servers are up, ``REFERENCE_CHECK_PROMPTS`` of the prompts are generated greedily on every server and
+servers are up, ``REFERENCE_CHECK_PROMPTS`` more prompts of the oracle file (bench_serving's kind, another
+seed: none of the runs' prompts enters a radix cache early) are generated greedily on every server and
 compared with the references (differences are reported; the spec outputs are the target's greedy
 tokens whatever the drafts).  The oracle raises on ``return_logprob``, so the warm-up of this mode
 asks for no logprobs.  No draft model: nothing of a draft in memory, and the spec servers' memory is
@@ -927,9 +928,16 @@ class _Session:
         if bad:
             self.warn(f"oracle: prompt lengths {bad} after the server's encoding, expected {a.input_len}")
         vocab = int(self.target_cfg["vocab_size"])
-        entries, expected = oracle_entries(prompts, a.output_len, vocab, a.wrong_rate, a.draft_tokens)
+        # the reference check's prompts: bench_serving's kind with another seed, so that the check leaves
+        # no run prompt in the spec servers' radix caches (bench_serving does not flush them)
+        check = bench_prompts(argparse.Namespace(**{**vars(a), "seed": a.seed + 1000}), REFERENCE_CHECK_PROMPTS,
+                              tokenizer)
+        entries, expected = oracle_entries({**prompts, 0: check}, a.output_len, vocab, a.wrong_rate,
+                                           a.draft_tokens)
+        expected.pop(0)
         self.oracle_file.write_text(json.dumps({"entries": entries}))
-        self.oracle_entries = entries
+        keys = {tuple(p) for p in check}
+        self.oracle_entries = [e for e in entries if tuple(e["prompt"]) in keys]
         self.meta["oracle"] = {
             "wrong_rate": a.wrong_rate, "entries": len(entries), "expected_accept_len": expected,
             "geometric_accept_len": round(geometric_accept_length(a.wrong_rate, a.draft_tokens), 4),
@@ -1008,7 +1016,7 @@ class _Session:
         if self.args.draft != "oracle" or not fresh or self.dl.left() < 90:
             return
         t = time.monotonic()
-        entries = self.oracle_entries[:REFERENCE_CHECK_PROMPTS]
+        entries = self.oracle_entries
         found = check_references({v: self.servers[v].url for v in fresh}, entries, self.args.output_len,
                                  timeout=min(60.0, self.dl.left() - 60.0))
         self.timings[f"reference_check_{'+'.join(fresh)}"] = time.monotonic() - t

@@ -659,7 +659,7 @@ def test_main_oracle_with_fakes(monkeypatch, tmp_path: Path):
     def check(urls, entries, n, timeout):
         oracle = json.loads(Path(envs["stock_spec"]["REPLAYSSM_SPEC_ORACLE"]).read_text())["entries"]
         checked.append((sorted(urls), [e["prompt"] for e in entries], n))
-        assert entries == oracle[:len(entries)]
+        assert len(entries) == bs.REFERENCE_CHECK_PROMPTS and entries == oracle[-len(entries):]
         return {v: {"checked": len(entries), "equal": len(entries), "errors": 0, "first_diff": None} for v in urls}
 
     monkeypatch.setattr(bs, "check_references", check)
@@ -678,13 +678,14 @@ def test_main_oracle_with_fakes(monkeypatch, tmp_path: Path):
     assert seen["warmup"] == [("ids", ["replay_spec", "stock_spec"], 4), ("ids", ["stock_nospec"], 4)]
     oracle_file = Path(envs["replay_spec"]["REPLAYSSM_SPEC_ORACLE"])
     entries = json.loads(oracle_file.read_text())["entries"]
-    # c=4 runs 8 prompts, c=1 8 prompts too: one set (same seed and count)
-    assert len(entries) == 8 and all(len(e["prompt"]) == 64 and len(e["reference"]) == 16 for e in entries)
+    # c=4 runs 8 prompts, c=1 8 prompts too: one set (same seed and count); then the check's 8 (another seed)
+    assert len(entries) == 16 and all(len(e["prompt"]) == 64 and len(e["reference"]) == 16 for e in entries)
+    assert not {tuple(e["prompt"]) for e in entries[8:]} & {tuple(e["prompt"]) for e in entries[:8]}
     assert all(e["rate"] == 0.5 for e in entries)
     assert [c[0] for c in checked] == [["replay_spec", "stock_spec"], ["stock_nospec"]] and checked[0][2] == 16
     res = json.loads((out / "results.json").read_text())
     o = res["meta"]["oracle"]
-    assert o["entries"] == 8 and set(o["expected_accept_len"]) == {"4", "1"} and o["geometric_accept_len"] == 1.875
+    assert o["entries"] == 16 and set(o["expected_accept_len"]) == {"4", "1"} and o["geometric_accept_len"] == 1.875
     assert set(o["reference_check"]) == set(bs.VARIANTS) and res["meta"]["warnings"] == []
     assert res["meta"]["draft_config"] is None
     report = (out / "results.md").read_text()
