@@ -8,16 +8,28 @@ slot (never allocated; CUDA-graph warmup and padding rows write there).
 Cursor rules (``anchors.md`` section 4, "stale cursors"): a slot's ring is emptied whenever its
 checkpoint is written from outside the ring protocol:
 
-- allocation: ``HybridReqToTokenPool.alloc`` zeroes ``replayssm_write_pos[slot]``.  We expose the
-  ``len`` column of our cursors under that name, so SGLang's own resets (alloc, finished-request
-  donation capped by ``len`` in ``MambaComponent``) apply to our rings unchanged.  ``start`` needs
-  no reset: with ``len == 0`` no row is read.
-- ``clear_slots`` (deferred zeroing of a fresh slot): reset here.
+- allocation: ``HybridReqToTokenPool.alloc`` marks a fresh slot ``mamba_needs_clear``, and SGLang runs
+  the deferred ``clear_slots`` on the forward stream before the request's first (extend) forward
+  reads the pool; ``clear_slots`` resets the cursors here, and the extend metadata resets them again
+  (``metadata.reset_extend_rows``).  A request refused after the allocation frees the slot unused.
+  ``start`` needs no reset: with ``len == 0`` no row is read.
+- ``clear_slots``: reset here.
 - ``copy_from`` (copy-on-write destination, chunked-prefill donation): the destination takes the
   source's ring rows and cursors with its checkpoint (a fork carries the ring; ``radix.py``).
 - prefill / extend: the metadata build resets the rows it extends (``metadata.py``).
+- radix donation (``hooks/radix.py``): a tree slot's cursors are zeroed after its ring was folded
+  into its checkpoint (``no_buffer``) or its checkpoint was copied from a flush row (``extra_buffer``).
 - offload / reload (``get_cpu_copy`` / ``load_cpu_copy``, PD decode retraction): the rings and
   cursors travel with the checkpoint, so a reloaded slot continues exactly.
+
+The pool does **not** expose its cursors as SGLang's ``replayssm_write_pos`` (it stays ``None``, as
+``MambaPool`` sets it without the built-in ring).  SGLang's uses of that name are all gated on it
+being set, and each is covered above or refused: the alloc reset (indexing with the request's 0-d
+device slot: a host sync per admitted request), the finished-request cap in ``MambaComponent``
+(three syncs per finish, and a no-op after our hook has folded the ring), ``MambaPool.copy_from``'s
+reset (overridden), the CPU offload cursors (overridden; PD is refused), the legacy
+``MambaRadixCache`` (only reached through HiCache, refused) and the built-in ring's metadata and
+kernels (gated on ``enable_linear_replayssm``, which the pool refuses).
 
 Stochastic rounding (``--enable-mamba-cache-stochastic-rounding``, fp16 ``temporal``): one int64
 counter ``sr_seed`` on the device, advanced once per forward by the backends' metadata build (in the
@@ -132,8 +144,8 @@ class ReplayMambaPool(MambaPool):
         ``name -> [layers, slots, heads, R, ...]`` (see ``sizing``).
     cursors : torch.Tensor
         ``[slots, 2]`` int32 ``(start, len)``.
-    replayssm_write_pos : torch.Tensor
-        ``cursors[:, 1]`` (a view), the name SGLang's pool and radix code reset and read.
+    replayssm_write_pos : None
+        Always None: SGLang's built-in ring cursor, not ours (see the module docstring).
     fold_A : list[torch.Tensor] or None
         Mamba-2: each layer's ``A`` (``[H]``), set by ``hooks/pool.py``; read by
         ``radix_materialise.materialise_slot``.  None for GDN (its records carry their gates).
@@ -188,8 +200,8 @@ class ReplayMambaPool(MambaPool):
                 for name, (s, dt) in self.ring_spec.tensors.items()
             }
             self.cursors = torch.zeros((num_slots, 2), dtype=torch.int32, device=device)
-        # SGLang resets / reads this name on alloc and finished-request donation.
-        self.replayssm_write_pos = self.cursors[:, 1]
+        # Not our cursors: SGLang's gated resets and reads of this name would sync (module docstring).
+        self.replayssm_write_pos = None
         self.fold_A: list[torch.Tensor] | None = None
         self.read_state, self.read_scale = self._alloc_read_copy(replay.read_dtype)
         self.sr_seed = self._alloc_rounding(replay.stochastic_rounding)

@@ -12,8 +12,9 @@ Established at donation (hooked into ``MambaComponent.prepare_for_caching_req``,
 - ``no_buffer`` (finished request: the live slot becomes the node; unfinished, i.e. a
   chunked-prefill insert: SGLang copies the live slot): the live slot is materialised first
   (``radix_materialise.materialise_slot``: its ring folded into its checkpoint, exactly as a flush
-  would), so the key keeps its full length and SGLang's own cap by ``replayssm_write_pos`` cuts
-  nothing.  Cutting the key instead would be wrong: the conv state is always the live one;
+  would), so the key keeps its full length.  (SGLang's own cap by ``replayssm_write_pos`` never
+  runs: the pool leaves that name unset, ``pool.py``.)  Cutting the key instead would be wrong: the
+  conv state is always the live one;
 - ``extra_buffer``: the donated ping-pong track slot's checkpoint was copied from a row that
   force-flushed in that step (``metadata.py``), so it is complete; its cursor, left over from the
   slot's previous owner (SGLang's ping-pong allocation does not reset it), is zeroed.
@@ -22,7 +23,8 @@ Established at donation (hooked into ``MambaComponent.prepare_for_caching_req``,
 checkpoint: the destination is the same logical state as the source, whatever the source's ``len``.
 A copy-on-write from a tree node (``len == 0`` by T) therefore starts with an empty ring.
 
-Together with SGLang's allocation reset, T and F give **E (extend)**: a slot entering an extend
+Together with the reset of every freshly allocated slot (``ReplayMambaPool.clear_slots``, which
+SGLang's deferred clear runs before the slot's first forward), T and F give **E (extend)**: a slot entering an extend
 forward (prefill, chunked prefill, radix-hit suffix) has an empty ring, which SGLang's extend
 kernels need (they read ``temporal`` alone as the initial state).  ``check_extend_rows`` checks E
 on the device.

@@ -3,15 +3,16 @@
 ``MambaComponent.prepare_for_caching_req`` (AROUND)
     Why: SGLang's radix cache inserts a mamba slot's ``temporal`` as the state of the key it caches.
     With ReplaySSM that checkpoint lags the live state by the slot's ``len`` ring records, while the
-    conv state does not.  SGLang 0.5.17 caps the key by ``replayssm_write_pos`` for finished requests
-    under ``no_buffer`` (checkpoint and key then agree, but the conv state belongs to the full
-    length); the chunked-prefill insert (``copy_from`` of the live slot) and ``extra_buffer``'s
-    ping-pong donation (whose slot keeps its previous owner's cursor, SGLang PR #37837) are not
-    covered.
+    conv state does not.  SGLang 0.5.17's own answer for its built-in ring, a cap of the key by
+    ``replayssm_write_pos`` for finished requests under ``no_buffer``, would make checkpoint and key
+    agree but leave the conv state at the full length (our pool does not expose that name, so the cap
+    never runs: ``pool.py``); the chunked-prefill insert (``copy_from`` of the live slot) and
+    ``extra_buffer``'s ping-pong donation (whose slot keeps its previous owner's cursor, SGLang PR
+    #37837) are not covered at all.
     How: ``no_buffer``: before the original, the live slot is materialised
     (``radix_materialise.materialise_slot``: its ring folded into its checkpoint, as a flush would),
     so the slot (finished) or its copy (unfinished) holds the state of the full key, consistent with
-    the conv state, and SGLang's cap by ``replayssm_write_pos`` cuts nothing.  ``extra_buffer``: the
+    the conv state.  ``extra_buffer``: the
     donated track slot was copied from a row that force-flushed that step.  Either way the tree
     slot's cursor pair is zeroed afterwards (``radix.reset_tree_slots``).  SGLang's int8 checkpoint
     pool (values that are not slots of our pool) is refused.

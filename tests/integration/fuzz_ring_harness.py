@@ -3,7 +3,9 @@
 Used by ``test_fuzz_ring.py`` (hypothesis state machine, seeded random driver, regression cases).
 
 The **system** is SGLang's ``HybridReqToTokenPool`` with our ``ReplayMambaPool`` inside (slot
-allocation and its ``replayssm_write_pos`` reset are SGLang's own code), driven through the public
+allocation is SGLang's own code; it leaves a reused slot's cursors stale, since the pool does not
+expose them as ``replayssm_write_pos``, and marks the slot ``mamba_needs_clear``: the deferred
+``pool.clear_slots`` resets them, as in the server), driven through the public
 pieces the integration uses: ``decode_cursor_step_ref`` (what ``metadata`` runs for CPU cursors;
 the Triton ``decode_cursor_step`` is checked equal to it in ``tests/kernels``) +
 ``mamba2_replay_decode_ref`` (GDN: ``gdn_replay_decode_ref``), ``verify_cursor_step`` +
@@ -326,8 +328,9 @@ class RingHarness:
         if self.hpool.alloc([sg]) is None:
             return None
         s = int(sg.mamba_pool_idx)
-        if int(self.pool.cursors[s, 1]) != 0:
-            self._fail(f"alloc: slot {s} handed out with a stale len {int(self.pool.cursors[s, 1])}")
+        if not sg.mamba_needs_clear:
+            # The reset of a reused slot's cursors is the deferred clear_slots this flag asks for.
+            self._fail(f"alloc: fresh slot {s} not marked mamba_needs_clear")
         rid = self.next_rid
         self.next_rid += 1
         r = Request(rid=rid, sg=sg, S64=None,  # type: ignore[arg-type]

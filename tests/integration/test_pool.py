@@ -48,9 +48,8 @@ def test_ring_shapes_and_bytes(family: str, caplog: pytest.LogCaptureFixture):
     assert pool.replay_ring_bytes == spec.bytes_total(SIZE + 1)
     assert "ReplaySSM rings are allocated" in caplog.text
     assert pool.cursors.shape == (SIZE + 1, 2) and pool.cursors.dtype == torch.int32
-    # SGLang's name for the cursor is our len column (a view)
-    pool.replayssm_write_pos[3] = 5
-    assert pool.cursors[3].tolist() == [0, 5]
+    # SGLang's built-in cursor name stays unset: its gated resets / reads (host syncs) never run on our pool
+    assert pool.replayssm_write_pos is None
 
 
 def test_clear_resets_and_copy_forks_cursors_and_rings():
@@ -97,8 +96,10 @@ def test_refuses_builtin_replayssm():
         _pool(enable_linear_replayssm=True)
 
 
-def test_hybrid_pool_alloc_resets_the_cursor_of_a_reused_slot():
-    """SGLang's own alloc zeroes ``replayssm_write_pos`` (our ``len``) for a freshly allocated slot."""
+def test_hybrid_pool_alloc_then_deferred_clear_resets_the_cursor_of_a_reused_slot():
+    """SGLang's alloc leaves a reused slot's cursors alone (no host sync: the pool does not expose
+    ``replayssm_write_pos``) and marks it ``mamba_needs_clear``; the deferred ``clear_slots`` that
+    SGLang runs before the slot's first forward resets them."""
     from types import SimpleNamespace
 
     from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
@@ -120,4 +121,10 @@ def test_hybrid_pool_alloc_resets_the_cursor_of_a_reused_slot():
     req = SimpleNamespace(mamba_pool_idx=None, req_pool_idx=None, mamba_needs_clear=False,
                           mamba_ping_pong_track_buffer=None)
     pool.alloc([req])
-    assert mp.cursors[int(req.mamba_pool_idx), 1] == 0
+    s = int(req.mamba_pool_idx)
+    assert req.mamba_needs_clear
+    assert mp.cursors[s].tolist() == [3, 3]  # untouched by SGLang's alloc
+    # ModelRunner._maybe_execute_deferred_mamba_cow_and_clear -> ScheduleBatch's collected clear indices
+    mp.clear_slots(req.mamba_pool_idx.unsqueeze(0))
+    assert mp.cursors[s].tolist() == [0, 0]
+    assert all(mp.cursors[o].tolist() == [3, 3] for o in range(1, SIZE + 1) if o != s)
