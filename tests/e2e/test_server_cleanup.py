@@ -11,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
+# The child starts from the default dispositions: a test run under ``nohup`` inherits SIGHUP ignored,
+# and server.py (rightly) leaves an ignored signal alone.
 CHILD = """
-import subprocess, sys, time
+import signal, subprocess, sys, time
+for s in (signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, signal.SIG_DFL)
 sys.path.insert(0, {here!r})
 import server
 p = subprocess.Popen(["sleep", "300"], start_new_session=True)
