@@ -35,7 +35,9 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
-from replayssm_kernels import verify_commit, verify_commit_ref, verify_cursor_step
+from replayssm_kernels.commit import verify_commit_ref, verify_cursor_step, verify_cursor_step_ref
+from replayssm_kernels.commit._validate import validate_commit
+from replayssm_kernels.commit.kernel import verify_commit_fwd
 
 __all__ = [
     "VerifyGraphBuffers",
@@ -96,11 +98,10 @@ def verify_kernel(family: str, device: torch.device) -> Callable[..., None]:
         ) from None
 
 
-def _materialise_rows(cursors: torch.Tensor, slot_idx: torch.Tensor) -> torch.Tensor:
-    """Rows a snapshot-path forward must fold first: valid rows whose ring holds records. An empty
-    ring already has its whole state in the checkpoint; not flushing it spares the checkpoint
-    write (in steady snapshot operation every ring is empty: the commit empties it)."""
-    return (slot_idx >= 0) & (cursors[slot_idx.clamp(min=0).long(), 1] > 0)
+def _cursor_step(cursors: torch.Tensor):
+    """The cursor step for ``cursors``' device: CUDA the one-launch Triton kernel, CPU the torch
+    reference (same signature and effects)."""
+    return verify_cursor_step if cursors.device.type == "cuda" else verify_cursor_step_ref
 
 
 def build_verify_eager(
@@ -127,8 +128,11 @@ def build_verify_eager(
     out_len = torch.empty(n, dtype=torch.int32, device=dev)
     out_flush = torch.empty(n, dtype=torch.bool, device=dev)
     t = 1 if snapshot else num_tokens
-    force = _materialise_rows(cursors, slot_idx) if snapshot else None
-    verify_cursor_step(cursors, slot_idx, force, window, rows, t, out_start, out_len, out_flush)
+    # Snapshot path: valid rows whose ring holds records fold first (``flush_nonempty``). An empty
+    # ring already has its whole state in the checkpoint; not flushing it spares the checkpoint
+    # write (in steady snapshot operation every ring is empty: the commit empties it).
+    _cursor_step(cursors)(cursors, slot_idx, None, window, rows, t, out_start, out_len, out_flush,
+                          flush_nonempty=snapshot)
     return VerifyStep(slot_idx=slot_idx, ring_start=out_start, ring_len=out_len, flush=out_flush,
                       num_tokens=t, snapshot=snapshot)
 
@@ -163,28 +167,54 @@ class VerifyGraphBuffers:
     def fill(self, bs: int, *, cursors: torch.Tensor, slots: torch.Tensor, window: int, rows: int,
              snapshot: bool = False) -> None:
         i = self._check(bs, slots)
-        force = _materialise_rows(cursors, slots) if snapshot else None
-        verify_cursor_step(cursors, slots, force, window, rows, 1 if snapshot else self.num_tokens,
-                           self.ring_start[i], self.ring_len[i], self.flush[i])
+        # One launch on CUDA (recorded in the graph), flush_nonempty as in build_verify_eager.
+        _cursor_step(cursors)(cursors, slots, None, window, rows, 1 if snapshot else self.num_tokens,
+                              self.ring_start[i], self.ring_len[i], self.flush[i],
+                              flush_nonempty=snapshot)
+
+
+#: Argument signatures ``commit_verify`` has validated (shapes, dtypes, devices, sizes): the
+#: checks run once per signature, not per step (they are metadata-only either way).
+_COMMIT_CHECKED: set[tuple] = set()
 
 
 def commit_verify(
-    cursors: torch.Tensor, step: VerifyStep, accepted: torch.Tensor, *, window: int, rows: int
+    cursors: torch.Tensor, step: VerifyStep, accepted: torch.Tensor, *, window: int, rows: int,
+    accepted_offset: int = 0,
 ) -> None:
-    """Advance the cursors of ``step``'s rows by ``accepted`` (bonus token included, ``1..T``).
+    """Advance the cursors of ``step``'s rows by ``accepted + accepted_offset`` (bonus token
+    included, ``1..T``): ``accepted_offset=1`` takes SGLang's ``last_correct_step_indices`` as it
+    is (the ``+ 1`` and the int32 cast happen in the kernel).
 
-    ``accepted`` may be longer than the batch (SGLang passes per-request counts of the real rows
+    ``accepted`` may be shorter than the batch (SGLang passes per-request counts of the real rows
     first); rows beyond ``accepted`` are padding and must carry slot ``-1``.  CUDA: one Triton
-    launch; CPU: the reference.
+    launch on the current device (the server's), arguments validated once per signature, no
+    slicing; CPU: the reference.
     """
     n = step.slot_idx.shape[0]
     m = accepted.shape[0]
     if m > n:
         raise ValueError(f"accepted: expected at most {n} rows (the verify batch), got {m}")
-    slots = step.slot_idx[:m]
-    fn = verify_commit if cursors.device.type == "cuda" else verify_commit_ref
-    fn(cursors, slots, step.ring_start[:m], step.ring_len[:m], step.flush[:m], accepted,
-       window=window, ring_size=rows, num_tokens=step.num_tokens)
+    if cursors.device.type != "cuda":
+        verify_commit_ref(cursors, step.slot_idx[:m], step.ring_start[:m], step.ring_len[:m],
+                          step.flush[:m], accepted, window=window, ring_size=rows,
+                          num_tokens=step.num_tokens, accepted_offset=accepted_offset)
+        return
+    key = (cursors.data_ptr(), cursors.shape, cursors.stride(), cursors.dtype, cursors.device, n,
+           m, accepted.dtype, accepted.device, accepted_offset, step.slot_idx.dtype,
+           step.slot_idx.device, step.ring_start.dtype, step.ring_len.dtype, step.flush.dtype,
+           step.ring_start.device, step.num_tokens, window, rows)
+    if key not in _COMMIT_CHECKED:
+        validate_commit(cursors, step.slot_idx[:m], step.ring_start[:m], step.ring_len[:m],
+                        step.flush[:m], accepted, window, rows, step.num_tokens, None,
+                        accepted_offset)
+        if cursors.device.index not in (None, torch.cuda.current_device()):
+            raise ValueError(f"cursors: expected the current CUDA device "
+                             f"({torch.cuda.current_device()}), got {cursors.device}")
+        _COMMIT_CHECKED.add(key)
+    verify_commit_fwd(cursors, step.slot_idx, step.ring_start, step.ring_len, step.flush,
+                      accepted, window=window, ring_size=rows, num_tokens=step.num_tokens,
+                      accepted_offset=accepted_offset)
 
 
 def rollback_conv(
@@ -311,8 +341,9 @@ class VerifyMetadataMixin:
             self.pool.reset_slots(step.slot_idx[:m])
             self.pool.refresh_read(step.slot_idx[:m])  # split precision: the copy follows the commit
             return
-        accepted = (last_correct_step_indices + 1).to(torch.int32)
-        commit_verify(self.pool.cursors, step, accepted, window=self.window, rows=self.rows)
+        # a = last_correct_step_indices + 1, in the commit kernel (no host-side launches for it).
+        commit_verify(self.pool.cursors, step, last_correct_step_indices, window=self.window,
+                      rows=self.rows, accepted_offset=1)
         spec_state = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()
         for conv, windows in zip(spec_state.conv, spec_state.intermediate_conv_window):
             rollback_conv(conv, windows, step.slot_idx[:m], last_correct_step_indices)

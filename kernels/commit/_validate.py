@@ -7,7 +7,7 @@ import torch
 
 from replayssm_kernels._checks import check_index, check_same_device, check_tensor
 
-__all__ = ["validate_commit", "validate_ring_sizes", "min_ring_size"]
+__all__ = ["validate_commit", "validate_cursor_step", "validate_ring_sizes", "min_ring_size"]
 
 
 def min_ring_size(window: int, num_tokens: int) -> int:
@@ -44,9 +44,12 @@ def validate_commit(
     ring_size: int,
     num_tokens: int,
     out_flush_next: torch.Tensor | None,
+    accepted_offset: int = 0,
 ) -> int:
-    """Check a commit call; return the batch size."""
+    """Check a commit call (metadata only, no device sync); return the batch size."""
     validate_ring_sizes(window, ring_size, num_tokens)
+    if accepted_offset not in (0, 1):
+        raise ValueError(f"accepted_offset: expected 0 or 1, got {accepted_offset!r}")
     check_tensor("cursors", cursors, (None, 2), (torch.int32,))
     if cursors.stride(1) != 1 or cursors.stride(0) != 2:
         raise ValueError(f"cursors: expected a contiguous [slots, 2] tensor, got strides "
@@ -63,3 +66,27 @@ def validate_commit(
                       ring_len=ring_len, flush=flush, accepted=accepted,
                       out_flush_next=out_flush_next)
     return batch
+
+
+def validate_cursor_step(cursors, slot_idx, force_flush, window, ring_size, num_tokens,
+                          out_start, out_len, out_flush) -> None:
+    """Metadata-only checks (no device sync): sizes, shapes, dtypes, devices."""
+    validate_ring_sizes(window, ring_size, num_tokens)
+    if cursors.dim() != 2 or cursors.shape[1] != 2 or cursors.dtype != torch.int32:
+        raise ValueError(
+            f"cursors: expected [slots, 2] int32, got {tuple(cursors.shape)} {cursors.dtype}"
+        )
+    if slot_idx.dim() != 1 or slot_idx.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slot_idx: expected [batch] int32 or int64, got "
+                         f"{tuple(slot_idx.shape)} {slot_idx.dtype}")
+    batch = slot_idx.shape[0]
+    want = {"out_start": (out_start, torch.int32), "out_len": (out_len, torch.int32),
+            "out_flush": (out_flush, torch.bool)}
+    if force_flush is not None:
+        want["force_flush"] = (force_flush, torch.bool)
+    for name, (t, dtype) in want.items():
+        if tuple(t.shape) != (batch,) or t.dtype != dtype:
+            raise ValueError(f"{name}: expected [{batch}] {dtype}, got {tuple(t.shape)} {t.dtype}")
+    for name, t in (("slot_idx", slot_idx), *((k, v[0]) for k, v in want.items())):
+        if t.device != cursors.device:
+            raise ValueError(f"{name}: expected device {cursors.device}, got {t.device}")

@@ -1,15 +1,18 @@
-"""Plain-torch reference of ``verify_commit``: same signature, same in-place semantics.
+"""Plain-torch references of ``verify_commit`` and ``verify_cursor_step``: same signatures, same
+in-place semantics.
 
-A readable per-row loop (it syncs on the row metadata; never use it on a hot path).
+``verify_commit_ref`` is a readable per-row loop (it syncs on the row metadata; never use it on a
+hot path); ``verify_cursor_step_ref`` is the chain of small torch ops the cursor-step kernel
+replaced (no sync; the CPU serving path).
 """
 
 from __future__ import annotations
 
 import torch
 
-from replayssm_kernels.commit._validate import validate_commit
+from replayssm_kernels.commit._validate import validate_commit, validate_cursor_step
 
-__all__ = ["verify_commit_ref"]
+__all__ = ["verify_commit_ref", "verify_cursor_step_ref"]
 
 
 def verify_commit_ref(
@@ -24,6 +27,7 @@ def verify_commit_ref(
     ring_size: int,
     num_tokens: int,
     out_flush_next: torch.Tensor | None = None,
+    accepted_offset: int = 0,
 ) -> None:
     """Reference of ``replayssm_kernels.verify_commit`` (see its docstring; same contract).
 
@@ -34,14 +38,14 @@ def verify_commit_ref(
         ``num_tokens``.
     """
     validate_commit(cursors, slot_idx, ring_start, ring_len, flush, accepted, window, ring_size,
-                    num_tokens, out_flush_next)
+                    num_tokens, out_flush_next, accepted_offset)
     for b in range(slot_idx.shape[0]):
         s = int(slot_idx[b])
         if s < 0:
             if out_flush_next is not None:
                 out_flush_next[b] = False
             continue
-        start, length, a = int(ring_start[b]), int(ring_len[b]), int(accepted[b])
+        start, length, a = int(ring_start[b]), int(ring_len[b]), int(accepted[b]) + accepted_offset
         if bool(flush[b]):
             start, length = (start + length) % ring_size, a
         else:
@@ -50,3 +54,41 @@ def verify_commit_ref(
         cursors[s, 1] = length
         if out_flush_next is not None:
             out_flush_next[b] = length + num_tokens > window
+
+
+def cursor_step_torch(cursors, slot_idx, force_flush, window, num_tokens, out_start, out_len,
+                      out_flush, flush_nonempty) -> None:
+    """``verify_cursor_step_ref``'s body on validated arguments."""
+    valid = slot_idx >= 0
+    safe = torch.where(valid, slot_idx, torch.zeros_like(slot_idx)).long()
+    cur = cursors[safe]  # [batch, 2] gather (copy)
+    start, length = cur[:, 0], cur[:, 1]
+    flush = length + num_tokens > window
+    if force_flush is not None:
+        flush = flush | force_flush
+    if flush_nonempty:
+        flush = flush | (length > 0)
+    zero = torch.zeros_like(start)
+    out_start.copy_(torch.where(valid, start, zero))
+    out_len.copy_(torch.where(valid, length, zero))
+    out_flush.copy_(flush & valid)
+
+
+def verify_cursor_step_ref(
+    cursors: torch.Tensor,
+    slot_idx: torch.Tensor,
+    force_flush: torch.Tensor | None,
+    window: int,
+    ring_size: int,
+    num_tokens: int,
+    out_start: torch.Tensor,
+    out_len: torch.Tensor,
+    out_flush: torch.Tensor,
+    *,
+    flush_nonempty: bool = False,
+) -> None:
+    """Reference of ``replayssm_kernels.verify_cursor_step`` (same signature, same effects)."""
+    validate_cursor_step(cursors, slot_idx, force_flush, window, ring_size, num_tokens,
+                         out_start, out_len, out_flush)
+    cursor_step_torch(cursors, slot_idx, force_flush, window, num_tokens, out_start, out_len,
+                      out_flush, flush_nonempty)

@@ -134,3 +134,136 @@ def test_commit_value_errors(impl):
         verify_cursor_step(c, i, None, 4, 7, 4, i, i, f)
     with pytest.raises(ValueError, match="cursors"):
         verify_cursor_step(c.long(), i, None, 4, 8, 4, i, i, f)
+
+
+# --------------------------------------------------------------------------------------------
+# verify_cursor_step: the one-launch kernel vs its torch reference (bitwise)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T", [1, 2, 4, 8], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_cursor_step_kernel_vs_reference(T, layout):
+    """Random cursors (starts anywhere in ``[0, R)``, so the window wraps the ring; lengths from 0
+    to the largest history), ``-1`` padding rows, forced flushes, ``flush_nonempty``, int32 and
+    int64 slots, strided views of every tensor, and a batch over one program (300 rows): the
+    kernel's snapshot and flush decisions equal the reference's bitwise, the cursors never
+    move, and untouched output entries of a strided view stay as they were."""
+    from replayssm_kernels.commit import verify_cursor_step_ref
+
+    gen = torch.Generator().manual_seed(T)
+    for L in (1, 4, 16):
+        R = min_ring_size(L, T) + int(torch.randint(0, 3, (1,), generator=gen))
+        slots = 400
+        for batch, idx_dtype, force_on, nonempty in ((7, torch.int32, True, False),
+                                                     (300, torch.int64, False, False),
+                                                     (33, torch.int32, True, True),
+                                                     (1, torch.int64, False, True)):
+            hist = max(L, T)
+            cur = torch.stack([torch.randint(0, R, (slots,), generator=gen),
+                               torch.randint(0, hist + 1, (slots,), generator=gen)], 1)
+            perm = torch.randperm(slots - 1, generator=gen)[:batch] + 1
+            perm[torch.rand(batch, generator=gen) < 0.25] = -1  # padding rows
+            force = torch.rand(batch, generator=gen) < 0.2
+            got = []
+            for fn in (verify_cursor_step, verify_cursor_step_ref):
+                if layout == "strided":  # every tensor a view with non-unit strides
+                    cursors = torch.zeros(2, slots, dtype=torch.int32, device=DEVICE).t()
+                    cursors.copy_(cur)
+                    slot_idx = torch.full((2 * batch,), 7, dtype=idx_dtype,
+                                          device=DEVICE)[::2]
+                    slot_idx.copy_(perm)
+                    f = torch.zeros(2 * batch, dtype=torch.bool, device=DEVICE)[1::2]
+                    f.copy_(force)
+                    backing = [torch.full((3 * batch,), 99, dtype=torch.int32, device=DEVICE),
+                               torch.full((3 * batch,), 99, dtype=torch.int32, device=DEVICE),
+                               torch.ones(3 * batch, dtype=torch.bool, device=DEVICE)]
+                    rs, rl, fl = (b[1::3] for b in backing)
+                else:
+                    cursors = cur.to(device=DEVICE, dtype=torch.int32)
+                    slot_idx = perm.to(device=DEVICE, dtype=idx_dtype)
+                    f = force.to(DEVICE)
+                    rs = torch.full((batch,), 99, dtype=torch.int32, device=DEVICE)
+                    rl = rs.clone()
+                    fl = torch.ones(batch, dtype=torch.bool, device=DEVICE)
+                    backing = [rs, rl, fl]
+                before = cursors.clone()
+                fn(cursors, slot_idx, f if force_on else None, L, R, T, rs, rl, fl,
+                   flush_nonempty=nonempty)
+                assert torch.equal(cursors, before), "the cursor step moved the cursors"
+                got.append([b.clone() for b in backing])
+            for a, b in zip(*got):
+                assert torch.equal(a, b), f"L={L} batch={batch}: kernel != reference"
+            rs, rl, fl = got[0] if layout == "contiguous" else (b[1::3] for b in got[0])
+            pad = perm < 0
+            assert (rs.cpu()[pad] == 0).all() and (rl.cpu()[pad] == 0).all()
+            assert not fl.cpu()[pad].any()
+            live = ~pad
+            want = cur[perm.clamp(min=0)]
+            want_fl = want[:, 1] + T > L
+            if force_on:
+                want_fl |= force
+            if nonempty:
+                want_fl |= want[:, 1] > 0
+            assert torch.equal(rs.cpu()[live], want[live, 0].int())
+            assert torch.equal(rl.cpu()[live], want[live, 1].int())
+            assert torch.equal(fl.cpu()[live], want_fl[live])
+            if layout == "strided":  # the entries between the views' rows were not written
+                for b, fill in zip(got[0], (99, 99, True)):
+                    assert (b.cpu()[0::3] == fill).all() and (b.cpu()[2::3] == fill).all()
+
+
+def test_cursor_step_value_errors():
+    from replayssm_kernels.commit import verify_cursor_step_ref
+
+    c = torch.zeros(4, 2, dtype=torch.int32, device=DEVICE)
+    i = torch.zeros(3, dtype=torch.int32, device=DEVICE)
+    f = torch.zeros(3, dtype=torch.bool, device=DEVICE)
+    for fn in (verify_cursor_step, verify_cursor_step_ref):
+        with pytest.raises(ValueError, match="out_start: expected"):
+            fn(c, i, None, 4, 8, 4, i[:2], i, f)
+        with pytest.raises(ValueError, match="out_flush: expected"):
+            fn(c, i, None, 4, 8, 4, i, i, i)
+        with pytest.raises(ValueError, match="force_flush: expected"):
+            fn(c, i, i, 4, 8, 4, i, i, f)
+        with pytest.raises(ValueError, match="slot_idx: expected"):
+            fn(c, i.float(), None, 4, 8, 4, i, i, f)
+        fn(c, i[:0], None, 4, 8, 4, i[:0], i[:0], f[:0])  # empty batch: a no-op
+
+
+@pytest.mark.parametrize("impl", ["kernel", "ref"])
+def test_commit_accepted_offset(impl):
+    """``accepted_offset=1`` on ``a - 1`` (int64, SGLang's last_correct_step_indices) gives the
+    same cursors and flush_next as ``a``; the kernel's rows are ``accepted``'s (a longer
+    snapshot's extra rows are not read)."""
+    from replayssm_kernels.commit.kernel import verify_commit_fwd
+
+    gen = torch.Generator().manual_seed(5)
+    L, T = 4, 4
+    R = min_ring_size(L, T)
+    cur = torch.stack([torch.randint(0, R, (12,), generator=gen),
+                       torch.randint(0, L + 1, (12,), generator=gen)], 1).int()
+    slot_idx = torch.tensor([3, -1, 7, 1, 9, 2], dtype=torch.int32)
+    rs, rl = cur[slot_idx.clamp(min=0).long(), 0].clone(), cur[slot_idx.clamp(min=0).long(), 1].clone()
+    fl = torch.tensor([True, False, False, True, False, True])
+    a = torch.randint(1, T + 1, (6,), generator=gen)
+    outs = []
+    for acc, off in ((a.int(), 0), (a - 1, 1)):
+        c = cur.clone().to(DEVICE)
+        fn_next = torch.zeros(6, dtype=torch.bool, device=DEVICE)
+        args = [t.to(DEVICE) for t in (slot_idx, rs, rl, fl, acc)]
+        COMMITS[impl](c, *args, window=L, ring_size=R, num_tokens=T, out_flush_next=fn_next,
+                      accepted_offset=off)
+        outs.append((c, fn_next))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    if impl == "kernel":  # 4 of 6 rows: rows 4, 5 (slots 9, 2) keep their cursors
+        c = cur.clone().to(DEVICE)
+        args = [t.to(DEVICE) for t in (slot_idx, rs, rl, fl)]
+        verify_commit_fwd(c, *args, (a - 1)[:4].to(DEVICE), window=L, ring_size=R,
+                          num_tokens=T, accepted_offset=1)
+        want = outs[1][0].clone()
+        want[[9, 2]] = cur[[9, 2]].to(DEVICE)
+        assert torch.equal(c, want)
+    with pytest.raises(ValueError, match="accepted_offset"):
+        COMMITS[impl](cur.clone().to(DEVICE), *(t.to(DEVICE) for t in (slot_idx, rs, rl, fl, a)),
+                      window=L, ring_size=R, num_tokens=T, accepted_offset=2)
