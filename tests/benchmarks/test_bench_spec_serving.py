@@ -699,6 +699,7 @@ def test_oracle_mode_on_a_cpu_server(tmp_path: Path):
     prompts, and a real bench_serving run (``bench_serving_ab.bench_cmd``) shows the expected accept
     length: its prompts were the oracle file's (a prompt not in the file gets drafts of token 0, accept
     length ~1).  About 70 s on 2 cores."""
+    import os
     import subprocess
 
     import make_model
@@ -724,7 +725,7 @@ def test_oracle_mode_on_a_cpu_server(tmp_path: Path):
         ofile = tmp_path / "run.jsonl"
         cmd = ab.bench_cmd(a, model, port, c, n, ofile, "replay_spec-c4")
         r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
-                           env={**__import__("os").environ, "SGLANG_PLUGINS": "replayssm"}, cwd=tmp_path)
+                           env={**os.environ, "SGLANG_PLUGINS": "replayssm"}, cwd=tmp_path)
         assert r.returncode == 0, r.stdout[-3000:]
     k = len(entries)  # distinct prompts (random-ids repeats one now and then)
     assert check["replay_spec"] == {"checked": k, "equal": k, "errors": 0, "first_diff": None}
