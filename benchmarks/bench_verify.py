@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds: no new (family, T, batch) point starts after this; the points "
                         "left are listed as skipped")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mamba2-verify-p-split", type=int, default=None,
+                   help="force the Mamba-2 verify kernel's P-split (1: the unsplit launch, for "
+                        "an A/B against the default small-batch rule; default: the rule)")
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, required=True)
     return p
@@ -122,6 +125,7 @@ class Config:
     seed: int
     commit: str
     out: Path
+    mamba2_verify_p_split: int | None = None
     dry_run: bool = False  # bench_decode.environment() reads it
     argv: list[str] = field(default_factory=list)
 
@@ -161,6 +165,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         passes=a.passes, l2_flush=a.l2_flush, graph=(not a.no_graph) and not cpu,
         refcheck=a.refcheck, skip_peers=a.skip_peers, time_budget=a.time_budget, seed=a.seed,
         commit=a.commit or bd._git_commit(), out=a.out,
+        mamba2_verify_p_split=a.mamba2_verify_p_split,
         argv=list(sys.argv[1:] if argv is None else argv),
     )
 
@@ -631,6 +636,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     bd._log(f"bench_verify: {meta.get('device_name')} | {cfg.families} | T {cfg.Ts} (a "
             f"{cfg.accepted}) | batches {cfg.batches} | L={cfg.L} R={cfg.R} | {cfg.state_dtype}")
     torch.manual_seed(cfg.seed)
+    if cfg.mamba2_verify_p_split is not None:  # A/B of the small-batch split: force one value
+        import replayssm_kernels.mamba2_verify.kernel as mvk
+
+        forced = cfg.mamba2_verify_p_split
+        mvk.p_split_rule = lambda *_: forced
+        meta["mamba2_verify_p_split"] = forced
+        bd._log(f"Mamba-2 verify: P-split forced to {forced} (default: the small-batch rule)")
     copy = bd.measure_copy_bandwidth(cfg)
     if cfg.device == "cuda":
         bd._log(f"copy bandwidth: {copy['bytes_per_s'] / 1e12:.3f} TB/s (read + write)")
@@ -765,6 +777,74 @@ def write_outputs(cfg: Config, meta: dict, copy: dict, checks: dict, status: dic
         bd._log("verify_cursor_step + verify_commit (once per forward, all layers), median us: "
                 + ", ".join(f"b{k} {bd._fmt(v, '.1f') if isinstance(v, float) else v}"
                             for k, v in cs.items()))
+
+
+# ==================================================================================================
+# Offline (no GPU): sm_90a registers / spills of the Mamba-2 verify launch, split and unsplit
+# ==================================================================================================
+
+
+def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5)) -> list[dict]:
+    """Compile ``_mamba2_replay_verify_fwd_kernel`` for sm_90a (no GPU) as the launcher would at
+    the Nano-4B shape (L = 16, fp32 state, bf16 activations with the mixer's strides, no z), for
+    each ``P_SPLIT`` and read copy (none / bf16 / fp8), and print ``ptxas -v``'s registers and
+    spills (``sweep_mamba2.compile_sm90a`` / ``ptxas_stats``). Run without ``TRITON_INTERPRET``:
+    ``python -c "from benchmarks.bench_verify import offline_sm90a; offline_sm90a(4)"``."""
+    import torch
+
+    import replayssm_kernels.mamba2_verify.kernel as k
+    from benchmarks.sweep_mamba2 import compile_sm90a, ctas_per_sm, ptxas_stats
+
+    H, P, N, G, L = 96, 80, 128, 8, 16
+    R = max(L, T) + T
+    cfg = k.launch_config(P, N, R, T, torch.bfloat16)
+    xbc = H * P + 2 * G * N
+    rows = []
+    for read in (None, "bf16", "fp8"):
+        for ps in p_splits:
+            tiles = -(-(-(-P // cfg.block_p)) // ps)
+            rd, f8 = read is not None, read == "fp8"
+            ptrs = dict(state_ptr="*fp32", ring_x_ptr="*bf16", ring_dt_ptr="*fp32",
+                        ring_B_ptr="*bf16", x_ptr="*bf16", dt_ptr="*bf16", A_ptr="*fp32",
+                        B_ptr="*bf16", C_ptr="*bf16", D_ptr="*fp32", z_ptr="constexpr",
+                        dt_bias_ptr="*fp32", out_ptr="*bf16", slot_idx_ptr="*i32",
+                        ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1",
+                        read_ptr={"bf16": "*bf16", "fp8": "*fp8e4nv", None: "constexpr"}[read],
+                        read_scale_ptr="*fp32" if f8 else "constexpr", sr_seed_ptr="constexpr")
+            ints = dict(
+                T=T, P=P, N=N, R=R, heads_per_group=H // G, sr_layer=0,
+                stride_state_slot=H * P * N, stride_state_head=P * N, stride_state_p=N,
+                stride_state_n=1, stride_rx_slot=H * R * P, stride_rx_head=R * P,
+                stride_rx_row=P, stride_rx_p=1, stride_rdt_slot=H * R, stride_rdt_head=R,
+                stride_rdt_row=1, stride_rB_slot=G * R * N, stride_rB_group=R * N,
+                stride_rB_row=N, stride_rB_n=1, stride_x_batch=T * xbc, stride_x_T=xbc,
+                stride_x_head=P, stride_x_p=1, stride_dt_batch=T * (H + xbc),
+                stride_dt_T=H + xbc, stride_dt_head=1, stride_A_head=1, stride_B_batch=T * xbc,
+                stride_B_T=xbc, stride_B_group=N, stride_B_n=1, stride_C_batch=T * xbc,
+                stride_C_T=xbc, stride_C_group=N, stride_C_n=1, stride_D_head=1, stride_D_p=0,
+                stride_z_batch=0, stride_z_T=0, stride_z_head=0, stride_z_p=0,
+                stride_dt_bias_head=1, stride_out_batch=T * H * P, stride_out_T=H * P,
+                stride_out_head=P, stride_out_p=1, stride_read_slot=H * P * N if rd else 0,
+                stride_read_head=P * N if rd else 0, stride_read_p=N if rd else 0,
+                stride_read_n=1 if rd else 0, stride_rs_slot=H * P if f8 else 0,
+                stride_rs_head=P if f8 else 0, stride_rs_p=1 if f8 else 0)
+            const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False,
+                         BLOCK_P=cfg.block_p, BLOCK_K=cfg.block_k, NUM_NK=-(-N // cfg.block_k),
+                         BLOCK_J=cfg.block_j, BLOCK_T=cfg.block_t, NUM_PT=tiles,
+                         FOLD_UNROLL=cfg.fold_unroll, ACT_TF32_EXACT=cfg.act_tf32_exact,
+                         HAS_READ=rd, READ_FP8=f8, SR=False, P_SPLIT=ps)
+            opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            if cfg.maxnreg:
+                opts["maxnreg"] = cfg.maxnreg
+            ck = compile_sm90a(k._mamba2_replay_verify_fwd_kernel, ptrs, ints, const, opts)
+            st = ptxas_stats(ck.asm["ptx"])
+            row = dict(T=T, read=read, p_split=ps, shared=ck.metadata.shared,
+                       ctas=ctas_per_sm(st["regs"], cfg.num_warps, ck.metadata.shared), **st)
+            rows.append(row)
+            print(f"T={T} read={str(read):4} P_SPLIT={ps}: regs {st['regs']} stack {st['stack']} "
+                  f"spill st/ld {st['spill_st']}/{st['spill_ld']} shared {row['shared']} B, "
+                  f"CTAs/SM {row['ctas']}")
+    return rows
 
 
 if __name__ == "__main__":

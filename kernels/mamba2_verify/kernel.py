@@ -3,9 +3,17 @@
 Layers (fla style): ``_mamba2_replay_verify_fwd_kernel`` (jit) → ``mamba2_replay_verify_fwd``
 (launcher, no checks) → ``mamba2_replay_verify`` (public, validated).
 
-Launch layout: grid ``(H, batch)``, as the decode kernel; one program per (row, head) forms the
-per-head coefficient matrix once, then walks the head's checkpoint in ``[BLOCK_P, N]`` tiles,
-reading each once. Per head (math.md §5.1), with ``h`` committed records, window tokens
+Launch layout: grid ``(H·P_SPLIT, batch)``, as the decode kernel; one program per (row, head)
+forms the per-head coefficient matrix once, then walks the head's checkpoint in ``[BLOCK_P, N]``
+tiles, reading each once. At small batch (``heads · batch`` programs short of the decode kernel's
+target per SM: ``mamba2_decode``'s ``p_split_rule``, the same fixed rule) each head's P-tiles are
+split over ``P_SPLIT`` adjacent programs, each recomputing the per-head terms (Δ, ``KᵀQ``, the
+coefficients; identical operations, so identical values) and owning whole P rows of the state:
+every output, checkpoint, read-copy (fp8 row max included: a row's N columns stay in one program)
+and record element is computed by the same operations in the same order as unsplit. Δ and the
+group's B records are appended by the head's first split only. Nemotron-3-Nano-4B (96 heads,
+P = 80: 5 tiles) on 132 SMs: batch 1 → 5 programs per head, batch 2 → 3, batch 3-5 → 2,
+batch >= 6 → unsplit. Per head (math.md §5.1), with ``h`` committed records, window tokens
 ``s = 0..T-1``, ``cw_s`` the inclusive Δ prefix of the window and ``sh_j`` the Δ-sum of the
 history records newer than ``j``::
 
@@ -56,7 +64,7 @@ import triton.language as tl
 
 from replayssm_kernels._checks import check_launch_device, interpreting
 from replayssm_kernels.mamba2_decode._fold import record_factors
-from replayssm_kernels.mamba2_decode.kernel import _softplus
+from replayssm_kernels.mamba2_decode.kernel import _sm_count, _softplus, p_split_rule
 from replayssm_kernels.mamba2_decode.read_copy import (
     fp8_row_scale,
     store_read_tile,
@@ -257,8 +265,21 @@ def _mamba2_replay_verify_fwd_kernel(
     HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr,
     SR: tl.constexpr,
+    P_SPLIT: tl.constexpr,
 ):
-    i_h = tl.program_id(0)
+    # P_SPLIT programs share one (row, head), adjacent in launch order: program i_s owns the
+    # head's P-tiles [i_s·NUM_PT, (i_s+1)·NUM_PT), i.e. whole P rows p0 .. p0 + NUM_PT·BLOCK_P - 1
+    # (rows >= P masked), and recomputes the per-head terms (Δ, KᵀQ, the coefficients) exactly as
+    # the unsplit program does. Every state / output / record element is still computed by one
+    # program with the same operations in the same order. P_SPLIT == 1 is the unsplit launch.
+    if P_SPLIT > 1:
+        i_h = tl.program_id(0) // P_SPLIT
+        i_s = tl.program_id(0) % P_SPLIT
+        p0 = i_s * (NUM_PT * BLOCK_P)
+    else:
+        i_h = tl.program_id(0)
+        i_s = 0
+        p0 = 0
     i_b = tl.program_id(1)
 
     slot = tl.load(slot_idx_ptr + i_b).to(tl.int64)
@@ -306,10 +327,10 @@ def _mamba2_replay_verify_fwd_kernel(
     h_sum = tl.sum(d_h, axis=0)
     m_js = (is_h[:, None] | (is_w[:, None] & (o_j[:, None] <= o_t[None, :]))) & m_t[None, :]
 
-    # KᵀQ (B_j·C_s) [BLOCK_J, BLOCK_T], N-chunk by N-chunk; the group's first head appends the
-    # window's B records from the same loads.
+    # KᵀQ (B_j·C_s) [BLOCK_J, BLOCK_T], N-chunk by N-chunk; the group's first head (its first
+    # split) appends the window's B records from the same loads.
     row_w = (start + length + o_j) % R  # physical rows of the window records (J < T)
-    m_jn_w = is_w & (i_h % heads_per_group == 0)
+    m_jn_w = is_w & (i_h % heads_per_group == 0) & (i_s == 0)
     kq = tl.zeros([BLOCK_J, BLOCK_T], dtype=tl.float32)
     for kc in tl.static_range(NUM_NK):
         o_n = kc * BLOCK_K + o_k
@@ -341,7 +362,7 @@ def _mamba2_replay_verify_fwd_kernel(
     if SR:  # fp16 checkpoint, stochastic rounding: this (seed, layer, slot)'s key
         sr_k = sr_key(sr_seed_ptr, sr_layer, slot)
     for pt in range(NUM_PT):
-        o_p = pt * BLOCK_P + tl.arange(0, BLOCK_P)
+        o_p = p0 + pt * BLOCK_P + tl.arange(0, BLOCK_P)
         m_p = o_p < P
         p_rx = p_rx_head + o_p * stride_rx_p
         # (S·Q) over N-chunks of the checkpoint tile (non-flush rows with a read copy: of the
@@ -433,7 +454,7 @@ def _mamba2_replay_verify_fwd_kernel(
             b_y *= b_z * tl.sigmoid(b_z)
         p_o = p_o_row + o_t[None, :] * stride_out_T + o_p[:, None] * stride_out_p
         tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=m_pt)
-    tl.store(p_rdt + row_w * stride_rdt_row, d_j, mask=is_w)
+    tl.store(p_rdt + row_w * stride_rdt_row, d_j, mask=is_w & (i_s == 0))  # Δ: first split
 
 
 #: Smallest tile edge of ``tl.dot`` (tensor-core products): window tokens, history rows, N and the
@@ -487,11 +508,15 @@ def mamba2_replay_verify_fwd(
     fold_unroll: int | None = None, read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None, sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
+    p_split: int | None = None,
 ) -> None:
     """Launch the kernel on validated arguments (no checks; see ``mamba2_replay_verify``).
 
     ``stride_dt`` is ``(batch, T, head)``; ``block_p`` / ``fold_unroll`` override
-    ``launch_config`` (tests only).
+    ``launch_config`` (tests only); ``p_split`` overrides the small-batch split rule
+    (``mamba2_decode``'s ``p_split_rule``: tests, benchmarks and tuning only). ``p_split`` must be
+    ``cdiv(n_tiles, k)`` for some ``k`` (every program owns at least one P-tile), with
+    ``n_tiles = cdiv(P, block_p)``; otherwise ``ValueError``.
     """
     batch, T, H, P = x.shape
     N = state.shape[3]
@@ -508,7 +533,19 @@ def mamba2_replay_verify_fwd(
     read_strides = read_state.stride() if read_state is not None else (0, 0, 0, 0)
     rs_strides = read_scale.stride() if read_scale is not None else (0, 0, 0)
     extra = {} if cfg.maxnreg is None or interpreting() else {"maxnreg": cfg.maxnreg}
-    _mamba2_replay_verify_fwd_kernel[(H, batch)](
+    n_tiles = triton.cdiv(P, block_p)
+    if p_split is None:
+        sms = None
+        if state.device.type == "cuda":
+            idx = state.device.index
+            sms = _sm_count(torch.cuda.current_device() if idx is None else idx)
+        p_split = p_split_rule(n_tiles, H, batch, sms)
+    tiles = triton.cdiv(n_tiles, p_split) if 1 <= p_split <= n_tiles else 0
+    if tiles == 0 or triton.cdiv(n_tiles, tiles) != p_split:
+        valid = sorted({triton.cdiv(n_tiles, k) for k in range(1, n_tiles + 1)})
+        raise ValueError(f"p_split: expected one of {valid} ({n_tiles} P-tiles of {block_p} "
+                         f"rows), got {p_split}")
+    _mamba2_replay_verify_fwd_kernel[(H * p_split, batch)](
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, D, z, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, read_state, read_scale, sr_seed,
         T, P, N, R, H // G, sr_layer,
@@ -536,12 +573,13 @@ def mamba2_replay_verify_fwd(
         NUM_NK=triton.cdiv(N, cfg.block_k),
         BLOCK_J=cfg.block_j,
         BLOCK_T=cfg.block_t,
-        NUM_PT=triton.cdiv(P, block_p),
+        NUM_PT=tiles,
         FOLD_UNROLL=fold_unroll,
         ACT_TF32_EXACT=cfg.act_tf32_exact,
         HAS_READ=read_state is not None,
         READ_FP8=read_scale is not None,
         SR=sr_seed is not None,
+        P_SPLIT=p_split,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **extra,

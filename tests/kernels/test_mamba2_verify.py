@@ -919,6 +919,161 @@ def test_value_errors_read_copy(impl, case):
 
 
 # --------------------------------------------------------------------------------------------
+# Small-batch P-split: the split launch is bit-identical to the unsplit one
+# --------------------------------------------------------------------------------------------
+
+SHAPE_SPLIT = Shape(H=4, G=2, P=80, N=16)  # P=80: five 16-row tiles (splits 1, 2, 3, 5)
+
+
+@pytest.fixture
+def force_p_split(monkeypatch):
+    """``set(s)`` makes every following verify launch split each head over ``s`` programs
+    (``None``: the fixed rule, which is ``1`` off CUDA)."""
+    import replayssm_kernels.mamba2_verify.kernel as k
+
+    rule = k.p_split_rule
+    forced: list[int | None] = [None]
+    monkeypatch.setattr(k, "p_split_rule",
+                        lambda *a: rule(*a) if forced[0] is None else forced[0])
+    return lambda s: forced.__setitem__(0, s)
+
+
+def split_lockstep(set_split, splits, *, shape: Shape = SHAPE_SPLIT, T: int = 4, L: int = 6,
+                   state_dtype=torch.float32, act_dtype=torch.bfloat16, read_dtype=None,
+                   sr: bool = False, active: int = 3, pads: int = 1, steps: int = 6,
+                   seed: int = 0, device: str = DEVICE) -> dict:
+    """The verify driver once per entry of ``splits`` (``None``: the fixed rule) on identical
+    pools, cursors and inputs, in lockstep: random rows (padding ``-1`` included), forced
+    flushes, random accepted counts (commit kernel). After every step the outputs (NaN-poisoned
+    before; padding rows must stay NaN), every byte of the pools (checkpoint, rings, read copy
+    and scales) and the cursors must be bitwise equal to the first entry's. Returns counts of
+    the rows seen."""
+    gen = torch.Generator().manual_seed(seed)
+    R = min_ring_size(L, T) + 1
+    slots = active + 3  # slot 0 and two never-scheduled slots: untouched (checked bitwise)
+    prm = make_params(shape, gen, device)
+    runs = []
+    for _ in splits:
+        pool = make_pool(shape, slots, R, state_dtype, act_dtype, "layer",
+                         torch.Generator().manual_seed(seed + 1), device)
+        _fill_rings(pool, seed)
+        rc = None if read_dtype is None else make_read_copy(pool.state, read_dtype, "permuted")
+        full = pool.full + (() if rc is None else rc.full)
+        rkw = {} if rc is None else dict(read_state=rc.read, read_scale=rc.scale)
+        if sr:
+            rkw["sr_seed"] = torch.tensor([1234], dtype=torch.int64, device=device)
+            rkw["sr_layer"] = 3
+        cursors = torch.zeros(slots, 2, dtype=torch.int32, device=device)
+        runs.append((pool, full, rkw, cursors))
+    act = (torch.randperm(slots - 1, generator=gen)[:active] + 1).tolist()
+    for s in act:  # committed history already in the ring at random cursors
+        for _, _, _, cursors in runs:
+            cursors[s, 0] = (7 * s) % R
+            cursors[s, 1] = (3 * s) % (L + 1)
+    batch = active + pads
+    seen = {"flush": 0, "nonflush": 0, "pad": 0}
+    for _ in range(steps):
+        rows = torch.tensor(act + [-1] * pads)[torch.randperm(batch, generator=gen)]
+        slot_idx = rows.to(device=device, dtype=torch.int32)
+        force = (torch.rand(batch, generator=gen) < 0.2).to(device)
+        tok = make_tokens(shape, batch, T, act_dtype, gen, device, True)
+        acc = torch.randint(1, T + 1, (batch,), generator=gen).to(device)
+        got = []
+        for split, (pool, full, rkw, cursors) in zip(splits, runs):
+            rs = torch.empty(batch, dtype=torch.int32, device=device)
+            rl = torch.empty_like(rs)
+            fl = torch.empty(batch, dtype=torch.bool, device=device)
+            verify_cursor_step(cursors, slot_idx, force, L, R, T, rs, rl, fl)
+            out = torch.full((batch, T, shape.H, shape.P), float("nan"), dtype=act_dtype,
+                             device=device)
+            set_split(split)
+            mamba2_replay_verify(pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x,
+                                 tok.dt, prm.A, tok.B, tok.C, out, slot_idx, rs, rl, fl, D=prm.D,
+                                 z=tok.z, dt_bias=prm.dt_bias, dt_softplus=True, **rkw)
+            set_split(None)
+            verify_commit(cursors, slot_idx, rs, rl, fl, acc, window=L, ring_size=R,
+                          num_tokens=T)
+            got.append((out, full, cursors, fl))
+        out0, full0, cur0, fl0 = got[0]
+        live = slot_idx >= 0
+        assert torch.isnan(out0[~live]).all(), "padding row written"
+        assert not torch.isnan(out0[live]).any(), "outputs not fully written"
+        for split, (out, full, cur, fl) in zip(splits[1:], got[1:]):
+            assert _bits_equal(out, out0), f"p_split={split}: outputs differ from unsplit"
+            assert torch.equal(fl, fl0) and torch.equal(cur, cur0), f"p_split={split}: cursors"
+            for i, (a, b) in enumerate(zip(full, full0)):
+                assert _bits_equal(a, b), f"p_split={split}: pool tensor {i} differs"
+        seen["flush"] += int((fl0 & live).sum())
+        seen["nonflush"] += int((~fl0 & live).sum())
+        seen["pad"] += int((~live).sum())
+    assert seen["flush"] and seen["nonflush"] and (seen["pad"] or not pads), seen
+    return seen
+
+
+def test_p_split_rule_at_nano4b_verify():
+    """The decode kernel's rule, shared: 96 heads x 5 tiles of 16 rows on 132 SMs."""
+    from replayssm_kernels.mamba2_decode.kernel import p_split_rule
+
+    import replayssm_kernels.mamba2_verify.kernel as k
+
+    assert k.p_split_rule is p_split_rule  # imported, not copied
+    n_tiles = -(-NANO_4B.P // k.launch_config(80, 128, 20, 4, torch.bfloat16).block_p)
+    assert n_tiles == 5
+    assert [p_split_rule(n_tiles, 96, b, 132) for b in (1, 2, 4, 5, 6, 8, 64)] == [
+        5, 3, 2, 2, 1, 1, 1]
+    assert p_split_rule(n_tiles, 96, 1, None) == 1  # off CUDA: unsplit
+
+
+@pytest.mark.parametrize("T", [1, 2, 4, 8], ids=lambda t: f"T{t}")
+def test_split_launch_bitwise_vs_unsplit(force_p_split, T):
+    """Splits 2, 3 and 5 of five P-tiles (the last split with one tile per program, the middle
+    one with a short last program): outputs, checkpoints, rings and cursors bitwise equal to
+    the unsplit launch over several steps with flush, non-flush and padding rows."""
+    split_lockstep(force_p_split, [1, 2, 3, 5], T=T, L=max(6, T + 4), seed=40 + T,
+                   steps=5 if T < 8 else 3)
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("read_dtype,state_dtype,sr", [
+    (F8, torch.float32, False), (torch.bfloat16, torch.float32, False),
+    (None, torch.float16, True), (F8, torch.float16, True)],
+    ids=["fp8-copy", "bf16-copy", "fp16-SR", "fp8-copy-fp16-SR"])
+def test_split_launch_bitwise_vs_unsplit_read_copy_and_sr(force_p_split, read_dtype,
+                                                          state_dtype, sr):
+    """The fp8 copy's row max stays inside one program (a program owns whole P rows, all N
+    columns), so the split keeps the copy, its scales and the SR checkpoint bitwise too."""
+    split_lockstep(force_p_split, [1, 5, 2], shape=Shape(H=2, G=1, P=80, N=48),
+                   state_dtype=state_dtype, act_dtype=torch.float32, read_dtype=read_dtype,
+                   sr=sr, seed=60, steps=4)
+
+
+def test_split_launch_vs_f64_and_sglang(force_p_split):
+    """The full driver (float64 shadow, SGLang's fold bitwise, NaN-poisoned dead ring rows and
+    outputs, untouched slots and bytes, padding rows) with every verify launch split 3 ways."""
+    force_p_split(3)
+    rep = run_spec("kernel", Shape(H=2, G=1, P=80, N=16), 4, 6, torch.float32, torch.bfloat16,
+                   seed=33, steps=12, active=2, pads=1, sglang_check=True, with_z=True)
+    _check(rep, torch.float32, torch.bfloat16, 4)
+
+
+def test_p_split_value_error():
+    import replayssm_kernels.mamba2_verify.kernel as k
+
+    gen = torch.Generator().manual_seed(0)
+    pool = make_pool(SHAPE_SPLIT, 3, 12, torch.float32, torch.bfloat16, "layer", gen, DEVICE)
+    prm = make_params(SHAPE_SPLIT, gen, DEVICE)
+    tok = make_tokens(SHAPE_SPLIT, 1, 4, torch.bfloat16, gen, DEVICE, False)
+    i = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    out = torch.empty(1, 4, SHAPE_SPLIT.H, SHAPE_SPLIT.P, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"p_split: expected one of \[1, 2, 3, 5\].*got 4"):
+        k.mamba2_replay_verify_fwd(
+            pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B,
+            tok.C, out, i + 1, i, i, i.bool(), D=None, z=None, dt_bias=prm.dt_bias,
+            dt_softplus=True, stride_dt=tuple(tok.dt.stride()), stride_A_head=1,
+            stride_D=(0, 0), stride_dt_bias_head=1, p_split=4)
+
+
+# --------------------------------------------------------------------------------------------
 # GPU (H200): the same driver at the real shape
 # --------------------------------------------------------------------------------------------
 
@@ -970,6 +1125,26 @@ def test_gpu_nano4b_read_copy_vs_reference_and_no_copy(read_dtype):
     assert 0 < rel < READ_OUT_TOL[read_dtype, torch.float32], rel
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 4], ids=lambda b: f"bs{b}")
+def test_gpu_nano4b_split_bitwise_vs_unsplit(force_p_split, batch):
+    """Nano-4B at batch 1 and 4 (the rule splits 5 and 2 ways on the H200's 132 SMs; asserted):
+    the rule's launch vs the forced unsplit one, bitwise (outputs, checkpoints, rings, cursors),
+    with and without an fp8 read copy; then the float64 / SGLang driver at that batch."""
+    import replayssm_kernels.mamba2_verify.kernel as k
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert k.p_split_rule(5, 96, batch, sms) > 1, "no split at this batch on this GPU"
+    split_lockstep(force_p_split, [1, None], shape=NANO_4B, L=16, active=batch, pads=0,
+                   steps=12, seed=900 + batch, device="cuda")
+    split_lockstep(force_p_split, [1, None], shape=NANO_4B, L=16, active=batch, pads=1,
+                   steps=8, seed=910 + batch, device="cuda", read_dtype=F8,
+                   act_dtype=torch.bfloat16)
+    rep = run_spec("kernel", NANO_4B, 4, 16, torch.float32, torch.bfloat16, active=batch,
+                   pads=0, steps=32, seed=920 + batch, sglang_check=True)
+    _check(rep, torch.float32, torch.bfloat16, 4)
+
+
 # --------------------------------------------------------------------------------------------
 # Codegen: the verify fold compiles (sm_90a, no GPU needed) like selective_state_update's update
 # --------------------------------------------------------------------------------------------
@@ -995,7 +1170,7 @@ const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False, BLOCK_
              BLOCK_K=cfg.block_k, NUM_NK=-(-N // cfg.block_k), BLOCK_J=cfg.block_j,
              BLOCK_T=cfg.block_t,
              NUM_PT=-(-P // cfg.block_p), FOLD_UNROLL=cfg.fold_unroll,
-             ACT_TF32_EXACT=cfg.act_tf32_exact, sr_seed_ptr=None, SR=False)
+             ACT_TF32_EXACT=cfg.act_tf32_exact, sr_seed_ptr=None, SR=False, P_SPLIT=1)
 # Unit strides of contiguous pools become constexpr 1, as the JIT specialises them.
 ones = {"stride_state_n", "stride_rx_p", "stride_rdt_row", "stride_rB_n", "stride_x_p",
         "stride_B_n", "stride_C_n", "stride_out_p", "stride_dt_head", "stride_A_head",
