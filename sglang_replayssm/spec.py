@@ -200,6 +200,14 @@ def commit_verify(
                           step.flush[:m], accepted, window=window, ring_size=rows,
                           num_tokens=step.num_tokens, accepted_offset=accepted_offset)
         return
+    _commit_launch(cursors, step, accepted, window=window, rows=rows, accepted_offset=accepted_offset)
+
+
+def _commit_launch(cursors: torch.Tensor, step: VerifyStep, accepted: torch.Tensor, *, window: int,
+                   rows: int, accepted_offset: int) -> None:
+    """``commit_verify``'s CUDA path (also runs under ``TRITON_INTERPRET`` on CPU tensors: tests):
+    validate once per argument signature, then the launcher on the current device."""
+    n, m = step.slot_idx.shape[0], accepted.shape[0]
     key = (cursors.data_ptr(), cursors.shape, cursors.stride(), cursors.dtype, cursors.device, n,
            m, accepted.dtype, accepted.device, accepted_offset, step.slot_idx.dtype,
            step.slot_idx.device, step.ring_start.dtype, step.ring_len.dtype, step.flush.dtype,
@@ -208,7 +216,7 @@ def commit_verify(
         validate_commit(cursors, step.slot_idx[:m], step.ring_start[:m], step.ring_len[:m],
                         step.flush[:m], accepted, window, rows, step.num_tokens, None,
                         accepted_offset)
-        if cursors.device.index not in (None, torch.cuda.current_device()):
+        if cursors.device.type == "cuda" and cursors.device.index not in (None, torch.cuda.current_device()):
             raise ValueError(f"cursors: expected the current CUDA device "
                              f"({torch.cuda.current_device()}), got {cursors.device}")
         _COMMIT_CHECKED.add(key)

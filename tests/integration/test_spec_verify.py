@@ -419,3 +419,42 @@ def test_snapshot_commit_refreshes_the_read_copy(monkeypatch):
         assert not torch.equal(pool.read_state[:, s], before[:, s])
     others = [s for s in range(1, temporal.shape[1]) if s not in SLOTS]
     assert torch.equal(pool.read_state[:, others], before[:, others])
+
+
+def test_commit_launch_equals_the_reference_and_validates_once():
+    """``commit_verify``'s CUDA path (``_commit_launch``: validation once per argument signature, the
+    Triton launcher on unsliced step tensors, ``a = last_correct_step_indices + 1`` in the kernel; run
+    by the interpreter here) against the CPU path (reference on sliced rows), with padding rows beyond
+    ``accepted``, flush rows and ring wrap; a bad signature raises before anything is launched."""
+    from replayssm_kernels.commit import min_ring_size
+
+    from sglang_replayssm import spec
+
+    g = torch.Generator().manual_seed(4)
+    L, T = 6, 3
+    R = min_ring_size(L, T) + 1
+    cur = torch.stack([torch.randint(0, R, (10,), generator=g), torch.randint(0, L + 1, (10,), generator=g)], 1)
+    cur = cur.to(torch.int32)
+    slots = torch.tensor([4, 1, 8, 3, -1, -1], dtype=torch.int32)  # 4 requests + 2 padding rows
+    lcsi = torch.randint(0, T, (4,), generator=g)  # int64, as SGLang passes it
+    got = []
+    for path in ("launch", "reference"):
+        cursors = cur.clone()
+        step = spec.build_verify_eager(cursors=cursors, slot_idx=slots, window=L, rows=R, num_tokens=T)
+        assert step.flush[:4].any() and (~step.flush[:4]).any()
+        if path == "launch":
+            for _ in range(2):  # the second call takes the validated signature
+                c = cursors.clone()
+                spec._commit_launch(c, step, lcsi, window=L, rows=R, accepted_offset=1)
+            cursors = c
+        else:
+            spec.commit_verify(cursors, step, lcsi, window=L, rows=R, accepted_offset=1)
+        got.append(cursors)
+    assert torch.equal(got[0], got[1])
+    untouched = [s for s in range(10) if s not in (4, 1, 8, 3)]
+    assert torch.equal(got[0][untouched], cur[untouched])
+    step = spec.build_verify_eager(cursors=cur, slot_idx=slots, window=L, rows=R, num_tokens=T)
+    with pytest.raises(ValueError, match="accepted"):
+        spec._commit_launch(cur.clone(), step, lcsi.float(), window=L, rows=R, accepted_offset=1)
+    with pytest.raises(ValueError, match="accepted_offset"):
+        spec._commit_launch(cur.clone(), step, lcsi, window=L, rows=R, accepted_offset=2)
