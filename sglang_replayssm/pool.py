@@ -15,7 +15,8 @@ checkpoint is written from outside the ring protocol:
   ``start`` needs no reset: with ``len == 0`` no row is read.
 - ``clear_slots``: reset here.
 - ``copy_from`` (copy-on-write destination, chunked-prefill donation): the destination takes the
-  source's ring rows and cursors with its checkpoint (a fork carries the ring; ``radix.py``).
+  source's cursors with its checkpoint; SGLang's sources have empty rings (``radix.py``), checked on
+  the device, and ``carry_ring=True`` forks a source with records whole.
 - prefill / extend: the metadata build resets the rows it extends (``metadata.py``).
 - radix donation (``hooks/radix.py``): a tree slot's cursors are zeroed after its ring was folded
   into its checkpoint (``no_buffer``) or its checkpoint was copied from a flush row (``extra_buffer``).
@@ -149,6 +150,8 @@ class ReplayMambaPool(MambaPool):
     fold_A : list[torch.Tensor] or None
         Mamba-2: each layer's ``A`` (``[H]``), set by ``hooks/pool.py``; read by
         ``radix_materialise.materialise_slot``.  None for GDN (its records carry their gates).
+    fold_inputs : dict[str, torch.Tensor] or None
+        The neutral token's inputs of ``radix_materialise`` (built there on first use).
     read_state : torch.Tensor or None
         Split precision: ``[layers, slots, ...]`` read copy of ``temporal`` in ``replay.read_dtype``.
     read_scale : torch.Tensor or None
@@ -203,6 +206,7 @@ class ReplayMambaPool(MambaPool):
         # Not our cursors: SGLang's gated resets and reads of this name would sync (module docstring).
         self.replayssm_write_pos = None
         self.fold_A: list[torch.Tensor] | None = None
+        self.fold_inputs: dict[str, torch.Tensor] | None = None
         self.read_state, self.read_scale = self._alloc_read_copy(replay.read_dtype)
         self.sr_seed = self._alloc_rounding(replay.stochastic_rounding)
         ring_bytes = sum(t.numel() * t.element_size() for t in self.rings.values())
@@ -388,20 +392,30 @@ class ReplayMambaPool(MambaPool):
         self.reset_slots(indices)
         self.refresh_read(indices)
 
-    def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor):
-        """Fork: copy checkpoint, conv state, ring rows and cursors of ``src`` into ``dst``.
+    def copy_from(self, src_indices: torch.Tensor, dst_indices: torch.Tensor, *, carry_ring: bool = False):
+        """Fork: copy checkpoint, conv state and cursors of ``src`` into ``dst`` (and ring rows on request).
 
-        The destination is the source's logical state (checkpoint + ``len`` records), whatever the
-        source's ``len``: a source with a pending ring is carried, never dropped (SGLang's own
-        ``copy_from`` copies ``temporal`` only and assumes a flushed source).  Radix-tree slots
-        have empty rings (``radix.py``, invariant T), so a copy-on-write from the tree starts with
-        an empty ring.  A read copy is refreshed from the destination's new checkpoint.  In place; no
-        host sync.
+        The destination is the source's logical state (checkpoint + ``len`` records).  SGLang copies
+        only sources whose ring is empty: a copy-on-write reads a radix-tree slot (``len == 0``,
+        ``radix.py`` invariant T), and the ``no_buffer`` chunked-prefill insert copies the live slot
+        right after ``hooks/radix.py`` folded its ring.  With ``len == 0`` the ring rows are never
+        read before they are written again, so by default only the cursors are copied (SGLang's own
+        ``copy_from`` copies ``temporal`` only and assumes a flushed source, too), and a source with
+        records fails a device-side assert (no host sync; on a CPU at once) instead of being
+        dropped.  ``carry_ring=True`` also copies the ring rows: a fork of a slot with records
+        (tests).  A read copy is refreshed from the destination's new checkpoint.  In place.
 
         Parameters
         ----------
         src_indices, dst_indices : torch.Tensor
             ``[n]`` integer slot indices, pairwise, disjoint.
+        carry_ring : bool
+            Copy the ring rows as well, so that a source with records is forked whole.
+
+        Raises
+        ------
+        RuntimeError
+            Without ``carry_ring``, a source with records (on a GPU asynchronously).
         """
         src = src_indices.to(device=self.cursors.device, dtype=torch.long).reshape(-1)
         dst = dst_indices.to(device=self.cursors.device, dtype=torch.long).reshape(-1)
@@ -411,9 +425,16 @@ class ReplayMambaPool(MambaPool):
                 f"and {tuple(src.shape)}"
             )
         super().copy_from(src_indices, dst_indices)
-        for t in self.rings.values():
-            t[:, dst] = t[:, src]
-        self.cursors[dst] = self.cursors[src]
+        cursors = self.cursors[src]
+        if carry_ring:
+            for t in self.rings.values():
+                t[:, dst] = t[:, src]
+        else:
+            torch._assert_async(
+                (cursors[:, 1] == 0).all(),
+                "ReplaySSM: copy_from of a slot with ring records (fold it first, or carry_ring=True)",
+            )
+        self.cursors[dst] = cursors
         self.refresh_read(dst)
 
     def get_cpu_copy(self, indices):

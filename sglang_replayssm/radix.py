@@ -19,9 +19,11 @@ Established at donation (hooked into ``MambaComponent.prepare_for_caching_req``,
   force-flushed in that step (``metadata.py``), so it is complete; its cursor, left over from the
   slot's previous owner (SGLang's ping-pong allocation does not reset it), is zeroed.
 
-**F (fork).** ``ReplayMambaPool.copy_from`` copies the ring rows and the cursors with the
-checkpoint: the destination is the same logical state as the source, whatever the source's ``len``.
-A copy-on-write from a tree node (``len == 0`` by T) therefore starts with an empty ring.
+**F (fork).** ``ReplayMambaPool.copy_from`` copies the cursors with the checkpoint: the
+destination is the same logical state as the source.  SGLang's sources have empty rings (a
+copy-on-write reads a tree node, ``len == 0`` by T; the ``no_buffer`` insert copies the live slot
+after the hook folded it), so the ring rows are not copied and a source with records fails a
+device-side assert; ``copy_from(..., carry_ring=True)`` forks a source with records whole (tests).
 
 Together with the reset of every freshly allocated slot (``ReplayMambaPool.clear_slots``, which
 SGLang's deferred clear runs before the slot's first forward), T and F give **E (extend)**: a slot entering an extend
@@ -44,16 +46,21 @@ class DonationStats:
     ----------
     donated : int
         Slots (or copies) the tree took.
+    count_tokens : bool
+        Also count ``materialised_tokens``: reads the donor's cursor on the host before the fold (a
+        host sync per donation on a GPU), so off by default; tests turn it on.
     materialised_tokens : int
-        Ring records folded into checkpoints before a donation.
+        Ring records folded into checkpoints before a donation (only while ``count_tokens``).
     """
 
     donated: int = 0
+    count_tokens: bool = False
     materialised_tokens: int = 0
 
     @classmethod
     def reset(cls) -> None:
         cls.donated = 0
+        cls.count_tokens = False
         cls.materialised_tokens = 0
 
 

@@ -13,13 +13,22 @@ bit for bit.  The stored checkpoint is therefore what the next flush would have 
 own token (with stochastic rounding: one such rounding, with bits of their own).  Mamba-2 needs
 each layer's ``A`` (``MambaMixer2.A``, ``-exp(A_log)``), registered on the
 pool by ``hooks/pool.py`` (``ReplayMambaPool.fold_A``); GDN records carry their gates.
+
+``fold_slot`` (the server's path, ``hooks/radix.py``) reads nothing on the host: the cursor pair is
+gathered on the device, and a slot whose ring is empty goes to the kernels as a padding row
+(``-1``), which every layer's launch skips before touching memory; its cursor pair and a read copy
+are rewritten with the values they already hold, and the stochastic-rounding counter advances by
+``len > 0``, so the results are those of ``materialise_slot``'s host-side early return.  The neutral
+token's inputs are allocated once per pool (``ReplayMambaPool.fold_inputs``).
+``materialise_slot`` reads the slot's ``len`` first (one host sync) and launches nothing for an empty
+ring: the cheaper choice where the ring is expected to be empty.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["materialise_slot", "mamba2_layer_A"]
+__all__ = ["materialise_slot", "fold_slot", "mamba2_layer_A"]
 
 
 def mamba2_layer_A(model: torch.nn.Module, num_layers: int) -> list[torch.Tensor]:
@@ -41,48 +50,130 @@ def mamba2_layer_A(model: torch.nn.Module, num_layers: int) -> list[torch.Tensor
     return found
 
 
+def _neutral_inputs(pool) -> dict[str, torch.Tensor]:
+    """The neutral token's per-row inputs (one row), built on first use and kept on the pool.
+
+    The kernels read them and never write them (flush rows append no record); ``out`` is scratch.
+    """
+    if pool.fold_inputs is not None:
+        return pool.fold_inputs
+    rings = pool.layer_rings(0)
+    dev = pool.cursors.device
+    f32 = torch.float32
+    if pool.replay.family == "mamba2":
+        H, P = rings["x"].shape[1], rings["x"].shape[3]
+        G, N = rings["B"].shape[1], rings["B"].shape[3]
+        inputs = {
+            "x": torch.zeros(1, H, P, dtype=rings["x"].dtype, device=dev),
+            "dt": torch.zeros(1, H, dtype=f32, device=dev),
+            "B": torch.zeros(1, G, N, dtype=rings["B"].dtype, device=dev),
+            "C": torch.zeros(1, G, N, dtype=rings["B"].dtype, device=dev),
+            "out": torch.empty(1, H, P, dtype=f32, device=dev),
+        }
+    else:
+        HV, V = rings["v"].shape[1], rings["v"].shape[3]
+        Hk, K = rings["k"].shape[1], rings["k"].shape[3]
+        inputs = {
+            "q": torch.zeros(1, Hk, K, dtype=rings["k"].dtype, device=dev),
+            "k": torch.zeros(1, Hk, K, dtype=rings["k"].dtype, device=dev),
+            "v": torch.zeros(1, HV, V, dtype=rings["v"].dtype, device=dev),
+            "a": torch.zeros(1, HV, dtype=f32, device=dev),
+            "b": torch.full((1, HV), float("-inf"), dtype=f32, device=dev),
+            "A_log": torch.full((HV,), float("-inf"), dtype=f32, device=dev),
+            "dt_bias": torch.zeros(HV, dtype=f32, device=dev),
+            "out": torch.empty(1, HV, V, dtype=f32, device=dev),
+        }
+    inputs["flush"] = torch.ones(1, dtype=torch.bool, device=dev)
+    pool.fold_inputs = inputs
+    return inputs
+
+
 def _neutral_mamba2(pool, layer: int, slot: torch.Tensor, start: torch.Tensor, length: torch.Tensor):
     import replayssm_kernels as rk
 
-    A = pool.fold_A[layer]
+    n = _neutral_inputs(pool)
     rings = pool.layer_rings(layer)
     state = pool.mamba_cache.temporal[layer]
-    H, P = rings["x"].shape[1], rings["x"].shape[3]
-    G, N = rings["B"].shape[1], rings["B"].shape[3]
     dev = state.device
-    x = torch.zeros(1, H, P, dtype=rings["x"].dtype, device=dev)
-    dt = torch.zeros(1, H, dtype=torch.float32, device=dev)
-    B = torch.zeros(1, G, N, dtype=rings["B"].dtype, device=dev)
-    out = torch.empty(1, H, P, dtype=torch.float32, device=dev)
+    A = pool.fold_A[layer].to(device=dev, dtype=torch.float32)  # no copy when already fp32 there
     fn = rk.mamba2_replay_decode if dev.type == "cuda" else rk.mamba2_replay_decode_ref
-    fn(state, rings["x"], rings["dt"], rings["B"], x, dt, A.to(device=dev, dtype=torch.float32), B,
-       B.clone(), out, slot, start, length, torch.ones(1, dtype=torch.bool, device=dev),
-       **pool.layer_rounding(layer))
+    fn(state, rings["x"], rings["dt"], rings["B"], n["x"], n["dt"], A, n["B"], n["C"], n["out"], slot, start,
+       length, n["flush"], **pool.layer_rounding(layer))
 
 
 def _neutral_gdn(pool, layer: int, slot: torch.Tensor, start: torch.Tensor, length: torch.Tensor):
     import replayssm_kernels as rk
 
+    n = _neutral_inputs(pool)
     rings = pool.layer_rings(layer)
     state = pool.mamba_cache.temporal[layer]
-    HV, V = rings["v"].shape[1], rings["v"].shape[3]
-    Hk, K = rings["k"].shape[1], rings["k"].shape[3]
-    dev = state.device
-    k = torch.zeros(1, Hk, K, dtype=rings["k"].dtype, device=dev)
-    v = torch.zeros(1, HV, V, dtype=rings["v"].dtype, device=dev)
-    a = torch.zeros(1, HV, dtype=torch.float32, device=dev)
-    b = torch.full((1, HV), float("-inf"), dtype=torch.float32, device=dev)
-    A_log = torch.full((HV,), float("-inf"), dtype=torch.float32, device=dev)
-    dt_bias = torch.zeros(HV, dtype=torch.float32, device=dev)
-    out = torch.empty(1, HV, V, dtype=torch.float32, device=dev)
-    fn = rk.gdn_replay_decode if dev.type == "cuda" else rk.gdn_replay_decode_ref
-    fn(state, rings["u"], rings["k"], rings["v"], rings["g"], rings["beta"], k.clone(), k, v, a, b,
-       A_log, dt_bias, out, slot, start, length, torch.ones(1, dtype=torch.bool, device=dev), scale=1.0,
+    fn = rk.gdn_replay_decode if state.device.type == "cuda" else rk.gdn_replay_decode_ref
+    fn(state, rings["u"], rings["k"], rings["v"], rings["g"], rings["beta"], n["q"], n["k"], n["v"], n["a"],
+       n["b"], n["A_log"], n["dt_bias"], n["out"], slot, start, length, n["flush"], scale=1.0,
        **pool.layer_rounding(layer))
 
 
+def _host_slot(pool, slot: int) -> int:
+    s = int(slot)
+    if not 1 <= s < pool.cursors.shape[0]:
+        raise ValueError(f"materialise_slot: slot expected in [1, {pool.cursors.shape[0]}), got {s}")
+    return s
+
+
+def _check_fold_A(pool) -> None:
+    if pool.replay.family == "mamba2" and pool.fold_A is None:
+        raise ValueError("materialise_slot: a Mamba-2 pool needs fold_A (each layer's A) to fold its ring")
+
+
+def fold_slot(pool, slot: int | torch.Tensor) -> None:
+    """Fold ``slot``'s ring into its checkpoint in every layer and empty the ring; no host sync.
+
+    The same result as ``materialise_slot``: an empty ring leaves checkpoint, read copy and
+    stochastic-rounding counter as they are (every layer's launch skips the slot on the device).
+
+    Parameters
+    ----------
+    pool : ReplayMambaPool
+        The pool (``temporal``, a read copy and the cursors written in place for ``slot`` only).
+    slot : int or torch.Tensor
+        One slot in ``[1, slots)``: a host int (checked), or a 0-d / 1-element integer tensor on any
+        device, as SGLang passes ``req.mamba_pool_idx`` (not checked: that would read it).
+
+    Raises
+    ------
+    ValueError
+        On a host slot out of range, or a Mamba-2 pool without ``fold_A``.
+    """
+    cursors = pool.cursors
+    dev = cursors.device
+    _check_fold_A(pool)
+    if isinstance(slot, torch.Tensor):
+        if slot.numel() != 1:
+            raise ValueError(f"fold_slot: expected one slot, got a tensor of shape {tuple(slot.shape)}")
+        idx = slot.reshape(1).to(device=dev, dtype=torch.int32)
+    else:
+        idx = torch.full((1,), _host_slot(pool, slot), dtype=torch.int32, device=dev)
+    idx_l = idx.long()
+    cur = cursors.index_select(0, idx_l).t().contiguous()  # [2, 1]: start, len
+    start, length = cur[0], cur[1]
+    pending = length > 0
+    row = torch.where(pending, idx, -1)  # empty ring: a padding row, skipped by every launch
+    if pool.sr_seed is not None:  # stochastic rounding: bits no flush of this slot has used
+        pool.sr_seed.add_(pending.to(torch.int64))
+    fold = _neutral_mamba2 if pool.replay.family == "mamba2" else _neutral_gdn
+    for layer in range(pool.mamba_cache.temporal.shape[0]):
+        fold(pool, layer, row, start, length)
+    new = torch.stack([(start + length) % pool.ring_spec.rows, torch.zeros_like(length)], dim=1)
+    cursors.index_copy_(0, idx_l, new.to(cursors.dtype))
+    pool.refresh_read(idx)  # split precision: the copy follows the (possibly unchanged) checkpoint
+
+
 def materialise_slot(pool, slot: int | torch.Tensor) -> int:
-    """Fold ``slot``'s ring into its checkpoint in every layer and empty the ring.
+    """Fold ``slot``'s ring into its checkpoint in every layer and empty the ring; returns the count.
+
+    Reads the slot and its ``len`` on the host in one transfer (one sync on a GPU) and launches
+    nothing for an empty ring; otherwise ``fold_slot``.  Cheaper than ``fold_slot``'s per-layer
+    launches where the ring is expected to be empty (the ``no_buffer`` insert after a prefill).
 
     Parameters
     ----------
@@ -95,31 +186,25 @@ def materialise_slot(pool, slot: int | torch.Tensor) -> int:
     Returns
     -------
     int
-        The number of records folded (0: nothing was launched).  Reads the cursors (host sync).
+        The number of records folded (0: nothing was launched).
 
     Raises
     ------
     ValueError
         On a slot out of range, or a Mamba-2 pool without ``fold_A``.
     """
-    s = int(slot.reshape(-1)[0]) if isinstance(slot, torch.Tensor) else int(slot)
     cursors = pool.cursors
-    if not 1 <= s < cursors.shape[0]:
-        raise ValueError(f"materialise_slot: slot expected in [1, {cursors.shape[0]}), got {s}")
-    start, length = (int(v) for v in cursors[s].tolist())
+    if isinstance(slot, torch.Tensor):
+        if slot.numel() != 1:
+            raise ValueError(f"materialise_slot: expected one slot, got a tensor of shape {tuple(slot.shape)}")
+        idx = slot.reshape(1).to(device=cursors.device, dtype=torch.long)
+        safe = idx.clamp(0, cursors.shape[0] - 1)  # validated on the host below, after the one read
+        s, length = torch.cat([idx.to(cursors.dtype), cursors.index_select(0, safe)[:, 1]]).tolist()
+        _host_slot(pool, s)
+    else:
+        s = _host_slot(pool, slot)
+        length = int(cursors[s, 1])
     if length == 0:
         return 0
-    family = pool.replay.family
-    if family == "mamba2" and getattr(pool, "fold_A", None) is None:
-        raise ValueError("materialise_slot: a Mamba-2 pool needs fold_A (each layer's A) to fold its ring")
-    dev = cursors.device
-    idx = torch.tensor([s], dtype=torch.int32, device=dev)
-    st = torch.tensor([start], dtype=torch.int32, device=dev)
-    ln = torch.tensor([length], dtype=torch.int32, device=dev)
-    fold = _neutral_mamba2 if family == "mamba2" else _neutral_gdn
-    pool.advance_rounding()  # stochastic rounding: bits no flush of this slot has used
-    for layer in range(pool.mamba_cache.temporal.shape[0]):
-        fold(pool, layer, idx, st, ln)
-    cursors[s] = torch.tensor([(start + length) % pool.ring_spec.rows, 0], dtype=cursors.dtype, device=dev)
-    pool.refresh_read(idx)  # split precision: the copy follows the folded checkpoint
+    fold_slot(pool, s)
     return length

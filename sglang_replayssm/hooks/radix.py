@@ -10,7 +10,9 @@
     ``extra_buffer``'s ping-pong donation (whose slot keeps its previous owner's cursor, SGLang PR
     #37837) are not covered at all.
     How: ``no_buffer``: before the original, the live slot is materialised
-    (``radix_materialise.materialise_slot``: its ring folded into its checkpoint, as a flush would),
+    (its ring folded into its checkpoint, as a flush would: ``radix_materialise.fold_slot`` for a
+    finished request, no host sync; ``materialise_slot`` for an unfinished one, whose ring is empty
+    after its extend: one host read, no launch),
     so the slot (finished) or its copy (unfinished) holds the state of the full key, consistent with
     the conv state.  ``extra_buffer``: the
     donated track slot was copied from a row that force-flushed that step.  Either way the tree
@@ -33,7 +35,7 @@ TARGET = (
 def around_prepare_for_caching_req(original, self, req, insert_params, token_ids_len, is_finished):
     from sglang_replayssm.pool import ReplayMambaPool
     from sglang_replayssm.radix import DonationStats, reset_tree_slots
-    from sglang_replayssm.radix_materialise import materialise_slot
+    from sglang_replayssm.radix_materialise import fold_slot, materialise_slot
 
     pool = self.cache.req_to_token_pool.mamba_pool
     if not isinstance(pool, ReplayMambaPool):
@@ -44,7 +46,15 @@ def around_prepare_for_caching_req(original, self, req, insert_params, token_ids
             "radix cache; disable it or run with --ssm-backend default"
         )
     if not self.cache.enable_mamba_extra_buffer and req.mamba_pool_idx is not None:
-        DonationStats.materialised_tokens += materialise_slot(pool, req.mamba_pool_idx)
+        if not is_finished:
+            # SGLang inserts an unfinished request right after its extend forward (overlap is off
+            # under no_buffer), whose ring is then empty: one host read and no launch, rather than
+            # fold_slot's per-layer launches.
+            DonationStats.materialised_tokens += materialise_slot(pool, req.mamba_pool_idx)
+        else:
+            if DonationStats.count_tokens:  # tests only: a host read of the cursor
+                DonationStats.materialised_tokens += int(pool.cursors[req.mamba_pool_idx.reshape(-1)[0], 1])
+            fold_slot(pool, req.mamba_pool_idx)  # a finished request's ring holds records: no host read
     cache_len = original(self, req, insert_params, token_ids_len, is_finished)
     if insert_params.mamba_value is not None:
         reset_tree_slots(pool.cursors, insert_params.mamba_value)

@@ -11,7 +11,8 @@ the Triton ``decode_cursor_step`` is checked equal to it in ``tests/kernels``) +
 ``mamba2_replay_decode_ref`` (GDN: ``gdn_replay_decode_ref``), ``verify_cursor_step`` +
 ``mamba2_replay_verify_ref`` (GDN: ``gdn_replay_verify_ref``) + ``verify_commit_ref``,
 ``metadata.reset_extend_rows`` (prefill / extend, after ``radix.check_extend_rows``),
-``pool.clear_slots``, ``pool.copy_from`` (a fork carries the ring), ``pool.get_cpu_copy`` /
+``pool.clear_slots``, ``pool.copy_from`` (a fork with ``carry_ring=True`` carries the ring; SGLang's
+copies, of empty rings, copy cursors only), ``pool.get_cpu_copy`` /
 ``pool.load_cpu_copy`` (offload / reload, with SGLang's 0-d ``req.mamba_pool_idx`` as the index),
 SGLang's ``free_mamba_cache``, and the radix cache's slot traffic: SGLang's own
 ``MambaComponent.prepare_for_caching_req`` under our hook (``hooks/radix.py``) donates a finished
@@ -495,7 +496,9 @@ class RingHarness:
 
     def fork(self, rid: int, seed: int, flush_first: bool = False) -> int | None:
         """Fork: ``copy_from`` a live request's slot into a new one.  The copy carries the ring
-        (invariant F), so the source need not be flushed; ``flush_first`` force-flushes it anyway."""
+        (invariant F, ``carry_ring=True``), so the source need not be flushed; ``flush_first``
+        force-flushes it anyway, and a source with an empty ring is copied as SGLang copies (cursors
+        only)."""
         self._op = "fork"
         if self.free_slots() < 1:
             return None
@@ -508,7 +511,8 @@ class RingHarness:
         dst = self._new_request(lineage=src.lineage)
         assert dst is not None
         dst.sg.mamba_needs_clear = False
-        self.pool.copy_from(torch.tensor([src.slot]), torch.tensor([dst.slot]))
+        # A flushed source takes SGLang's path (cursors only: its ring rows are never read).
+        self.pool.copy_from(torch.tensor([src.slot]), torch.tensor([dst.slot]), carry_ring=src.cur[1] > 0)
         # The destination is the source's logical state: same checkpoint, records and cursors.
         dst.S64 = src.S64.clone()
         dst.tokens, dst.shadow = list(src.tokens), [x.clone() for x in src.shadow]

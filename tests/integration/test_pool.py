@@ -63,7 +63,10 @@ def test_clear_resets_and_copy_forks_cursors_and_rings():
     assert pool.cursors[1].tolist() == [0, 0] and pool.cursors[2].tolist() == [2, 3]
     pool.cursors[2] = torch.tensor([1, 2], dtype=torch.int32)
     before = {n: t.clone() for n, t in pool.rings.items()}
-    pool.copy_from(torch.tensor([2]), torch.tensor([4]))
+    # SGLang's call (no keyword) copies empty rings only: a source with records is refused, not dropped
+    with pytest.raises(RuntimeError, match="copy_from of a slot with ring records"):
+        pool.copy_from(torch.tensor([2]), torch.tensor([4]))
+    pool.copy_from(torch.tensor([2]), torch.tensor([4]), carry_ring=True)
     # the destination is the source's logical state: checkpoint, ring rows and cursors
     assert pool.cursors[4].tolist() == [1, 2]
     assert pool.cursors[2].tolist() == [1, 2]  # the source keeps its ring
@@ -74,6 +77,27 @@ def test_clear_resets_and_copy_forks_cursors_and_rings():
         assert torch.equal(t[:, keep], before[n][:, keep]), n  # only the destination is written
     with pytest.raises(ValueError, match="as many destination as source"):
         pool.copy_from(torch.tensor([2, 3]), torch.tensor([4]))
+
+
+def test_copy_of_an_empty_ring_copies_cursors_and_checkpoint_only():
+    """SGLang's copies (copy-on-write from a tree slot, the no_buffer insert after the fold): the
+    source's ring is empty, so only checkpoint, conv state and cursors move; no ring row is written."""
+    pool = _pool()
+    g = torch.Generator().manual_seed(2)
+    for t in pool.rings.values():
+        t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
+    pool.mamba_cache.temporal.copy_(torch.randn(pool.mamba_cache.temporal.shape, generator=g))
+    pool.cursors[1:] = torch.tensor([2, 3], dtype=torch.int32)
+    pool.cursors[2] = torch.tensor([3, 0], dtype=torch.int32)
+    rings = {n: t.clone() for n, t in pool.rings.items()}
+    pool.copy_from(torch.tensor([2]), torch.tensor([5]))
+    assert pool.cursors[5].tolist() == [3, 0]
+    assert torch.equal(pool.mamba_cache.temporal[:, 5], pool.mamba_cache.temporal[:, 2])
+    for i, c in enumerate(pool.mamba_cache.conv):
+        assert torch.equal(c[:, 5], c[:, 2]), i
+    for n, t in pool.rings.items():
+        assert torch.equal(t, rings[n]), n
+    assert [pool.cursors[s].tolist() for s in (1, 3, 4, 6)] == [[2, 3]] * 4
 
 
 def test_offload_reload_round_trips_rings_and_cursors():

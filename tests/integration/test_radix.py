@@ -74,6 +74,7 @@ def _donate(hp, req, token_ids_len, finished):
 @pytest.fixture(autouse=True)
 def _stats():
     DonationStats.reset()
+    DonationStats.count_tokens = True
     yield
     DonationStats.reset()
 
@@ -210,3 +211,128 @@ def test_startup_refuses_radix_features_that_bypass_the_pool():
     assert len(msgs) == 2
     assert "--enable-hierarchical-cache" in msgs[0] and "--enable-int8-mamba-checkpoint" in msgs[1]
     assert startup_refusals(SimpleNamespace(**{**vars(bad), "disable_radix_cache": True})) == []
+
+
+# ---------------------------------------------------------------------- fold_slot (the server's path)
+
+SYNC_OPS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "equal"}
+
+
+class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the ops that read a device value on the host (a sync on a GPU), by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in SYNC_OPS:
+            self.reads.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _sr_pool(family: str = "mamba2"):
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
+
+    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=8, n_groups=1, num_heads=2,
+                                    head_dim=4, state_size=4, conv_kernel=4)
+    params = Mamba2CacheParams(shape=shape, layers=[0, 1],
+                               dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float16))
+    pool = ReplayMambaPool(replay=ReplayPoolSpec(family=family, window=4, act_dtype=torch.float32,
+                                                 stochastic_rounding=True),
+                           size=6, spec_state_size=6, cache_params=params, mamba_layer_ids=[0, 1], device="cpu")
+    g = torch.Generator().manual_seed(3)
+    pool.mamba_cache.temporal.copy_(0.3 * torch.randn(pool.mamba_cache.temporal.shape, generator=g))
+    for name, t in pool.rings.items():
+        v = torch.randn(t.shape, generator=g)
+        t.copy_(-(v.abs() * 0.2) if name in ("g", "dt") else (torch.sigmoid(v) if name == "beta" else v))
+    if family == "mamba2":
+        pool.fold_A = [-torch.rand(2, generator=torch.Generator().manual_seed(i)) - 0.1 for i in range(2)]
+        pool.rings["dt"].abs_()
+    return pool
+
+
+def _state(pool) -> dict[str, torch.Tensor]:
+    out = {n: t.clone() for n, t in pool.rings.items()}
+    out |= {"temporal": pool.mamba_cache.temporal.clone(), "cursors": pool.cursors.clone()}
+    if pool.sr_seed is not None:
+        out["sr_seed"] = pool.sr_seed.clone()
+    return out
+
+
+def _same(a: dict, b: dict) -> list[str]:
+    return [n for n in a if not torch.equal(a[n].view(torch.uint8) if a[n].is_floating_point() else a[n],
+                                            b[n].view(torch.uint8) if b[n].is_floating_point() else b[n])]
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+@pytest.mark.parametrize("length", [0, 3])
+def test_fold_slot_is_materialise_slot_bitwise(family: str, length: int):
+    """``fold_slot`` (no host read, an empty ring skipped on the device) leaves the pool bit for bit
+    as ``materialise_slot`` (host read, early return) does, stochastic-rounding counter included."""
+    from sglang_replayssm.radix_materialise import fold_slot
+
+    a, b = _sr_pool(family), _sr_pool(family)
+    for p in (a, b):
+        p.cursors[3] = torch.tensor([2, length], dtype=torch.int32)
+        p.sr_seed.fill_(7)
+    before = _state(a)
+    assert materialise_slot(a, 3) == length
+    fold_slot(b, torch.tensor(3))  # SGLang's 0-d req.mamba_pool_idx
+    assert _same(_state(a), _state(b)) == []
+    assert b.sr_seed.tolist() == [7 + (length > 0)]
+    changed = _same(before, _state(b))
+    if length == 0:
+        assert changed == []  # nothing at all: checkpoint, rings, cursors, counter
+    else:
+        assert sorted(changed) == ["cursors", "sr_seed", "temporal"]
+        assert b.cursors[3].tolist() == [(2 + length) % b.ring_spec.rows, 0]
+
+
+@pytest.mark.parametrize("length", [0, 2])
+def test_fold_slot_reads_nothing_on_the_host(monkeypatch: pytest.MonkeyPatch, length: int):
+    """No op of ``fold_slot`` reads a device value on the host (the CPU fold reference, which does,
+    is replaced by a recorder); an empty ring reaches every layer's launch as a padding row."""
+    import replayssm_kernels as rk
+
+    from sglang_replayssm.radix_materialise import fold_slot
+
+    pool = _sr_pool("mamba2")
+    pool.cursors[3] = torch.tensor([1, length], dtype=torch.int32)
+    rows = []
+    monkeypatch.setattr(rk, "mamba2_replay_decode_ref", lambda *a, **k: rows.append(a[10].clone()))
+    tolist = []
+    real_tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: tolist.append(1) or real_tolist(t))
+    slot = torch.tensor(3)
+    with _HostReads() as m:
+        fold_slot(pool, slot)
+    assert m.reads == [] and tolist == []
+    assert [r.tolist() for r in rows] == [[3 if length else -1]] * 2
+    assert pool.cursors[3].tolist() == [(1 + length) % pool.ring_spec.rows, 0]
+    with pytest.raises(ValueError, match="expected one slot"):
+        fold_slot(pool, torch.tensor([3, 4]))
+    with pytest.raises(ValueError, match=r"slot expected in \[1, "):
+        fold_slot(pool, 0)
+
+
+def test_materialise_slot_reads_the_host_once(monkeypatch: pytest.MonkeyPatch):
+    """The unfinished-insert path: one transfer (``tolist``) of slot and ``len``, no launch for an
+    empty ring; a tensor slot out of range is still a ``ValueError``."""
+    import replayssm_kernels as rk
+
+    pool = _sr_pool("mamba2")
+    pool.cursors[3] = torch.tensor([1, 0], dtype=torch.int32)
+    launches = []
+    monkeypatch.setattr(rk, "mamba2_replay_decode_ref", lambda *a, **k: launches.append(1))
+    tolist = []
+    real_tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: tolist.append(1) or real_tolist(t))
+    with _HostReads() as m:
+        assert materialise_slot(pool, torch.tensor(3)) == 0
+    assert m.reads == [] and tolist == [1] and launches == []
+    pool.cursors[3, 1] = 2
+    assert materialise_slot(pool, torch.tensor([3])) == 2 and launches == [1, 1]
+    assert pool.cursors[3].tolist() == [3, 0]
+    with pytest.raises(ValueError, match=r"slot expected in \[1, "):
+        materialise_slot(pool, torch.tensor(pool.cursors.shape[0]))
