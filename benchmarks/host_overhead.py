@@ -155,7 +155,7 @@ def rows_admission() -> list[dict]:
 
         out.append(measure(f"alloc, 16 requests ({'replay' if replay else 'stock'})",
                            lambda hp=hp: hp.alloc(reqs), per=16, setup=setup,
-                           note="per request; replay: replayssm_write_pos[0-d slot tensor] = 0 -> .item()"))
+                           note="per request (replay synced here through replayssm_write_pos until d15d498)"))
     return out
 
 
@@ -232,14 +232,6 @@ def rows_finish_and_insert() -> list[dict]:
         out.append(measure(f"materialise_slot, 9 records, {LAYERS} layers (finish)",
                            lambda: radix_materialise.materialise_slot(pool, slot), setup=full_ring, reps=50,
                            note="finish under no_buffer; the fold kernel counted as 'triton'"))
-    wp = pool.replayssm_write_pos
-
-    def sglang_finish_cap():  # MambaComponent.prepare_for_caching_req, is_finished, no_buffer
-        int(wp[slot].item())
-        wp[slot] = 0
-
-    out.append(measure("SGLang finish cap by replayssm_write_pos", sglang_finish_cap,
-                       note="mamba_component.py:528-531: runs only because our pool exposes the name"))
     out.append(measure("reset_tree_slots, 1 slot", lambda: reset_tree_slots(pool.cursors, torch.tensor([[7]])),
                        note="hooks/radix.py:115, every donation (both strategies)"))
     return out
