@@ -32,13 +32,20 @@ def _validate(cursors: torch.Tensor, slot_idx: torch.Tensor, force_flush: torch.
         raise ValueError(f"window: expected >= 1, got {window}")
     if ring_size < window:
         raise ValueError(f"ring_size: expected >= window ({window}), got {ring_size}")
+    check_step_tensors(cursors, slot_idx, force_flush, out_start, out_len, out_flush)
+
+
+def check_step_tensors(cursors: torch.Tensor, slot_idx: torch.Tensor, force_flush: torch.Tensor | None,
+                       out_start: torch.Tensor, out_len: torch.Tensor, out_flush: torch.Tensor) -> None:
+    """Shapes, dtypes and devices of a cursor step's tensors (decode and verify); no device sync."""
     if cursors.dim() != 2 or cursors.shape[1] != 2 or cursors.dtype != torch.int32:
         raise ValueError(
             f"cursors: expected [slots, 2] int32, got {tuple(cursors.shape)} {cursors.dtype}"
         )
-    (batch,) = slot_idx.shape
-    if slot_idx.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"slot_idx: expected int32 or int64, got {slot_idx.dtype}")
+    if slot_idx.dim() != 1 or slot_idx.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slot_idx: expected [batch] int32 or int64, got "
+                         f"{tuple(slot_idx.shape)} {slot_idx.dtype}")
+    batch = slot_idx.shape[0]
     want = {"out_start": (out_start, torch.int32), "out_len": (out_len, torch.int32),
             "out_flush": (out_flush, torch.bool)}
     if force_flush is not None:

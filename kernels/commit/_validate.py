@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from replayssm_kernels._checks import check_index, check_same_device, check_tensor
+from replayssm_kernels.cursors import check_step_tensors
 
 __all__ = ["validate_commit", "validate_cursor_step", "validate_ring_sizes", "min_ring_size"]
 
@@ -72,21 +73,4 @@ def validate_cursor_step(cursors, slot_idx, force_flush, window, ring_size, num_
                           out_start, out_len, out_flush) -> None:
     """Metadata-only checks (no device sync): sizes, shapes, dtypes, devices."""
     validate_ring_sizes(window, ring_size, num_tokens)
-    if cursors.dim() != 2 or cursors.shape[1] != 2 or cursors.dtype != torch.int32:
-        raise ValueError(
-            f"cursors: expected [slots, 2] int32, got {tuple(cursors.shape)} {cursors.dtype}"
-        )
-    if slot_idx.dim() != 1 or slot_idx.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"slot_idx: expected [batch] int32 or int64, got "
-                         f"{tuple(slot_idx.shape)} {slot_idx.dtype}")
-    batch = slot_idx.shape[0]
-    want = {"out_start": (out_start, torch.int32), "out_len": (out_len, torch.int32),
-            "out_flush": (out_flush, torch.bool)}
-    if force_flush is not None:
-        want["force_flush"] = (force_flush, torch.bool)
-    for name, (t, dtype) in want.items():
-        if tuple(t.shape) != (batch,) or t.dtype != dtype:
-            raise ValueError(f"{name}: expected [{batch}] {dtype}, got {tuple(t.shape)} {t.dtype}")
-    for name, t in (("slot_idx", slot_idx), *((k, v[0]) for k, v in want.items())):
-        if t.device != cursors.device:
-            raise ValueError(f"{name}: expected device {cursors.device}, got {t.device}")
+    check_step_tensors(cursors, slot_idx, force_flush, out_start, out_len, out_flush)

@@ -60,7 +60,7 @@ def test_kernel_equals_reference(device, L, R, noncontig, idx64):
 @pytest.mark.parametrize("bad,match", [
     (dict(cursors=torch.zeros(4, 3, dtype=torch.int32)), "cursors: expected \\[slots, 2\\] int32"),
     (dict(cursors=torch.zeros(4, 2, dtype=torch.int64)), "cursors: expected \\[slots, 2\\] int32"),
-    (dict(slot_idx=torch.zeros(3)), "slot_idx: expected int32 or int64"),
+    (dict(slot_idx=torch.zeros(3)), "slot_idx: expected \\[batch\\] int32 or int64"),
     (dict(out_len=torch.zeros(2, dtype=torch.int32)), "out_len: expected \\[3\\] torch.int32"),
     (dict(out_flush=torch.zeros(3, dtype=torch.int32)), "out_flush: expected \\[3\\] torch.bool"),
     (dict(force_flush=torch.zeros(3, dtype=torch.int32)), "force_flush: expected \\[3\\] torch.bool"),
