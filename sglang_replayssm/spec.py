@@ -173,11 +173,6 @@ class VerifyGraphBuffers:
                               flush_nonempty=snapshot)
 
 
-#: Argument signatures ``commit_verify`` has validated (shapes, dtypes, devices, sizes): the
-#: checks run once per signature, not per step (they are metadata-only either way).
-_COMMIT_CHECKED: set[tuple] = set()
-
-
 def commit_verify(
     cursors: torch.Tensor, step: VerifyStep, accepted: torch.Tensor, *, window: int, rows: int,
     accepted_offset: int = 0,
@@ -188,8 +183,8 @@ def commit_verify(
 
     ``accepted`` may be shorter than the batch (SGLang passes per-request counts of the real rows
     first); rows beyond ``accepted`` are padding and must carry slot ``-1``.  CUDA: one Triton
-    launch on the current device (the server's), arguments validated once per signature, no
-    slicing; CPU: the reference.
+    launch on the current device (the server's), no slicing; CPU: the reference.  Arguments are
+    validated on every call (metadata only: no device sync).
     """
     n = step.slot_idx.shape[0]
     m = accepted.shape[0]
@@ -206,20 +201,13 @@ def commit_verify(
 def _commit_launch(cursors: torch.Tensor, step: VerifyStep, accepted: torch.Tensor, *, window: int,
                    rows: int, accepted_offset: int) -> None:
     """``commit_verify``'s CUDA path (also runs under ``TRITON_INTERPRET`` on CPU tensors: tests):
-    validate once per argument signature, then the launcher on the current device."""
-    n, m = step.slot_idx.shape[0], accepted.shape[0]
-    key = (cursors.data_ptr(), cursors.shape, cursors.stride(), cursors.dtype, cursors.device, n,
-           m, accepted.dtype, accepted.device, accepted_offset, step.slot_idx.dtype,
-           step.slot_idx.device, step.ring_start.dtype, step.ring_len.dtype, step.flush.dtype,
-           step.ring_start.device, step.num_tokens, window, rows)
-    if key not in _COMMIT_CHECKED:
-        validate_commit(cursors, step.slot_idx[:m], step.ring_start[:m], step.ring_len[:m],
-                        step.flush[:m], accepted, window, rows, step.num_tokens, None,
-                        accepted_offset)
-        if cursors.device.type == "cuda" and cursors.device.index not in (None, torch.cuda.current_device()):
-            raise ValueError(f"cursors: expected the current CUDA device "
-                             f"({torch.cuda.current_device()}), got {cursors.device}")
-        _COMMIT_CHECKED.add(key)
+    validate, then the launcher on the current device."""
+    m = accepted.shape[0]
+    validate_commit(cursors, step.slot_idx[:m], step.ring_start[:m], step.ring_len[:m], step.flush[:m],
+                    accepted, window, rows, step.num_tokens, None, accepted_offset)
+    if cursors.device.type == "cuda" and cursors.device.index not in (None, torch.cuda.current_device()):
+        raise ValueError(f"cursors: expected the current CUDA device "
+                         f"({torch.cuda.current_device()}), got {cursors.device}")
     verify_commit_fwd(cursors, step.slot_idx, step.ring_start, step.ring_len, step.flush,
                       accepted, window=window, ring_size=rows, num_tokens=step.num_tokens,
                       accepted_offset=accepted_offset)
