@@ -36,6 +36,12 @@ VARIANTS = {
     # Round 3's runner-up at batch 256 (314.3 us against 300.9): the same code with 4 warps at a
     # 72-register cap, 72 / 0 / 7. Kept to recheck the 2-warp choice on another GPU or compiler.
     "RF72": dict(num_warps=4, maxnreg=72),
+    # Launches with a read copy (issue 8; run with --read-dtype): the default's 96-register cap
+    # spills there (bf16 copy 20 B, fp8 92 B). In the comments: bf16 / fp8 copy.
+    "RC112": dict(maxnreg=112),  # 2 warps, 112 / 0 / 9; 112 / 28 / 9
+    "RC128": dict(maxnreg=128),  # 2 warps, 121 / 0 / 8; 128 / 0 / 8
+    "RC4w80": dict(num_warps=4, maxnreg=80),  # 80 / 0 / 6; 80 / 40 / 6
+    "RC4w96": dict(num_warps=4, maxnreg=96),  # 91 / 0 / 5; 96 / 0 / 5
 }
 DEFAULT_VARIANTS = list(VARIANTS)
 
@@ -87,9 +93,10 @@ def compile_sm90a(kern, ptrs: dict, ints: dict, const: dict, options: dict):
 
 
 def offline_build(cfg, p_split: int = 1, shape: dict = NANO, state_dtype: str = "fp32",
-                  act_dtype: str = "bf16") -> dict:
+                  act_dtype: str = "bf16", read_dtype: str | None = None) -> dict:
     """Compile the launch of ``cfg`` for sm_90a as ``mamba2_replay_decode_fwd`` would launch it
-    on contiguous layer views of the pool and the mixer's strided x / B / C / dt, no read copy,
+    on contiguous layer views of the pool and the mixer's strided x / B / C / dt, with a
+    contiguous read copy of ``read_dtype`` (``"bf16"``, ``"fp16"``, ``"fp8"``; ``None``: none),
     no SR (no GPU); return ``{"ptx", "shared"}``."""
     import triton
 
@@ -109,6 +116,10 @@ def offline_build(cfg, p_split: int = 1, shape: dict = NANO, state_dtype: str = 
                 slot_idx_ptr="*i32", ring_start_ptr="*i32", ring_len_ptr="*i32",
                 flush_ptr="*i1", read_ptr="constexpr", read_scale_ptr="constexpr",
                 sr_seed_ptr="constexpr")
+    if read_dtype is not None:
+        ptrs["read_ptr"] = {"bf16": "*bf16", "fp16": "*fp16", "fp8": "*fp8e4nv"}[read_dtype]
+        if read_dtype == "fp8":
+            ptrs["read_scale_ptr"] = "*fp32"
     ints = dict(P=P, N=N, R=R, heads_per_group=H // G, sr_layer=0,
                 stride_state_slot=H * P * N, stride_state_head=P * N, stride_state_p=N,
                 stride_state_n=1, stride_rx_slot=H * R * P, stride_rx_head=R * P,
@@ -122,14 +133,20 @@ def offline_build(cfg, p_split: int = 1, shape: dict = NANO, state_dtype: str = 
                 stride_out_batch=H * P, stride_out_head=P, stride_out_p=1,
                 stride_read_slot=0, stride_read_head=0, stride_read_p=0, stride_read_n=0,
                 stride_rs_slot=0, stride_rs_head=0, stride_rs_p=0)
+    if read_dtype is not None:
+        ints.update(stride_read_slot=H * P * N, stride_read_head=P * N, stride_read_p=N,
+                    stride_read_n=1)
+        if read_dtype == "fp8":
+            ints.update(stride_rs_slot=H * P, stride_rs_head=P, stride_rs_p=1)
     block_n = triton.next_power_of_2(N)
     # As the launcher sets them (kernel.mamba2_replay_decode_fwd) for this case.
     const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False,
                  BLOCK_P=cfg.block_p, BLOCK_N=block_n, BLOCK_L=cfg.block_l, NUM_PT=tiles,
                  FOLD_UNROLL=cfg.fold_unroll,
                  PF_X=triton.next_power_of_2(-(-rows_pp * esz // 128) + 1),
-                 PF_B=triton.next_power_of_2(-(-N * esz // 128)), HAS_READ=False,
-                 READ_FP8=False, P_SPLIT=p_split, SR=False, REC_FUSED=block_n >= cfg.block_l,
+                 PF_B=triton.next_power_of_2(-(-N * esz // 128)),
+                 HAS_READ=read_dtype is not None, READ_FP8=read_dtype == "fp8", P_SPLIT=p_split,
+                 SR=False, REC_FUSED=block_n >= cfg.block_l,
                  L2_AHEAD=cfg.l2_ahead, PTX=True)
     opts = dict(num_warps=cfg.num_warps)
     if cfg.maxnreg is not None:
@@ -173,11 +190,11 @@ def ctas_per_sm(regs: int, num_warps: int, shared: int = 0) -> int:
     return min(by_regs, 64 // num_warps, 32, by_smem)
 
 
-def offline_table(names: list[str]) -> list[dict]:
+def offline_table(names: list[str], read_dtype: str | None = None) -> list[dict]:
     rows = []
     for name in names:
         cfg = variant_config(name, NANO["P"], NANO["N"], NANO["R"])
-        b = offline_build(cfg)
+        b = offline_build(cfg, read_dtype=read_dtype)
         st = ptxas_stats(b["ptx"])
         st.update(variant=name, num_warps=cfg.num_warps, cap=cfg.maxnreg, shared=b["shared"],
                   ctas=ctas_per_sm(st["regs"], cfg.num_warps, b["shared"]))
@@ -201,7 +218,7 @@ def _bits(t):
 
 
 def sweep_batch(batch: int, names: list[str], reps: int, no_ssu: bool,
-                device: str | None = None) -> dict:
+                device: str | None = None, read_dtype: str = "same") -> dict:
     import torch
 
     from benchmarks import bench_decode as bd
@@ -209,7 +226,8 @@ def sweep_batch(batch: int, names: list[str], reps: int, no_ssu: bool,
     from replayssm_kernels import mamba2_replay_decode_ref
 
     cfg = bd.parse_args(["--family", "mamba2", "--batch", str(batch), "--window", "16",
-                         "--state-dtype", "fp32", "--out", "/tmp/sweep_unused"]
+                         "--state-dtype", "fp32", "--read-dtype", read_dtype,
+                         "--out", "/tmp/sweep_unused"]
                         + (["--device", device] if device else []))
     cuda = cfg.device == "cuda"
     if not cuda:  # the CPU smoke run calls SGLang's kernel as bench_decode's does (interpreter)
@@ -317,6 +335,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-ssu", action="store_true")
     ap.add_argument("--offline", action="store_true",
                     help="no GPU: compile the variants for sm_90a, print ptxas registers/spills")
+    ap.add_argument("--read-dtype", choices=("same", "bf16", "fp16", "fp8"), default="same",
+                    help="launches with a read copy of this dtype beside the fp32 checkpoint "
+                         "(bench_decode's --read-dtype; same: none)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None,
                     help="cpu: interpreter at bench_decode's tiny shape, a smoke run of this "
@@ -327,11 +348,11 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
     if a.offline:
-        out = offline_table(names)
+        out = offline_table(names, None if a.read_dtype == "same" else a.read_dtype)
     else:
         out = {}
         for b in [int(x) for x in a.batch.split(",") if x]:
-            out[str(b)] = sweep_batch(b, names, a.reps, a.no_ssu, a.device)
+            out[str(b)] = sweep_batch(b, names, a.reps, a.no_ssu, a.device, a.read_dtype)
         for b, res in out.items():
             print_table(int(b), res)
     if a.out:

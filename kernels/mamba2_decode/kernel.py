@@ -19,8 +19,8 @@ compiled code only) because every P-tile re-reads them.
 - Non-flush row: ``y = ā·(S0·C) + Σ_j λ_j Δ_j (B_j·C) x_j + D x`` (math.md §2), the current token
   being the last term, with β_j = B_j·C and the coefficients computed once per (row, head). The
   records' term joins the S·C reduction in the tile's own layout (``REC_FUSED``: ā is folded
-  into C); with a read copy (the fp8 scale multiplies S·C alone) or ``BLOCK_N < BLOCK_L`` it is
-  a separate ``[BLOCK_L, BLOCK_P]`` sum instead. Then the record ``(x, Δ, B)`` is appended at
+  into C; an fp8 read copy's row scale multiplies the copy's partial sums before the records
+  join); with ``BLOCK_N < BLOCK_L`` it is a separate ``[BLOCK_L, BLOCK_P]`` sum instead. Then the record ``(x, Δ, B)`` is appended at
   logical row ``ring_len`` (``x`` per tile, ``Δ`` once, ``B`` by the group's first head).
   The checkpoint is not written.
 - Flush row: the records ``[0, ring_len)`` and the current token are folded into the tile in
@@ -132,9 +132,10 @@ def _nonflush_tile(
     """Output of P-tile ``t`` on the inner-product route, and the append of its x. ``b_s`` is the
     tile as read (checkpoint or read copy); an fp8 copy's per-row scale is applied to ``S0·C``.
 
-    ``REC_FUSED`` (no read copy; ``BLOCK_N >= BLOCK_L``): ``b_C`` comes in already scaled by
+    ``REC_FUSED`` (``BLOCK_N >= BLOCK_L``): ``b_C`` comes in already scaled by
     ``ā`` and the record term joins the S·C reduction: the tile's N columns are viewed as
-    ``BLOCK_L`` groups of ``BLOCK_N / BLOCK_L``, each group is summed in place, record ``j``'s
+    ``BLOCK_L`` groups of ``BLOCK_N / BLOCK_L``, each group is summed in place (an fp8 copy's
+    groups are then multiplied by the row's scale), record ``j``'s
     ``coef_j·x_j[p]`` is added to group ``j``, and one more reduction over the groups gives
     ``ā·(S0·C) + Σ_j coef_j x_j``. The ``[BLOCK_P, BLOCK_L]`` record tile then lives in the
     checkpoint tile's layout (with ``PTX``: ``ld_rec``), instead of a layout of its own with a
@@ -147,6 +148,8 @@ def _nonflush_tile(
         b_x = b_x_raw.to(tl.float32)
         b_sg = tl.sum(tl.reshape(b_s * b_C[None, :], [BLOCK_P, BLOCK_L, BLOCK_N // BLOCK_L]),
                       axis=2)
+        if READ_FP8:  # the row scale multiplies the copy's groups, before the records join
+            b_sg = b_sg * tl.load(p_rs_head + o_p * stride_rs_p, mask=m_p, other=0.0)[:, None]
         p_xt = p_rx_head + row_l[None, :] * stride_rx_row + o_p[:, None] * stride_rx_p
         if PTX:
             b_xt = ld_rec(p_xt, m_p[:, None] & m_l[None, :]).to(tl.float32)
@@ -540,7 +543,8 @@ def _sm_count(device_index: int) -> int:
 
 
 def _l2_prefetch_ok(state: torch.Tensor) -> bool:
-    """Whole checkpoint tiles can be bulk-prefetched: N contiguous, rows back to back, 16-byte
+    """Whole tiles of ``state`` (a checkpoint or a read copy) can be bulk-prefetched: N
+    contiguous, rows back to back, 16-byte
     aligned rows and bases (``cp.async.bulk.prefetch.L2``'s size and address rules)."""
     es = state.element_size()
     ss, sh, sp, sn = state.stride()
@@ -601,12 +605,13 @@ def mamba2_replay_decode_fwd(
     if block_l < R:
         raise AssertionError(f"block_l ({block_l}) must be >= R ({R})")
     block_n = triton.next_power_of_2(N)
-    # Where the default code does not apply: the fused record term needs BLOCK_N >= BLOCK_L and
-    # no read copy (an fp8 copy's scale multiplies S·C alone); the L2 prefetch (compiled only)
-    # needs whole contiguous tiles of the checkpoint and no read copy.
-    rec_fused = block_n >= block_l and read_state is None
+    # Where the default code does not apply: the fused record term needs BLOCK_N >= BLOCK_L; the
+    # L2 prefetch (compiled only) needs whole contiguous tiles of the checkpoint and of the read
+    # copy if there is one (non-flush rows prefetch the copy, flush rows the checkpoint).
+    rec_fused = block_n >= block_l
     l2_ahead = cfg.l2_ahead
-    if interpreting() or read_state is not None or not _l2_prefetch_ok(state):
+    if interpreting() or not _l2_prefetch_ok(state) or (
+            read_state is not None and not _l2_prefetch_ok(read_state)):
         l2_ahead = 0
     z_strides = (z.stride(0), z.stride(1), z.stride(2)) if z is not None else (0, 0, 0)
     read_strides = read_state.stride() if read_state is not None else (0, 0, 0, 0)

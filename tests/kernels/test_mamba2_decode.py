@@ -801,14 +801,26 @@ def test_default_launch_ptx_features():
 # kernel changed the register budget the launch was chosen with (benchmarks/notes/
 # mamba2_decode.md, "Round 3 result").
 VARIANT_PTXAS = {
-    "base": (96, 0, 10),  # 2 warps: CTAs of 64 threads
-    "RF72": (72, 0, 7),  # 4 warps
+    None: {
+        "base": (96, 0, 10),  # 2 warps: CTAs of 64 threads
+        "RF72": (72, 0, 7),  # 4 warps
+        "RC112": (112, 0, 9),
+        "RC128": (105, 0, 9),
+        "RC4w80": (79, 0, 6),
+        "RC4w96": (90, 0, 5),
+    },
+    # with a read copy beside the fp32 checkpoint (--read-dtype)
+    "bf16": {"base": (96, 20, 10), "RF72": (72, 8, 7), "RC112": (112, 0, 9),
+             "RC128": (121, 0, 8), "RC4w80": (80, 0, 6), "RC4w96": (91, 0, 5)},
+    "fp8": {"base": (96, 92, 10), "RF72": (72, 80, 7), "RC112": (112, 28, 9),
+            "RC128": (128, 0, 8), "RC4w80": (80, 40, 6), "RC4w96": (96, 0, 5)},
 }
 
 
-def test_variant_registers_offline(tmp_path):
-    """``python -m benchmarks.sweep_mamba2 --offline``: every variant compiles for sm_90a and
-    ptxas reports the registers / spills / CTAs per SM recorded in VARIANT_PTXAS."""
+@pytest.mark.parametrize("read", [None, "bf16", "fp8"], ids=["no-copy", "bf16-copy", "fp8-copy"])
+def test_variant_registers_offline(tmp_path, read):
+    """``python -m benchmarks.sweep_mamba2 --offline [--read-dtype]``: every variant compiles for
+    sm_90a and ptxas reports the registers / spills / CTAs per SM recorded in VARIANT_PTXAS."""
     import json
     import os
     import subprocess
@@ -817,15 +829,15 @@ def test_variant_registers_offline(tmp_path):
     out = tmp_path / "offline.json"
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.sweep_mamba2", "--offline",
-                           "--out", str(out)], env=env, cwd=_REPO_ROOT, capture_output=True,
-                          text=True, timeout=900)
+                           "--out", str(out)] + (["--read-dtype", read] if read else []),
+                          env=env, cwd=_REPO_ROOT, capture_output=True, text=True, timeout=900)
     err = proc.stderr.lower()
     if proc.returncode != 0 and "nvidia" in err and "backend" in err:
         pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = {r["variant"]: (r["regs"], r["spill_st"], r["ctas"])
            for r in json.loads(out.read_text())}
-    assert got == VARIANT_PTXAS
+    assert got == VARIANT_PTXAS[read]
 
 
 # --------------------------------------------------------------------------------------------
