@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import math
@@ -92,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mamba2-verify-p-split", type=int, default=None,
                    help="force the Mamba-2 verify kernel's P-split (1: the unsplit launch, for "
                         "an A/B against the default small-batch rule; default: the rule)")
+    p.add_argument("--mamba2-verify-impl", choices=("dot", "fma"), default="dot",
+                   help="Mamba-2 verify implementation: dot (tensor cores, the default) or fma "
+                        "(fp32 FMA reductions, kernels/mamba2_verify/fma.py), for an A/B")
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, required=True)
     return p
@@ -126,6 +130,7 @@ class Config:
     commit: str
     out: Path
     mamba2_verify_p_split: int | None = None
+    mamba2_verify_impl: str = "dot"
     dry_run: bool = False  # bench_decode.environment() reads it
     argv: list[str] = field(default_factory=list)
 
@@ -166,6 +171,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         refcheck=a.refcheck, skip_peers=a.skip_peers, time_budget=a.time_budget, seed=a.seed,
         commit=a.commit or bd._git_commit(), out=a.out,
         mamba2_verify_p_split=a.mamba2_verify_p_split,
+        mamba2_verify_impl=a.mamba2_verify_impl,
         argv=list(sys.argv[1:] if argv is None else argv),
     )
 
@@ -643,6 +649,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         mvk.p_split_rule = lambda *_: forced
         meta["mamba2_verify_p_split"] = forced
         bd._log(f"Mamba-2 verify: P-split forced to {forced} (default: the small-batch rule)")
+    meta["mamba2_verify_impl"] = cfg.mamba2_verify_impl
+    if cfg.mamba2_verify_impl != "dot":  # A/B of the implementations: force one
+        import replayssm_kernels.mamba2_verify.kernel as mvk
+
+        mvk.launch_config = functools.partial(mvk.launch_config, impl=cfg.mamba2_verify_impl)
+        bd._log(f"Mamba-2 verify: implementation {cfg.mamba2_verify_impl} (default: dot)")
     copy = bd.measure_copy_bandwidth(cfg)
     if cfg.device == "cuda":
         bd._log(f"copy bandwidth: {copy['bytes_per_s'] / 1e12:.3f} TB/s (read + write)")
@@ -784,11 +796,17 @@ def write_outputs(cfg: Config, meta: dict, copy: dict, checks: dict, status: dic
 # ==================================================================================================
 
 
-def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5)) -> list[dict]:
-    """Compile ``_mamba2_replay_verify_fwd_kernel`` for sm_90a (no GPU) as the launcher would at
-    the Nano-4B shape (L = 16, fp32 state, bf16 activations with the mixer's strides, no z), for
-    each ``P_SPLIT`` and read copy (none / bf16 / fp8), and print ``ptxas -v``'s registers and
-    spills (``sweep_mamba2.compile_sm90a`` / ``ptxas_stats``). Run without ``TRITON_INTERPRET``:
+def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str = "dot",
+                  reads: Sequence[str | None] = (None, "bf16", "fp8"),
+                  num_warps: int | None = None, maxnreg: int | None = None,
+                  keep_ptx: bool = False) -> list[dict]:
+    """Compile the Mamba-2 verify kernel of ``impl`` (``"dot"``:
+    ``_mamba2_replay_verify_fwd_kernel``, ``"fma"``: ``fma.py``'s) for sm_90a (no GPU) as the launcher would at the Nano-4B shape
+    (L = 16, fp32 state, bf16 activations with the mixer's strides, no z), for each ``P_SPLIT``
+    and read copy in ``reads`` (``None`` / ``"bf16"`` / ``"fp8"``), and print ``ptxas -v``'s
+    registers and spills (``sweep_mamba2.compile_sm90a`` / ``ptxas_stats``). ``num_warps`` /
+    ``maxnreg`` (``0``: no cap) override the launch configuration (offline sweeps); ``keep_ptx``
+    adds each build's PTX to its row (``"ptx"``, codegen tests). Run without ``TRITON_INTERPRET``:
     ``python -c "from benchmarks.bench_verify import offline_sm90a; offline_sm90a(4)"``."""
     import torch
 
@@ -797,10 +815,18 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5)) -> list[di
 
     H, P, N, G, L = 96, 80, 128, 8, 16
     R = max(L, T) + T
-    cfg = k.launch_config(P, N, R, T, torch.bfloat16)
+    cfg = k.launch_config(P, N, R, T, torch.bfloat16, impl=impl)
+    if num_warps is not None:
+        cfg = cfg._replace(num_warps=num_warps)
+    if maxnreg is not None:
+        cfg = cfg._replace(maxnreg=maxnreg or None)
+    if impl == "fma":
+        from replayssm_kernels.mamba2_verify.fma import mamba2_replay_verify_fma_kernel as kern
+    else:
+        kern = k._mamba2_replay_verify_fwd_kernel
     xbc = H * P + 2 * G * N
     rows = []
-    for read in (None, "bf16", "fp8"):
+    for read in reads:
         for ps in p_splits:
             tiles = -(-(-(-P // cfg.block_p)) // ps)
             rd, f8 = read is not None, read == "fp8"
@@ -829,21 +855,28 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5)) -> list[di
                 stride_read_n=1 if rd else 0, stride_rs_slot=H * P if f8 else 0,
                 stride_rs_head=P if f8 else 0, stride_rs_p=1 if f8 else 0)
             const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False,
-                         BLOCK_P=cfg.block_p, BLOCK_K=cfg.block_k, NUM_NK=-(-N // cfg.block_k),
-                         BLOCK_J=cfg.block_j, BLOCK_T=cfg.block_t, NUM_PT=tiles,
-                         FOLD_UNROLL=cfg.fold_unroll, ACT_TF32_EXACT=cfg.act_tf32_exact,
+                         BLOCK_P=cfg.block_p, BLOCK_K=cfg.block_k, BLOCK_J=cfg.block_j,
+                         BLOCK_T=cfg.block_t, NUM_PT=tiles, FOLD_UNROLL=cfg.fold_unroll,
                          HAS_READ=rd, READ_FP8=f8, SR=False, P_SPLIT=ps)
+            if impl == "fma":
+                const.update(BLOCK_N=1 << (N - 1).bit_length(), L2_AHEAD=cfg.l2_ahead, PTX=True)
+            else:
+                const.update(NUM_NK=-(-N // cfg.block_k), ACT_TF32_EXACT=cfg.act_tf32_exact)
             opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
             if cfg.maxnreg:
                 opts["maxnreg"] = cfg.maxnreg
-            ck = compile_sm90a(k._mamba2_replay_verify_fwd_kernel, ptrs, ints, const, opts)
+            ck = compile_sm90a(kern, ptrs, ints, const, opts)
             st = ptxas_stats(ck.asm["ptx"])
-            row = dict(T=T, read=read, p_split=ps, shared=ck.metadata.shared,
+            row = dict(T=T, impl=impl, read=read, p_split=ps, num_warps=cfg.num_warps,
+                       maxnreg=cfg.maxnreg, shared=ck.metadata.shared,
                        ctas=ctas_per_sm(st["regs"], cfg.num_warps, ck.metadata.shared), **st)
+            if keep_ptx:
+                row["ptx"] = ck.asm["ptx"]
             rows.append(row)
-            print(f"T={T} read={str(read):4} P_SPLIT={ps}: regs {st['regs']} stack {st['stack']} "
-                  f"spill st/ld {st['spill_st']}/{st['spill_ld']} shared {row['shared']} B, "
-                  f"CTAs/SM {row['ctas']}")
+            print(f"{impl} T={T} read={str(read):4} P_SPLIT={ps} warps {cfg.num_warps} cap "
+                  f"{cfg.maxnreg}: regs {st['regs']} stack {st['stack']} spill st/ld "
+                  f"{st['spill_st']}/{st['spill_ld']} shared {row['shared']} B, "
+                  f"CTAs/SM {row['ctas']}", flush=True)
     return rows
 
 

@@ -64,7 +64,12 @@ import triton.language as tl
 
 from replayssm_kernels._checks import check_launch_device, interpreting
 from replayssm_kernels.mamba2_decode._fold import record_factors
-from replayssm_kernels.mamba2_decode.kernel import _sm_count, _softplus, p_split_rule
+from replayssm_kernels.mamba2_decode.kernel import (
+    _l2_prefetch_ok,
+    _sm_count,
+    _softplus,
+    p_split_rule,
+)
 from replayssm_kernels.mamba2_decode.read_copy import (
     fp8_row_scale,
     store_read_tile,
@@ -77,7 +82,13 @@ from replayssm_kernels.stochastic_round import (
     validate_stochastic_rounding,
 )
 
-__all__ = ["mamba2_replay_verify", "mamba2_replay_verify_fwd", "launch_config"]
+__all__ = [
+    "IMPLS",
+    "fma_launch_config",
+    "launch_config",
+    "mamba2_replay_verify",
+    "mamba2_replay_verify_fwd",
+]
 
 
 @triton.jit
@@ -475,11 +486,22 @@ class LaunchConfig(NamedTuple):
     act_tf32_exact: bool  # x, B, C are 16-bit (exact tf32 operands): split only the fp32 side
     num_stages: int  # software pipelining of the P-tile loop (1: none)
     maxnreg: int | None  # register cap per thread (ptxas), None: the compiler's choice
+    impl: str = "dot"  # "dot": this file's tensor-core kernel; "fma": fma.py's (see IMPLS)
+    l2_ahead: int = 0  # "fma": bulk L2 prefetch of tile t + l2_ahead (0: none; compiled only)
 
 
-def launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype) -> LaunchConfig:
-    """Fixed launch parameters (no autotune: the kernel writes the pool), chosen offline from
-    ptxas' register counts (sm_90a, Nano-4B shape, T = 8; see benchmarks/notes/verify.md):
+#: The two implementations of one contract: ``"dot"`` (tensor cores, the default) and ``"fma"``
+#: (fp32 FMA reductions over whole-N tiles, ``fma.py``; not the default: untimed on a GPU).
+IMPLS = ("dot", "fma")
+
+
+def launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
+                  impl: str = "dot") -> LaunchConfig:
+    """Fixed launch parameters of implementation ``impl`` (``IMPLS``; ``"fma"``:
+    ``fma_launch_config``; otherwise ``ValueError``).
+
+    ``"dot"`` (the default; no autotune: the kernel writes the pool), chosen offline from ptxas'
+    register counts (sm_90a, Nano-4B shape, T = 8; see benchmarks/notes/verify.md):
     ``BLOCK_K = 32``, no pipelining and a 128-register cap give 128 registers with a 4-byte spill
     (4 CTAs of 4 warps per SM); pipelining takes 226-250 registers.
 
@@ -493,12 +515,41 @@ def launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype) -> Lau
     (``_tf32_split``), the same accuracy as tf32x3 with 2/3 of its products. fp32 activations keep
     tf32x3. The flush fold into the checkpoint never goes through ``tl.dot``.
     """
+    if impl == "fma":
+        return fma_launch_config(P, N, R, T)
+    if impl != "dot":
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     block_k = max(MIN_DOT, min(BLOCK_K_MAX, triton.next_power_of_2(N)))
     num_warps = 4 if triton.next_power_of_2(N) * MIN_DOT >= 1024 else 2
     act_exact = act_dtype in (torch.bfloat16, torch.float16)
     return LaunchConfig(MIN_DOT, max(MIN_DOT, triton.next_power_of_2(R)),
                         max(MIN_DOT, triton.next_power_of_2(T)), block_k, 4, num_warps, act_exact,
                         1, 128)
+
+
+def fma_launch_config(P: int, N: int, R: int, T: int) -> LaunchConfig:
+    """Fixed launch parameters of the FMA implementation (``fma.py``; no autotune), chosen from
+    offline sm_90a ptxas counts at the Nano-4B shape for T = 2, 4, 8 with and without a read copy
+    (benchmarks/notes/verify.md, "FMA implementation"); **not timed on a GPU**.
+
+    The decode kernel's tile: ``BLOCK_P = min(16, P)`` rows of the whole N
+    (``BLOCK_N = next_pow2(N)``), two warps for tiles of up to 2,048 elements (four above), two
+    records per unrolled fold step, a bulk L2 prefetch one tile ahead; ``block_j`` and
+    ``block_t`` without the tensor cores' 16 minimum (``next_pow2(R)``, ``next_pow2(T)``);
+    ``block_k`` is the N-chunk of the once-per-head ``KᵀQ`` sums (at most 32 columns).
+    """
+    block_n = triton.next_power_of_2(N)
+    block_p = min(16, triton.next_power_of_2(P))
+    block_t = triton.next_power_of_2(T)
+    num_warps = 2 if block_n * block_p <= 2048 else 4
+    maxnreg = FMA_MAXNREG_SHORT if block_t <= 4 else None
+    return LaunchConfig(block_p, triton.next_power_of_2(R), block_t, min(BLOCK_K_MAX, block_n),
+                        2, num_warps, False, 1, maxnreg, impl="fma", l2_ahead=1)
+
+
+#: Register cap of the FMA launch for windows of up to 4 tokens (ptxas ``maxnreg``; longer
+#: windows: the compiler's choice, about 194 at T = 8): benchmarks/notes/verify.md's table.
+FMA_MAXNREG_SHORT = 160
 
 
 def mamba2_replay_verify_fwd(
@@ -509,6 +560,7 @@ def mamba2_replay_verify_fwd(
     read_scale: torch.Tensor | None = None, sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
     p_split: int | None = None,
+    impl: str | None = None,
 ) -> None:
     """Launch the kernel on validated arguments (no checks; see ``mamba2_replay_verify``).
 
@@ -516,7 +568,9 @@ def mamba2_replay_verify_fwd(
     ``launch_config`` (tests only); ``p_split`` overrides the small-batch split rule
     (``mamba2_decode``'s ``p_split_rule``: tests, benchmarks and tuning only). ``p_split`` must be
     ``cdiv(n_tiles, k)`` for some ``k`` (every program owns at least one P-tile), with
-    ``n_tiles = cdiv(P, block_p)``; otherwise ``ValueError``.
+    ``n_tiles = cdiv(P, block_p)``; otherwise ``ValueError``. ``impl`` (``IMPLS``) overrides
+    ``launch_config``'s implementation (default: the tensor-core kernel, ``"dot"``); ``"fma"``
+    launches ``fma.py``'s kernel with ``fma_launch_config``.
     """
     batch, T, H, P = x.shape
     N = state.shape[3]
@@ -524,9 +578,12 @@ def mamba2_replay_verify_fwd(
     R = ring_x.shape[2]
     if batch == 0:
         return
-    cfg = launch_config(P, N, R, T, x.dtype)
+    if impl is None:
+        cfg = launch_config(P, N, R, T, x.dtype)
+    else:
+        cfg = launch_config(P, N, R, T, x.dtype, impl=impl)
     block_p = cfg.block_p if block_p is None else block_p
-    if block_p < MIN_DOT:
+    if cfg.impl == "dot" and block_p < MIN_DOT:
         raise ValueError(f"block_p: expected >= {MIN_DOT} (tl.dot tile), got {block_p}")
     fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
     z_strides = tuple(z.stride()) if z is not None else (0, 0, 0, 0)
@@ -545,7 +602,7 @@ def mamba2_replay_verify_fwd(
         valid = sorted({triton.cdiv(n_tiles, k) for k in range(1, n_tiles + 1)})
         raise ValueError(f"p_split: expected one of {valid} ({n_tiles} P-tiles of {block_p} "
                          f"rows), got {p_split}")
-    _mamba2_replay_verify_fwd_kernel[(H * p_split, batch)](
+    args = (
         state, ring_x, ring_dt, ring_B, x, dt, A, B, C, D, z, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, read_state, read_scale, sr_seed,
         T, P, N, R, H // G, sr_layer,
@@ -564,10 +621,16 @@ def mamba2_replay_verify_fwd(
         *out.stride(),
         *read_strides,
         *rs_strides,
-        DT_SOFTPLUS=dt_softplus,
-        HAS_DT_BIAS=dt_bias is not None,
-        HAS_D=D is not None,
-        HAS_Z=z is not None,
+    )
+    flags = dict(DT_SOFTPLUS=dt_softplus, HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
+                 HAS_Z=z is not None)
+    if cfg.impl == "fma":
+        _launch_fma(cfg, args, flags, (H * p_split, batch), state, read_state, N, block_p, tiles,
+                    fold_unroll, read_scale is not None, sr_seed is not None, p_split, extra)
+        return
+    _mamba2_replay_verify_fwd_kernel[(H * p_split, batch)](
+        *args,
+        **flags,
         BLOCK_P=block_p,
         BLOCK_K=cfg.block_k,
         NUM_NK=triton.cdiv(N, cfg.block_k),
@@ -582,6 +645,42 @@ def mamba2_replay_verify_fwd(
         P_SPLIT=p_split,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **extra,
+    )
+
+
+def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, int],
+                state: torch.Tensor, read_state: torch.Tensor | None, N: int, block_p: int,
+                tiles: int, fold_unroll: int, read_fp8: bool, sr: bool, p_split: int,
+                extra: dict) -> None:
+    """Launch ``fma.py``'s kernel with the tensor-core kernel's arguments ``args`` and flags."""
+    # fma.py imports this module's Δ helper, so it is imported here, at the first FMA launch.
+    from replayssm_kernels.mamba2_verify.fma import mamba2_replay_verify_fma_kernel
+
+    block_n = triton.next_power_of_2(N)
+    # The L2 prefetch (compiled only) needs whole contiguous tiles of the checkpoint and, if
+    # there is one, of the read copy (flush rows prefetch the checkpoint, non-flush the copy).
+    l2_ahead = cfg.l2_ahead
+    if interpreting() or not _l2_prefetch_ok(state) or (
+            read_state is not None and not _l2_prefetch_ok(read_state)):
+        l2_ahead = 0
+    mamba2_replay_verify_fma_kernel[grid](
+        *args,
+        **flags,
+        BLOCK_P=block_p,
+        BLOCK_N=block_n,
+        BLOCK_K=cfg.block_k,
+        BLOCK_J=cfg.block_j,
+        BLOCK_T=cfg.block_t,
+        NUM_PT=tiles,
+        FOLD_UNROLL=fold_unroll,
+        HAS_READ=read_state is not None,
+        READ_FP8=read_fp8,
+        SR=sr,
+        P_SPLIT=p_split,
+        L2_AHEAD=l2_ahead,
+        PTX=not interpreting(),
+        num_warps=cfg.num_warps,
         **extra,
     )
 

@@ -67,9 +67,28 @@ pytestmark = pytest.mark.usefixtures("interpreter_bf16_rtne")
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
-VERIFY = {"kernel": mamba2_replay_verify, "ref": mamba2_replay_verify_ref}
-DECODE = {"kernel": mamba2_replay_decode, "ref": mamba2_replay_decode_ref}
-COMMIT = {"kernel": verify_commit, "ref": verify_commit_ref}
+
+
+def mamba2_replay_verify_fma(*args, **kw) -> None:
+    """``mamba2_replay_verify`` with the FMA implementation (``fma.py``) forced, as
+    ``bench_verify --mamba2-verify-impl fma`` forces it: ``launch_config`` returns the FMA
+    configuration for the duration of the call."""
+    import replayssm_kernels.mamba2_verify.kernel as k
+
+    orig = k.launch_config
+    k.launch_config = functools.partial(orig, impl="fma")
+    try:
+        mamba2_replay_verify(*args, **kw)
+    finally:
+        k.launch_config = orig
+
+
+# "kernel": the default (tensor-core) kernel; "fma": the FMA implementation of the same contract.
+VERIFY = {"kernel": mamba2_replay_verify, "fma": mamba2_replay_verify_fma,
+          "ref": mamba2_replay_verify_ref}
+DECODE = {"kernel": mamba2_replay_decode, "fma": mamba2_replay_decode,
+          "ref": mamba2_replay_decode_ref}
+COMMIT = {"kernel": verify_commit, "fma": verify_commit, "ref": verify_commit_ref}
 
 SHAPE_A = Shape(H=6, G=3, P=20, N=16)  # P=20: a full 16-row tile + a masked tile
 SHAPE_B = Shape(H=3, G=1, P=12, N=16)  # H=3, P=12: non-powers of two, one masked tile
@@ -320,26 +339,26 @@ def _check(rep: Report, state_dtype, act_dtype, T: int, read_dtype=None) -> None
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("impl", ["kernel", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
 @pytest.mark.parametrize("T", [1, 2, 4, 8], ids=lambda t: f"T{t}")
 def test_spec_steps_vs_f64(impl, T):
-    """fp32 checkpoint, bf16 activations; the kernel's flushed checkpoints bit-identical to
+    """fp32 checkpoint, bf16 activations; the kernels' flushed checkpoints bit-identical to
     SGLang's selective_state_update over the accepted tokens."""
     L = {1: 4, 2: 6, 4: 8, 8: 12}[T]
     shape = SHAPE_A if T <= 2 else SHAPE_B
     rep = run_spec(impl, shape, T, L, torch.float32, torch.bfloat16, seed=T, steps=20,
-                   with_z=(T == 2), sglang_check=(impl == "kernel"))
+                   with_z=(T == 2), sglang_check=(impl != "ref"))
     _check(rep, torch.float32, torch.bfloat16, T)
 
 
-@pytest.mark.parametrize("impl", ["kernel", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
 def test_spec_bf16_state_headform(impl):
     rep = run_spec(impl, SHAPE_C, 4, 6, torch.bfloat16, torch.bfloat16, seed=11, steps=20,
                    broadcast=False, with_z=True, pads=2)
     _check(rep, torch.bfloat16, torch.bfloat16, 4)
 
 
-@pytest.mark.parametrize("impl", ["kernel", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
 def test_spec_fp32_activations(impl):
     rep = run_spec(impl, SHAPE_B, 4, 8, torch.float32, torch.float32, seed=5, steps=20,
                    force_p=0.2)
@@ -434,7 +453,8 @@ def test_split_products_keep_fp32_accuracy_under_tf32_rounding(monkeypatch):
     assert plain > 30 * max(split, 1e-8), (split, plain)
 
 
-def test_kernel_vs_reference_outputs():
+@pytest.mark.parametrize("impl", ["kernel", "fma"])
+def test_kernel_vs_reference_outputs(impl):
     """Kernel and reference on identical inputs and pools (fp32): outputs within fp32 rounding,
     records exact; checkpoints and Δ within an ulp or so (torch's exp/log vs the interpreter's
     numpy; the kernel's fold is checked bitwise against SGLang's kernel elsewhere)."""
@@ -454,15 +474,15 @@ def test_kernel_vs_reference_outputs():
     rl = torch.tensor([2, 0, 6, 0], dtype=torch.int32, device=DEVICE)
     fl = torch.tensor([False, False, True, True], device=DEVICE)
     outs = []
-    for impl, p in zip(("kernel", "ref"), pools):
+    for which, p in zip((impl, "ref"), pools):
         out = torch.full((4, T, shape.H, shape.P), float("nan"), device=DEVICE)
-        VERIFY[impl](p.state, p.ring_x, p.ring_dt, p.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
+        VERIFY[which](p.state, p.ring_x, p.ring_dt, p.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
                      out, slot_idx, rs, rl, fl, D=prm.D, z=tok.z, dt_bias=prm.dt_bias,
                      dt_softplus=True)
         outs.append(out)
     live = slot_idx.cpu() >= 0
     rel = _rel(outs[0][live], outs[1][live])
-    print(f"\n[mamba2-verify] kernel vs ref (fp32): {rel:.2e}")
+    print(f"\n[mamba2-verify] {impl} vs ref (fp32): {rel:.2e}")
     assert rel < 1e-6
     assert torch.isnan(outs[0][1]).all() and torch.isnan(outs[1][1]).all()
     for name, a, b in zip(("state", "ring_x", "ring_dt", "ring_B"), pools[0].full, pools[1].full):
@@ -472,14 +492,15 @@ def test_kernel_vs_reference_outputs():
             assert _bits_equal(a, b), name
 
 
-def test_kernel_small_fold_unroll(monkeypatch):
+@pytest.mark.parametrize("impl", ["dot", "fma"])
+def test_kernel_small_fold_unroll(monkeypatch, impl):
     """FOLD_UNROLL = 3 and BLOCK_P = 16 at P = 40 (three tiles, the last half masked): fold chunk
-    remainders and tile masks, still bit-identical to SGLang."""
+    remainders and tile masks, still bit-identical to SGLang (both implementations)."""
     import replayssm_kernels.mamba2_verify.kernel as k
 
     orig = k.mamba2_replay_verify_fwd
     monkeypatch.setattr(k, "mamba2_replay_verify_fwd",
-                        lambda *a, **kw: orig(*a, **kw, block_p=16, fold_unroll=3))
+                        lambda *a, **kw: orig(*a, **kw, block_p=16, fold_unroll=3, impl=impl))
     rep = run_spec("kernel", Shape(H=2, G=1, P=40, N=16), 2, 7, torch.float32, torch.bfloat16,
                    seed=21, steps=16, active=2, sglang_check=True)
     _check(rep, torch.float32, torch.bfloat16, 2)
@@ -506,7 +527,7 @@ def test_empty_batch_is_a_no_op():
 
 
 def snapshot_compare(shape: Shape, T: int, L: int, act_dtype, *, batch: int, seed: int,
-                     device: str = DEVICE) -> dict:
+                     device: str = DEVICE, impl: str = "kernel") -> dict:
     """One verify step of ours against SGLang 0.5.17's snapshot verify on the same request states.
 
     Rows get random committed histories (``len`` in ``[0, max(L, T)]``, random ring starts, records
@@ -563,10 +584,10 @@ def snapshot_compare(shape: Shape, T: int, L: int, act_dtype, *, batch: int, see
     fl = pad(flush, False).bool()
     out = torch.full((batch + 1, T, H, P), float("nan"), dtype=act_dtype, device=device)
     state_before = pool.state.clone()
-    mamba2_replay_verify(pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x,
-                         tok.dt[..., None].expand(-1, -1, -1, P), A_d, tok.B, tok.C, out,
-                         slot_idx, rs, rl, fl, D=prm.D[:, None].expand(-1, P), z=None,
-                         dt_bias=prm.dt_bias[:, None].expand(-1, P), dt_softplus=True)
+    VERIFY[impl](pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x,
+                 tok.dt[..., None].expand(-1, -1, -1, P), A_d, tok.B, tok.C, out, slot_idx, rs,
+                 rl, fl, D=prm.D[:, None].expand(-1, P), z=None,
+                 dt_bias=prm.dt_bias[:, None].expand(-1, P), dt_softplus=True)
     # SGLang's snapshot verify, as MambaMixer2.forward calls it in TARGET_VERIFY
     out_sg = torch.full((batch, T, H, P), float("nan"), dtype=act_dtype, device=device)
     buf = torch.zeros(batch, T, H, P, N, dtype=torch.float32, device=device)
@@ -590,7 +611,8 @@ def snapshot_compare(shape: Shape, T: int, L: int, act_dtype, *, batch: int, see
     assert torch.isfinite(buf).all()
     res = {"out_rel": _rel(out[:batch], out_sg), "flush_rows": int(flush.sum()),
            "nonflush_rows": int((~flush).sum())}
-    print(f"\n[mamba2-verify vs sglang snapshot] {shape} T={T} L={L} act={str(act_dtype)[6:]}: "
+    print(f"\n[mamba2-verify vs sglang snapshot] {impl} {shape} T={T} L={L} "
+          f"act={str(act_dtype)[6:]}: "
           f"|out-sglang|/|sglang| = {res['out_rel']:.2e} ({res['flush_rows']} flush / "
           f"{res['nonflush_rows']} non-flush rows)")
     return res
@@ -599,9 +621,10 @@ def snapshot_compare(shape: Shape, T: int, L: int, act_dtype, *, batch: int, see
 SNAPSHOT_TOL = {torch.bfloat16: 6e-3, torch.float32: 2e-5}  # two independent bf16 stores
 
 
+@pytest.mark.parametrize("impl", ["kernel", "fma"])
 @pytest.mark.parametrize("T,act", [(2, torch.bfloat16), (4, torch.float32)], ids=["T2", "T4-fp32"])
-def test_outputs_vs_sglang_snapshot_verify(T, act):
-    res = snapshot_compare(SHAPE_A, T, 6, act, batch=4, seed=40 + T)
+def test_outputs_vs_sglang_snapshot_verify(T, act, impl):
+    res = snapshot_compare(SHAPE_A, T, 6, act, batch=4, seed=40 + T, impl=impl)
     assert res["flush_rows"] > 0 and res["nonflush_rows"] > 0
     assert res["out_rel"] < SNAPSHOT_TOL[act], res
 
@@ -618,10 +641,14 @@ def test_outputs_vs_sglang_snapshot_verify(T, act):
      ("kernel", 4, torch.float16, torch.float32, torch.float32, "permuted"),
      ("kernel", 4, F8, torch.float32, torch.bfloat16, "layer"),
      ("kernel", 2, F8, torch.bfloat16, torch.float32, "permuted"),
+     ("fma", 2, torch.bfloat16, torch.float32, torch.bfloat16, "layer"),
+     ("fma", 4, F8, torch.float32, torch.bfloat16, "layer"),
+     ("fma", 2, F8, torch.bfloat16, torch.float32, "permuted"),
      ("ref", 4, torch.bfloat16, torch.float32, torch.bfloat16, "layer"),
      ("ref", 2, F8, torch.bfloat16, torch.float32, "permuted")],
     ids=["kernel-T2-bf16", "kernel-T4-fp16-act32-permuted", "kernel-T4-fp8",
-         "kernel-T2-fp8-S-bf16-act32-permuted", "ref-T4-bf16", "ref-T2-fp8-S-bf16-act32"],
+         "kernel-T2-fp8-S-bf16-act32-permuted", "fma-T2-bf16", "fma-T4-fp8",
+         "fma-T2-fp8-S-bf16-act32-permuted", "ref-T4-bf16", "ref-T2-fp8-S-bf16-act32"],
 )
 def test_spec_read_copy_vs_f64(impl, T, read_dtype, state_dtype, act_dtype, layout):
     """Verify and decode steps with a read copy, random accepted counts and forced flushes:
@@ -684,7 +711,7 @@ def _assert_copy_is_rounded_checkpoint(pool, rc) -> None:
         assert _bits_equal(rc.scale, scale), "fp8 scales != quantize_rows' scales"
 
 
-def _assert_kernel_matches_reference(read_dtype, **kw) -> float:
+def _assert_kernel_matches_reference(read_dtype, impl: str = "kernel", **kw) -> float:
     """Kernel and reference on identical inputs with a read copy (fp32 activations): outputs
     within fp32 rounding, records bitwise, checkpoints and Δ within an ulp (exp / log of the
     interpreter's numpy or the GPU vs torch), copies rounded from their own checkpoints and
@@ -693,7 +720,7 @@ def _assert_kernel_matches_reference(read_dtype, **kw) -> float:
     than one relative ulp apart (2 of 5.9M elements on the H200, 0.82% at ~1.8e-6). Returns the
     relative output difference."""
     (kp, krc, kout, _), (rp, rrc, rout, _) = (_one_verify(i, read_dtype, **kw)
-                                              for i in ("kernel", "ref"))
+                                              for i in (impl, "ref"))
     assert torch.isnan(kout[1]).all() and torch.isnan(rout[1]).all(), "padding row written"
     live = torch.tensor([True, False, True, True, True], device=kout.device)
     assert not torch.isnan(kout[live]).any(), "kernel: outputs not fully written"
@@ -712,19 +739,20 @@ def _assert_kernel_matches_reference(read_dtype, **kw) -> float:
 
 
 @pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("impl", ["kernel", "fma"])
 @pytest.mark.parametrize("read_dtype", [torch.bfloat16, F8], ids=["bf16", "fp8"])
-def test_read_copy_kernel_vs_reference(read_dtype):
-    rel = _assert_kernel_matches_reference(read_dtype)
-    print(f"\n[mamba2-verify] kernel vs ref, read copy {str(read_dtype)[6:]} (fp32): {rel:.2e}")
+def test_read_copy_kernel_vs_reference(read_dtype, impl):
+    rel = _assert_kernel_matches_reference(read_dtype, impl)
+    print(f"\n[mamba2-verify] {impl} vs ref, read copy {str(read_dtype)[6:]} (fp32): {rel:.2e}")
     assert rel < 1e-6, rel
 
 
-def _assert_flush_rows_match_no_copy(read_dtype, **kw) -> float:
+def _assert_flush_rows_match_no_copy(read_dtype, impl: str = "kernel", **kw) -> float:
     """The kernel with and without a read copy on identical inputs: checkpoints (the whole
     allocation), rings and the flush rows' outputs bitwise equal; the copy refreshed. Returns the
     non-flush rows' relative output difference (the copy's rounding of S0)."""
     (cp, crc, cout, fl), (np_, _, nout, _) = (
-        _one_verify("kernel", read_dtype, pass_copy=pc, **kw) for pc in (True, False))
+        _one_verify(impl, read_dtype, pass_copy=pc, **kw) for pc in (True, False))
     for name, a, b in zip(("state", "ring_x", "ring_dt", "ring_B"), cp.full, np_.full):
         assert _bits_equal(a, b), f"{name}: differs from the launch without a copy"
     assert _bits_equal(cout[fl], nout[fl]), "flush rows' outputs differ from the no-copy launch"
@@ -738,15 +766,20 @@ def _assert_flush_rows_match_no_copy(read_dtype, **kw) -> float:
                                                     (F8, torch.float32),
                                                     (torch.float16, torch.bfloat16)],
                          ids=["bf16-S32", "fp8-S32", "fp16-S-bf16"])
-def test_read_copy_flush_rows_bit_identical_to_no_copy(read_dtype, state_dtype):
-    rel = _assert_flush_rows_match_no_copy(read_dtype, state_dtype=state_dtype)
-    print(f"\n[mamba2-verify] read copy {str(read_dtype)[6:]} vs none, state "
+@pytest.mark.parametrize("impl", ["kernel", "fma"])
+def test_read_copy_flush_rows_bit_identical_to_no_copy(read_dtype, state_dtype, impl):
+    rel = _assert_flush_rows_match_no_copy(read_dtype, impl, state_dtype=state_dtype)
+    print(f"\n[mamba2-verify] {impl}: read copy {str(read_dtype)[6:]} vs none, state "
           f"{str(state_dtype)[6:]}: non-flush outputs {rel:.2e}")
-    assert 0 < rel < READ_OUT_TOL[read_dtype, torch.float32], rel
+    assert rel < READ_OUT_TOL[read_dtype, torch.float32], rel
+    # An fp16 copy of a bf16 checkpoint holds the same values: the FMA kernel's products are
+    # then the same fp32 operations (0); the tensor-core kernel takes another product split.
+    exact = impl == "fma" and (read_dtype, state_dtype) == (torch.float16, torch.bfloat16)
+    assert (rel == 0) if exact else (rel > 0), rel
 
 
 @pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
-@pytest.mark.parametrize("impl", ["kernel", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
 def test_read_copy_nonflush_rows_never_read_the_checkpoint(impl):
     """With NaN in every checkpoint, non-flush rows still give finite outputs, equal to the same
     launch without a copy from a checkpoint holding the copy's values (fp8: scaled)."""
@@ -798,8 +831,9 @@ def test_read_copy_products_are_single_tf32(monkeypatch):
 
 
 @pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("impl", ["kernel", "fma"])
 @pytest.mark.parametrize("read_dtype", [F8, torch.bfloat16], ids=["fp8", "bf16"])
-def test_read_copy_refresh_extremes(read_dtype):
+def test_read_copy_refresh_extremes(read_dtype, impl):
     """Flush rows whose checkpoint rows are zero, tiny (1e-30), huge (1e30), or whose max lies in
     the second (masked) N-chunk only: the copy and fp8 scales bit-identical to ``quantize_rows``
     of the stored checkpoint (A = 0 and x = 0 keep the checkpoint's values through the fold)."""
@@ -829,10 +863,9 @@ def test_read_copy_refresh_extremes(read_dtype):
     rs = torch.tensor([3, 0], dtype=torch.int32, device=DEVICE)
     rl = torch.tensor([2, 1], dtype=torch.int32, device=DEVICE)
     before = state.clone()
-    mamba2_replay_verify(state, ring_x, ring_dt, ring_B, x, dt, torch.zeros(shape.H,
-                         device=DEVICE), B, C, out, idx, rs, rl,
-                         torch.ones(batch, dtype=torch.bool, device=DEVICE),
-                         read_state=rc.read, read_scale=rc.scale)
+    VERIFY[impl](state, ring_x, ring_dt, ring_B, x, dt, torch.zeros(shape.H, device=DEVICE), B,
+                 C, out, idx, rs, rl, torch.ones(batch, dtype=torch.bool, device=DEVICE),
+                 read_state=rc.read, read_scale=rc.scale)
     assert torch.equal(state, before)  # values kept
     q, scale = quantize_rows(state[1:], read_dtype)
     assert _bits_equal(rc.read[1:], q)
@@ -885,7 +918,7 @@ def _bad_cases():
     }
 
 
-@pytest.mark.parametrize("impl", ["kernel", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
 @pytest.mark.parametrize("case", list(_bad_cases()))
 def test_value_errors(impl, case):
     args, kw = _valid_args()
@@ -895,7 +928,7 @@ def test_value_errors(impl, case):
         VERIFY[impl](*args.values(), **kw)
 
 
-@pytest.mark.parametrize("impl", ["kernel", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
 def test_value_error_z_window(impl):
     args, kw = _valid_args()
     kw["z"] = kw["z"][:, :2]
@@ -903,7 +936,7 @@ def test_value_error_z_window(impl):
         VERIFY[impl](*args.values(), **kw)
 
 
-@pytest.mark.parametrize("impl", ["kernel", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
 @pytest.mark.parametrize("case", list(_bad_read_cases()))
 def test_value_errors_read_copy(impl, case):
     """The decode kernel's read-copy cases (shape, dtype, the checkpoint's own dtype, fp8 without
@@ -941,18 +974,22 @@ def force_p_split(monkeypatch):
 def split_lockstep(set_split, splits, *, shape: Shape = SHAPE_SPLIT, T: int = 4, L: int = 6,
                    state_dtype=torch.float32, act_dtype=torch.bfloat16, read_dtype=None,
                    sr: bool = False, active: int = 3, pads: int = 1, steps: int = 6,
-                   seed: int = 0, device: str = DEVICE) -> dict:
+                   seed: int = 0, device: str = DEVICE, impls: list[str] | None = None,
+                   out_rtol: float = 0.0) -> dict:
     """The verify driver once per entry of ``splits`` (``None``: the fixed rule) on identical
     pools, cursors and inputs, in lockstep: random rows (padding ``-1`` included), forced
     flushes, random accepted counts (commit kernel). After every step the outputs (NaN-poisoned
     before; padding rows must stay NaN), every byte of the pools (checkpoint, rings, read copy
-    and scales) and the cursors must be bitwise equal to the first entry's. Returns counts of
-    the rows seen."""
+    and scales) and the cursors must be bitwise equal to the first entry's. ``impls`` gives each
+    run's implementation (``VERIFY`` key; default ``"kernel"`` for all); ``out_rtol > 0`` checks
+    the outputs to that relative L2 difference instead of bitwise (two implementations). Returns
+    counts of the rows seen and the largest relative output difference (``out_rel``)."""
     gen = torch.Generator().manual_seed(seed)
     R = min_ring_size(L, T) + 1
     slots = active + 3  # slot 0 and two never-scheduled slots: untouched (checked bitwise)
     prm = make_params(shape, gen, device)
     runs = []
+    impls = impls or ["kernel"] * len(splits)
     for _ in splits:
         pool = make_pool(shape, slots, R, state_dtype, act_dtype, "layer",
                          torch.Generator().manual_seed(seed + 1), device)
@@ -971,7 +1008,7 @@ def split_lockstep(set_split, splits, *, shape: Shape = SHAPE_SPLIT, T: int = 4,
             cursors[s, 0] = (7 * s) % R
             cursors[s, 1] = (3 * s) % (L + 1)
     batch = active + pads
-    seen = {"flush": 0, "nonflush": 0, "pad": 0}
+    seen = {"flush": 0, "nonflush": 0, "pad": 0, "out_rel": 0.0}
     for _ in range(steps):
         rows = torch.tensor(act + [-1] * pads)[torch.randperm(batch, generator=gen)]
         slot_idx = rows.to(device=device, dtype=torch.int32)
@@ -979,7 +1016,7 @@ def split_lockstep(set_split, splits, *, shape: Shape = SHAPE_SPLIT, T: int = 4,
         tok = make_tokens(shape, batch, T, act_dtype, gen, device, True)
         acc = torch.randint(1, T + 1, (batch,), generator=gen).to(device)
         got = []
-        for split, (pool, full, rkw, cursors) in zip(splits, runs):
+        for split, impl, (pool, full, rkw, cursors) in zip(splits, impls, runs):
             rs = torch.empty(batch, dtype=torch.int32, device=device)
             rl = torch.empty_like(rs)
             fl = torch.empty(batch, dtype=torch.bool, device=device)
@@ -987,9 +1024,9 @@ def split_lockstep(set_split, splits, *, shape: Shape = SHAPE_SPLIT, T: int = 4,
             out = torch.full((batch, T, shape.H, shape.P), float("nan"), dtype=act_dtype,
                              device=device)
             set_split(split)
-            mamba2_replay_verify(pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x,
-                                 tok.dt, prm.A, tok.B, tok.C, out, slot_idx, rs, rl, fl, D=prm.D,
-                                 z=tok.z, dt_bias=prm.dt_bias, dt_softplus=True, **rkw)
+            VERIFY[impl](pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt,
+                         prm.A, tok.B, tok.C, out, slot_idx, rs, rl, fl, D=prm.D, z=tok.z,
+                         dt_bias=prm.dt_bias, dt_softplus=True, **rkw)
             set_split(None)
             verify_commit(cursors, slot_idx, rs, rl, fl, acc, window=L, ring_size=R,
                           num_tokens=T)
@@ -999,7 +1036,13 @@ def split_lockstep(set_split, splits, *, shape: Shape = SHAPE_SPLIT, T: int = 4,
         assert torch.isnan(out0[~live]).all(), "padding row written"
         assert not torch.isnan(out0[live]).any(), "outputs not fully written"
         for split, (out, full, cur, fl) in zip(splits[1:], got[1:]):
-            assert _bits_equal(out, out0), f"p_split={split}: outputs differ from unsplit"
+            if out_rtol:
+                assert torch.isnan(out[~live]).all(), f"p_split={split}: padding row written"
+                rel = _rel(out[live], out0[live])
+                seen["out_rel"] = max(seen["out_rel"], rel)
+                assert rel < out_rtol, f"p_split={split}: outputs {rel:.2e} from the first run"
+            else:
+                assert _bits_equal(out, out0), f"p_split={split}: outputs differ from unsplit"
             assert torch.equal(fl, fl0) and torch.equal(cur, cur0), f"p_split={split}: cursors"
             for i, (a, b) in enumerate(zip(full, full0)):
                 assert _bits_equal(a, b), f"p_split={split}: pool tensor {i} differs"
@@ -1024,13 +1067,14 @@ def test_p_split_rule_at_nano4b_verify():
     assert p_split_rule(n_tiles, 96, 1, None) == 1  # off CUDA: unsplit
 
 
+@pytest.mark.parametrize("impl", ["kernel", "fma"])
 @pytest.mark.parametrize("T", [1, 2, 4, 8], ids=lambda t: f"T{t}")
-def test_split_launch_bitwise_vs_unsplit(force_p_split, T):
+def test_split_launch_bitwise_vs_unsplit(force_p_split, T, impl):
     """Splits 2, 3 and 5 of five P-tiles (the last split with one tile per program, the middle
     one with a short last program): outputs, checkpoints, rings and cursors bitwise equal to
     the unsplit launch over several steps with flush, non-flush and padding rows."""
     split_lockstep(force_p_split, [1, 2, 3, 5], T=T, L=max(6, T + 4), seed=40 + T,
-                   steps=5 if T < 8 else 3)
+                   steps=5 if T < 8 else 3, impls=[impl] * 4)
 
 
 @pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
@@ -1038,13 +1082,14 @@ def test_split_launch_bitwise_vs_unsplit(force_p_split, T):
     (F8, torch.float32, False), (torch.bfloat16, torch.float32, False),
     (None, torch.float16, True), (F8, torch.float16, True)],
     ids=["fp8-copy", "bf16-copy", "fp16-SR", "fp8-copy-fp16-SR"])
+@pytest.mark.parametrize("impl", ["kernel", "fma"])
 def test_split_launch_bitwise_vs_unsplit_read_copy_and_sr(force_p_split, read_dtype,
-                                                          state_dtype, sr):
+                                                          state_dtype, sr, impl):
     """The fp8 copy's row max stays inside one program (a program owns whole P rows, all N
     columns), so the split keeps the copy, its scales and the SR checkpoint bitwise too."""
     split_lockstep(force_p_split, [1, 5, 2], shape=Shape(H=2, G=1, P=80, N=48),
                    state_dtype=state_dtype, act_dtype=torch.float32, read_dtype=read_dtype,
-                   sr=sr, seed=60, steps=4)
+                   sr=sr, seed=60, steps=4, impls=[impl] * 3)
 
 
 def test_split_launch_vs_f64_and_sglang(force_p_split):
@@ -1071,6 +1116,109 @@ def test_p_split_value_error():
             tok.C, out, i + 1, i, i, i.bool(), D=None, z=None, dt_bias=prm.dt_bias,
             dt_softplus=True, stride_dt=tuple(tok.dt.stride()), stride_A_head=1,
             stride_D=(0, 0), stride_dt_bias_head=1, p_split=4)
+
+
+# --------------------------------------------------------------------------------------------
+# The FMA implementation (fma.py) in lockstep with the tensor-core kernel
+# --------------------------------------------------------------------------------------------
+
+# Outputs of the two implementations on identical inputs: each within OUT_TOL of float64, so
+# apart by at most about twice that (bf16: independent output roundings).
+FMA_VS_DOT_TOL = {torch.bfloat16: 2 * OUT_TOL[torch.bfloat16], torch.float32: 1e-5}
+SHAPE_FMA = Shape(H=4, G=2, P=20, N=48)  # two P-tiles (last masked), N masked in its tile
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("T,read_dtype,state_dtype,act_dtype,sr", [
+    (2, None, torch.float32, torch.bfloat16, False),
+    (8, None, torch.float32, torch.float32, False),
+    (4, torch.bfloat16, torch.float32, torch.bfloat16, False),
+    (4, F8, torch.float32, torch.float32, False),
+    (2, None, torch.float16, torch.float32, True),
+    (4, F8, torch.float16, torch.bfloat16, True)],
+    ids=["T2", "T8-act32", "T4-bf16-copy", "T4-fp8-copy-act32", "T2-fp16-SR",
+         "T4-fp8-copy-fp16-SR"])
+def test_fma_bitwise_vs_dot(T, read_dtype, state_dtype, act_dtype, sr):
+    """Both implementations on identical pools and inputs over several verify steps (flush,
+    non-flush and padding rows, random accepted counts): flushed checkpoints (SR ones too), ring
+    records, read copies and fp8 scales bit-identical after every step, every other byte
+    untouched alike; outputs within ``FMA_VS_DOT_TOL``."""
+    seen = split_lockstep(lambda s: None, [None, None], shape=SHAPE_FMA, T=T, L=T + 4,
+                          state_dtype=state_dtype, act_dtype=act_dtype, read_dtype=read_dtype,
+                          sr=sr, seed=70 + T, steps=5, impls=["kernel", "fma"],
+                          out_rtol=FMA_VS_DOT_TOL[act_dtype])
+    print(f"\n[mamba2-verify] fma vs dot T={T} copy={str(read_dtype)[6:]} "
+          f"state={str(state_dtype)[6:]} act={str(act_dtype)[6:]} SR={sr}: outputs "
+          f"{seen['out_rel']:.2e}, checkpoints / rings / copies bitwise ({seen['flush']} flush, "
+          f"{seen['nonflush']} non-flush rows)")
+
+
+def test_fma_impl_selection():
+    """``launch_config`` picks the tensor-core kernel unless asked; unknown names raise."""
+    import replayssm_kernels.mamba2_verify.kernel as k
+
+    assert k.launch_config(80, 128, 24, 4, torch.bfloat16).impl == "dot"
+    cfg = k.launch_config(80, 128, 24, 4, torch.bfloat16, impl="fma")
+    assert cfg == k.fma_launch_config(80, 128, 24, 4)
+    assert (cfg.impl, cfg.block_p, cfg.block_j, cfg.block_t, cfg.num_warps) == (
+        "fma", 16, 32, 4, 2)
+    with pytest.raises(ValueError, match=r"impl: expected one of \('dot', 'fma'\), got 'mma'"):
+        k.launch_config(80, 128, 24, 4, torch.bfloat16, impl="mma")
+
+
+@functools.lru_cache(maxsize=None)
+def _fma_codegen() -> list[dict] | str:
+    """Offline sm_90a builds of the FMA kernel at Nano-4B, T = 4 (no copy, bf16, fp8 copy):
+    ``bench_verify.offline_sm90a`` rows with their PTX, or why not."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+              "from benchmarks.bench_verify import offline_sm90a; "
+              "rows = offline_sm90a(4, (1,), impl='fma', keep_ptx=True); "
+              "json.dump(rows, open(sys.argv[2], 'w'))")
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        dst = os.path.join(d, "rows.json")
+        proc = subprocess.run([sys.executable, "-c", script, root, dst], env=env,
+                              capture_output=True, text=True, timeout=900)
+        err = proc.stderr.lower()
+        if proc.returncode != 0 and "nvidia" in err and "backend" in err:
+            return f"no NVIDIA Triton backend: {proc.stderr[-300:]}"
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        with open(dst) as f:
+            return json.load(f)
+
+
+def test_fma_codegen_fold_and_registers():
+    """sm_90a, Nano-4B, T = 4 (no copy, bf16, fp8 copy): every fold site of ``fma.py`` compiles
+    to SGLang's update (``fma(state, ex2(·), (Δ·B)·x)``, as the decode test pins it), no
+    ``mma`` instruction, no spill at the chosen launch (``fma_launch_config``)."""
+    import inspect
+
+    from test_mamba2_decode import _update_signatures
+
+    import replayssm_kernels.mamba2_verify.fma as f
+
+    rows = _fma_codegen()
+    if isinstance(rows, str):
+        pytest.skip(rows)
+    with open(inspect.getsourcefile(f)) as fh:
+        lines = {i + 1 for i, line in enumerate(fh) if "tl.fma(b_s, dA, dB" in line}
+    assert len(lines) == 2
+    expected = {("fma.rn.f32", "a=state", ("ex2.approx.f32",), (("mul.f32",),),
+                 (("mul.f32", ("cvt.f32.bf16", "mul.f32")),))}
+    for row in rows:
+        sig = _update_signatures(row["ptx"], "mamba2_verify/fma.py", lines)
+        assert sig == expected, f"{row['read']}: fold compiles to {sig}, SGLang's to {expected}"
+        assert "mma.sync" not in row["ptx"], row["read"]
+        assert row["spill_st"] == 0 and row["ctas"] >= 5, {
+            k: v for k, v in row.items() if k != "ptx"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -1143,6 +1291,58 @@ def test_gpu_nano4b_split_bitwise_vs_unsplit(force_p_split, batch):
     rep = run_spec("kernel", NANO_4B, 4, 16, torch.float32, torch.bfloat16, active=batch,
                    pads=0, steps=32, seed=920 + batch, sglang_check=True)
     _check(rep, torch.float32, torch.bfloat16, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [2, 4, 8], ids=lambda t: f"T{t}")
+def test_gpu_nano4b_fma_spec_bitwise_vs_sglang(T):
+    """The FMA implementation through the float64 / SGLang driver at Nano-4B (as
+    ``test_gpu_nano4b_spec_bitwise_vs_sglang``)."""
+    rep = run_spec("fma", NANO_4B, T, 16, torch.float32, torch.bfloat16, active=24, pads=8,
+                   steps=48, seed=500 + T, sglang_check=True)
+    _check(rep, torch.float32, torch.bfloat16, T)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [2, 4, 8], ids=lambda t: f"T{t}")
+def test_gpu_nano4b_fma_vs_sglang_snapshot_verify(T):
+    res = snapshot_compare(NANO_4B, T, 16, torch.bfloat16, batch=24, seed=700 + T, device="cuda",
+                           impl="fma")
+    assert res["flush_rows"] > 0 and res["nonflush_rows"] > 0
+    assert res["out_rel"] < SNAPSHOT_TOL[torch.bfloat16], res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("read_dtype", [torch.bfloat16, F8], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("T", [2, 4], ids=lambda t: f"T{t}")
+def test_gpu_nano4b_fma_spec_read_copy(T, read_dtype):
+    rep = run_spec("fma", NANO_4B, T, 16, torch.float32, torch.bfloat16, active=24, pads=8,
+                   steps=48, seed=800 + T, sglang_check=True, read_dtype=read_dtype,
+                   read_layout="permuted" if T == 4 else "layer")
+    _check(rep, torch.float32, torch.bfloat16, T, read_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("read_dtype,sr", [(None, False), (F8, False), (None, True)],
+                         ids=["no-copy", "fp8-copy", "fp16-SR"])
+@pytest.mark.parametrize("T", [4, 8], ids=lambda t: f"T{t}")
+def test_gpu_nano4b_fma_bitwise_vs_dot(T, read_dtype, sr):
+    """Nano-4B, both implementations in lockstep: checkpoints, rings, copies bitwise; outputs
+    within ``FMA_VS_DOT_TOL``."""
+    seen = split_lockstep(lambda s: None, [None, None], shape=NANO_4B, T=T, L=16,
+                          state_dtype=torch.float16 if sr else torch.float32,
+                          act_dtype=torch.bfloat16, read_dtype=read_dtype, sr=sr, active=24,
+                          pads=8, steps=12, seed=960 + T, device="cuda",
+                          impls=["kernel", "fma"], out_rtol=FMA_VS_DOT_TOL[torch.bfloat16])
+    print(f"\n[mamba2-verify] GPU fma vs dot T={T}: outputs {seen['out_rel']:.2e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 4], ids=lambda b: f"bs{b}")
+def test_gpu_nano4b_fma_split_bitwise_vs_unsplit(force_p_split, batch):
+    split_lockstep(force_p_split, [1, None], shape=NANO_4B, L=16, active=batch, pads=1,
+                   steps=8, seed=930 + batch, device="cuda", read_dtype=F8,
+                   act_dtype=torch.bfloat16, impls=["fma", "fma"])
 
 
 # --------------------------------------------------------------------------------------------
