@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mamba2-verify-impl", choices=("dot", "fma"), default="dot",
                    help="Mamba-2 verify implementation: dot (tensor cores, the default) or fma "
                         "(fp32 FMA reductions, kernels/mamba2_verify/fma.py), for an A/B")
+    p.add_argument("--gdn-verify-impl", choices=("recurrent", "closed"), default="recurrent",
+                   help="GDN verify implementation: recurrent (the default) or closed (closed "
+                        "form, kernels/gdn_verify/closed.py), for an A/B")
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, required=True)
     return p
@@ -131,6 +134,7 @@ class Config:
     out: Path
     mamba2_verify_p_split: int | None = None
     mamba2_verify_impl: str = "dot"
+    gdn_verify_impl: str = "recurrent"
     dry_run: bool = False  # bench_decode.environment() reads it
     argv: list[str] = field(default_factory=list)
 
@@ -172,6 +176,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         commit=a.commit or bd._git_commit(), out=a.out,
         mamba2_verify_p_split=a.mamba2_verify_p_split,
         mamba2_verify_impl=a.mamba2_verify_impl,
+        gdn_verify_impl=a.gdn_verify_impl,
         argv=list(sys.argv[1:] if argv is None else argv),
     )
 
@@ -660,6 +665,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         bd._log(f"copy bandwidth: {copy['bytes_per_s'] / 1e12:.3f} TB/s (read + write)")
     status: dict[str, str] = {}
     kernels, refs, kerr = load_ours(cfg)
+    meta["gdn_verify_impl"] = cfg.gdn_verify_impl
+    if cfg.gdn_verify_impl != "recurrent" and cfg.impl == "kernel" and kernels.get("gdn"):
+        # A/B of the implementations: force one (refcheck and timing both run it)
+        kernels["gdn"] = functools.partial(kernels["gdn"], impl=cfg.gdn_verify_impl)
+        bd._log(f"GDN verify: implementation {cfg.gdn_verify_impl} (default: recurrent)")
     peers, perr = load_peers(cfg)
     if cfg.device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         from benchmarks import _cpu_shims
