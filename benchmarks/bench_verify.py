@@ -93,12 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mamba2-verify-p-split", type=int, default=None,
                    help="force the Mamba-2 verify kernel's P-split (1: the unsplit launch, for "
                         "an A/B against the default small-batch rule; default: the rule)")
-    p.add_argument("--mamba2-verify-impl", choices=("dot", "fma"), default="dot",
-                   help="Mamba-2 verify implementation: dot (tensor cores, the default) or fma "
-                        "(fp32 FMA reductions, kernels/mamba2_verify/fma.py), for an A/B")
-    p.add_argument("--gdn-verify-impl", choices=("recurrent", "closed"), default="recurrent",
-                   help="GDN verify implementation: recurrent (the default) or closed (closed "
-                        "form, kernels/gdn_verify/closed.py), for an A/B")
+    p.add_argument("--mamba2-verify-impl", choices=("dot", "fma"), default="fma",
+                   help="Mamba-2 verify implementation: fma (fp32 FMA reductions, "
+                        "kernels/mamba2_verify/fma.py, the default) or dot (tensor cores), for "
+                        "an A/B")
+    p.add_argument("--mamba2-verify-launch", default=None, metavar="FIELD=INT,...",
+                   help="override fields of the Mamba-2 verify launch configuration (LaunchConfig "
+                        "of kernels/mamba2_verify/kernel.py, e.g. num_warps=4,maxnreg=128; "
+                        "maxnreg=0: no cap), for a launch sweep; default: launch_config's")
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, required=True)
     return p
@@ -133,10 +135,29 @@ class Config:
     commit: str
     out: Path
     mamba2_verify_p_split: int | None = None
-    mamba2_verify_impl: str = "dot"
-    gdn_verify_impl: str = "recurrent"
+    mamba2_verify_impl: str = "fma"
+    mamba2_verify_launch: dict[str, int | None] = field(default_factory=dict)
     dry_run: bool = False  # bench_decode.environment() reads it
     argv: list[str] = field(default_factory=list)
+
+
+def parse_launch_overrides(text: str | None,
+                           parser: argparse.ArgumentParser) -> dict[str, int | None]:
+    """``--mamba2-verify-launch`` as ``{field: value}`` (``maxnreg=0`` → ``None``, no cap); unknown
+    fields or non-integer values end the parse with the fields that exist."""
+    if not text:
+        return {}
+    from replayssm_kernels.mamba2_verify.kernel import LaunchConfig
+
+    ints = [f for f in LaunchConfig._fields if f not in ("impl", "act_tf32_exact")]
+    out: dict[str, int | None] = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if name not in ints or not value.lstrip("-").isdigit():
+            parser.error(f"--mamba2-verify-launch: expected FIELD=INT with FIELD in {ints}, got "
+                         f"{item!r}")
+        out[name] = None if name == "maxnreg" and int(value) == 0 else int(value)
+    return out
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Config:
@@ -160,6 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         parser.error(f"--slots: expected >= max batch + 1 = {max_b + 1}, got {slots}")
     if a.passes < 1 or (a.repeats is not None and a.repeats < 1):
         parser.error("--passes and --repeats must be >= 1")
+    launch = parse_launch_overrides(a.mamba2_verify_launch, parser)
     return Config(
         families=["mamba2", "gdn"] if a.family == "all" else [a.family],
         Ts=list(a.T), accepted=dict(zip(a.T, acc)), batches=list(a.batch), L=a.window,
@@ -176,7 +198,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         commit=a.commit or bd._git_commit(), out=a.out,
         mamba2_verify_p_split=a.mamba2_verify_p_split,
         mamba2_verify_impl=a.mamba2_verify_impl,
-        gdn_verify_impl=a.gdn_verify_impl,
+        mamba2_verify_launch=launch,
         argv=list(sys.argv[1:] if argv is None else argv),
     )
 
@@ -655,21 +677,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta["mamba2_verify_p_split"] = forced
         bd._log(f"Mamba-2 verify: P-split forced to {forced} (default: the small-batch rule)")
     meta["mamba2_verify_impl"] = cfg.mamba2_verify_impl
-    if cfg.mamba2_verify_impl != "dot":  # A/B of the implementations: force one
+    if cfg.mamba2_verify_impl != "fma":  # A/B of the implementations: force one
         import replayssm_kernels.mamba2_verify.kernel as mvk
 
         mvk.launch_config = functools.partial(mvk.launch_config, impl=cfg.mamba2_verify_impl)
-        bd._log(f"Mamba-2 verify: implementation {cfg.mamba2_verify_impl} (default: dot)")
+        bd._log(f"Mamba-2 verify: implementation {cfg.mamba2_verify_impl} (default: fma)")
+    if cfg.mamba2_verify_launch:  # launch sweep: override fields of the chosen configuration
+        import replayssm_kernels.mamba2_verify.kernel as mvk
+
+        chosen, over = mvk.launch_config, dict(cfg.mamba2_verify_launch)
+        mvk.launch_config = lambda *a, **k: chosen(*a, **k)._replace(**over)
+        meta["mamba2_verify_launch"] = over
+        bd._log(f"Mamba-2 verify: launch fields overridden: {over}")
     copy = bd.measure_copy_bandwidth(cfg)
     if cfg.device == "cuda":
         bd._log(f"copy bandwidth: {copy['bytes_per_s'] / 1e12:.3f} TB/s (read + write)")
     status: dict[str, str] = {}
     kernels, refs, kerr = load_ours(cfg)
-    meta["gdn_verify_impl"] = cfg.gdn_verify_impl
-    if cfg.gdn_verify_impl != "recurrent" and cfg.impl == "kernel" and kernels.get("gdn"):
-        # A/B of the implementations: force one (refcheck and timing both run it)
-        kernels["gdn"] = functools.partial(kernels["gdn"], impl=cfg.gdn_verify_impl)
-        bd._log(f"GDN verify: implementation {cfg.gdn_verify_impl} (default: recurrent)")
     peers, perr = load_peers(cfg)
     if cfg.device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         from benchmarks import _cpu_shims

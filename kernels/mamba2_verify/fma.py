@@ -3,7 +3,7 @@
 ``mamba2_replay_verify_fma_kernel`` computes exactly what ``kernel.py``'s tensor-core kernel
 computes (same arguments, same contract, same in-place writes; the launcher
 ``kernel.mamba2_replay_verify_fwd`` runs it when the launch configuration's ``impl`` is
-``"fma"``; the default is the tensor-core kernel), laid out as the decode kernel
+``"fma"``, the default), laid out as the decode kernel
 (``mamba2_decode/kernel.py``) instead: every product is an fp32 FMA / ``tl.sum`` in registers
 (no ``tl.dot``, no tf32), and the checkpoint is walked in whole-N ``[BLOCK_P, BLOCK_N]`` tiles.
 

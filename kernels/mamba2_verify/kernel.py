@@ -1,5 +1,8 @@
 """Mamba-2 ReplaySSM verify: outputs of T window tokens from checkpoint + ring, one launch.
 
+This file holds the tensor-core implementation (``impl="dot"``), the launcher and the public
+function; the default implementation is ``fma.py``'s (``IMPLS``, ``launch_config``).
+
 Layers (fla style): ``_mamba2_replay_verify_fwd_kernel`` (jit) → ``mamba2_replay_verify_fwd``
 (launcher, no checks) → ``mamba2_replay_verify`` (public, validated).
 
@@ -490,17 +493,19 @@ class LaunchConfig(NamedTuple):
     l2_ahead: int = 0  # "fma": bulk L2 prefetch of tile t + l2_ahead (0: none; compiled only)
 
 
-#: The two implementations of one contract: ``"dot"`` (tensor cores, the default) and ``"fma"``
-#: (fp32 FMA reductions over whole-N tiles, ``fma.py``; not the default: untimed on a GPU).
+#: The two implementations of one contract: ``"fma"`` (fp32 FMA reductions over whole-N tiles,
+#: ``fma.py``; the default since the H200 A/B of benchmarks/RESULTS.md, eighth session: T = 4,
+#: batch 256: 711 vs 1485 us) and ``"dot"`` (this file's tensor-core kernel; within 15% of
+#: ``"fma"`` only at T = 8, batch 1).
 IMPLS = ("dot", "fma")
 
 
 def launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
-                  impl: str = "dot") -> LaunchConfig:
+                  impl: str = "fma") -> LaunchConfig:
     """Fixed launch parameters of implementation ``impl`` (``IMPLS``; ``"fma"``:
     ``fma_launch_config``; otherwise ``ValueError``).
 
-    ``"dot"`` (the default; no autotune: the kernel writes the pool), chosen offline from ptxas'
+    ``"dot"`` (no autotune: the kernel writes the pool), chosen offline from ptxas'
     register counts (sm_90a, Nano-4B shape, T = 8; see benchmarks/notes/verify.md):
     ``BLOCK_K = 32``, no pipelining and a 128-register cap give 128 registers with a 4-byte spill
     (4 CTAs of 4 warps per SM); pipelining takes 226-250 registers.
@@ -530,7 +535,8 @@ def launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
 def fma_launch_config(P: int, N: int, R: int, T: int) -> LaunchConfig:
     """Fixed launch parameters of the FMA implementation (``fma.py``; no autotune), chosen from
     offline sm_90a ptxas counts at the Nano-4B shape for T = 2, 4, 8 with and without a read copy
-    (benchmarks/notes/verify.md, "FMA implementation"); **not timed on a GPU**.
+    (benchmarks/notes/verify.md, "FMA implementation"); timed on the H200 at this launch only
+(benchmarks/RESULTS.md, eighth session), no launch sweep yet.
 
     The decode kernel's tile: ``BLOCK_P = min(16, P)`` rows of the whole N
     (``BLOCK_N = next_pow2(N)``), two warps for tiles of up to 2,048 elements (four above), two
@@ -569,8 +575,8 @@ def mamba2_replay_verify_fwd(
     (``mamba2_decode``'s ``p_split_rule``: tests, benchmarks and tuning only). ``p_split`` must be
     ``cdiv(n_tiles, k)`` for some ``k`` (every program owns at least one P-tile), with
     ``n_tiles = cdiv(P, block_p)``; otherwise ``ValueError``. ``impl`` (``IMPLS``) overrides
-    ``launch_config``'s implementation (default: the tensor-core kernel, ``"dot"``); ``"fma"``
-    launches ``fma.py``'s kernel with ``fma_launch_config``.
+    ``launch_config``'s implementation (default: ``"fma"``, ``fma.py``'s kernel with
+    ``fma_launch_config``); ``"dot"`` launches this file's tensor-core kernel.
     """
     batch, T, H, P = x.shape
     N = state.shape[3]

@@ -29,10 +29,20 @@ def test_parse_defaults(tmp_path):
     assert cfg.batches == [1, 8, 32, 64, 128, 256, 512]
     assert (cfg.L, cfg.R, cfg.builtin_ring) == (16, 24, 32)  # R = min_ring_size(16, 8)
     assert not cfg.graph and cfg.repeats == 2
+    assert cfg.mamba2_verify_impl == "fma" and cfg.mamba2_verify_launch == {}
+
+
+def test_parse_launch_overrides(tmp_path):
+    cfg = bv.parse_args(["--device", "cpu", "--out", str(tmp_path), "--mamba2-verify-launch",
+                         "num_warps=4,maxnreg=0,block_p=8"])
+    assert cfg.mamba2_verify_launch == {"num_warps": 4, "maxnreg": None, "block_p": 8}
 
 
 @pytest.mark.parametrize("argv", [["--accepted", "3"], ["--T", "2,4", "--accepted", "1,5"],
-                                  ["--T", "17"], ["--window", "0"], ["--slots", "4"]])
+                                  ["--T", "17"], ["--window", "0"], ["--slots", "4"],
+                                  ["--mamba2-verify-launch", "warps=4"],
+                                  ["--mamba2-verify-launch", "impl=1"],
+                                  ["--mamba2-verify-launch", "maxnreg=x"]])
 def test_parse_errors(tmp_path, argv):
     with pytest.raises(SystemExit):
         bv.parse_args(["--device", "cpu", "--out", str(tmp_path), *argv])

@@ -69,26 +69,27 @@ HAS_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
-def mamba2_replay_verify_fma(*args, **kw) -> None:
-    """``mamba2_replay_verify`` with the FMA implementation (``fma.py``) forced, as
-    ``bench_verify --mamba2-verify-impl fma`` forces it: ``launch_config`` returns the FMA
+def mamba2_replay_verify_dot(*args, **kw) -> None:
+    """``mamba2_replay_verify`` with the tensor-core implementation (``kernel.py``) forced, as
+    ``bench_verify --mamba2-verify-impl dot`` forces it: ``launch_config`` returns the ``dot``
     configuration for the duration of the call."""
     import replayssm_kernels.mamba2_verify.kernel as k
 
     orig = k.launch_config
-    k.launch_config = functools.partial(orig, impl="fma")
+    k.launch_config = functools.partial(orig, impl="dot")
     try:
         mamba2_replay_verify(*args, **kw)
     finally:
         k.launch_config = orig
 
 
-# "kernel": the default (tensor-core) kernel; "fma": the FMA implementation of the same contract.
-VERIFY = {"kernel": mamba2_replay_verify, "fma": mamba2_replay_verify_fma,
+# "kernel": the default (FMA, fma.py) implementation; "dot": the tensor-core kernel of the same
+# contract.
+VERIFY = {"kernel": mamba2_replay_verify, "dot": mamba2_replay_verify_dot,
           "ref": mamba2_replay_verify_ref}
-DECODE = {"kernel": mamba2_replay_decode, "fma": mamba2_replay_decode,
+DECODE = {"kernel": mamba2_replay_decode, "dot": mamba2_replay_decode,
           "ref": mamba2_replay_decode_ref}
-COMMIT = {"kernel": verify_commit, "fma": verify_commit, "ref": verify_commit_ref}
+COMMIT = {"kernel": verify_commit, "dot": verify_commit, "ref": verify_commit_ref}
 
 SHAPE_A = Shape(H=6, G=3, P=20, N=16)  # P=20: a full 16-row tile + a masked tile
 SHAPE_B = Shape(H=3, G=1, P=12, N=16)  # H=3, P=12: non-powers of two, one masked tile
@@ -339,7 +340,7 @@ def _check(rep: Report, state_dtype, act_dtype, T: int, read_dtype=None) -> None
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "dot", "ref"])
 @pytest.mark.parametrize("T", [1, 2, 4, 8], ids=lambda t: f"T{t}")
 def test_spec_steps_vs_f64(impl, T):
     """fp32 checkpoint, bf16 activations; the kernels' flushed checkpoints bit-identical to
@@ -351,14 +352,14 @@ def test_spec_steps_vs_f64(impl, T):
     _check(rep, torch.float32, torch.bfloat16, T)
 
 
-@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "dot", "ref"])
 def test_spec_bf16_state_headform(impl):
     rep = run_spec(impl, SHAPE_C, 4, 6, torch.bfloat16, torch.bfloat16, seed=11, steps=20,
                    broadcast=False, with_z=True, pads=2)
     _check(rep, torch.bfloat16, torch.bfloat16, 4)
 
 
-@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "dot", "ref"])
 def test_spec_fp32_activations(impl):
     rep = run_spec(impl, SHAPE_B, 4, 8, torch.float32, torch.float32, seed=5, steps=20,
                    force_p=0.2)
@@ -453,7 +454,7 @@ def test_split_products_keep_fp32_accuracy_under_tf32_rounding(monkeypatch):
     assert plain > 30 * max(split, 1e-8), (split, plain)
 
 
-@pytest.mark.parametrize("impl", ["kernel", "fma"])
+@pytest.mark.parametrize("impl", ["kernel", "dot"])
 def test_kernel_vs_reference_outputs(impl):
     """Kernel and reference on identical inputs and pools (fp32): outputs within fp32 rounding,
     records exact; checkpoints and Δ within an ulp or so (torch's exp/log vs the interpreter's
@@ -621,7 +622,7 @@ def snapshot_compare(shape: Shape, T: int, L: int, act_dtype, *, batch: int, see
 SNAPSHOT_TOL = {torch.bfloat16: 6e-3, torch.float32: 2e-5}  # two independent bf16 stores
 
 
-@pytest.mark.parametrize("impl", ["kernel", "fma"])
+@pytest.mark.parametrize("impl", ["kernel", "dot"])
 @pytest.mark.parametrize("T,act", [(2, torch.bfloat16), (4, torch.float32)], ids=["T2", "T4-fp32"])
 def test_outputs_vs_sglang_snapshot_verify(T, act, impl):
     res = snapshot_compare(SHAPE_A, T, 6, act, batch=4, seed=40 + T, impl=impl)
@@ -641,14 +642,14 @@ def test_outputs_vs_sglang_snapshot_verify(T, act, impl):
      ("kernel", 4, torch.float16, torch.float32, torch.float32, "permuted"),
      ("kernel", 4, F8, torch.float32, torch.bfloat16, "layer"),
      ("kernel", 2, F8, torch.bfloat16, torch.float32, "permuted"),
-     ("fma", 2, torch.bfloat16, torch.float32, torch.bfloat16, "layer"),
-     ("fma", 4, F8, torch.float32, torch.bfloat16, "layer"),
-     ("fma", 2, F8, torch.bfloat16, torch.float32, "permuted"),
+     ("dot", 2, torch.bfloat16, torch.float32, torch.bfloat16, "layer"),
+     ("dot", 4, F8, torch.float32, torch.bfloat16, "layer"),
+     ("dot", 2, F8, torch.bfloat16, torch.float32, "permuted"),
      ("ref", 4, torch.bfloat16, torch.float32, torch.bfloat16, "layer"),
      ("ref", 2, F8, torch.bfloat16, torch.float32, "permuted")],
     ids=["kernel-T2-bf16", "kernel-T4-fp16-act32-permuted", "kernel-T4-fp8",
-         "kernel-T2-fp8-S-bf16-act32-permuted", "fma-T2-bf16", "fma-T4-fp8",
-         "fma-T2-fp8-S-bf16-act32-permuted", "ref-T4-bf16", "ref-T2-fp8-S-bf16-act32"],
+         "kernel-T2-fp8-S-bf16-act32-permuted", "dot-T2-bf16", "dot-T4-fp8",
+         "dot-T2-fp8-S-bf16-act32-permuted", "ref-T4-bf16", "ref-T2-fp8-S-bf16-act32"],
 )
 def test_spec_read_copy_vs_f64(impl, T, read_dtype, state_dtype, act_dtype, layout):
     """Verify and decode steps with a read copy, random accepted counts and forced flushes:
@@ -739,7 +740,7 @@ def _assert_kernel_matches_reference(read_dtype, impl: str = "kernel", **kw) -> 
 
 
 @pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
-@pytest.mark.parametrize("impl", ["kernel", "fma"])
+@pytest.mark.parametrize("impl", ["kernel", "dot"])
 @pytest.mark.parametrize("read_dtype", [torch.bfloat16, F8], ids=["bf16", "fp8"])
 def test_read_copy_kernel_vs_reference(read_dtype, impl):
     rel = _assert_kernel_matches_reference(read_dtype, impl)
@@ -766,20 +767,21 @@ def _assert_flush_rows_match_no_copy(read_dtype, impl: str = "kernel", **kw) -> 
                                                     (F8, torch.float32),
                                                     (torch.float16, torch.bfloat16)],
                          ids=["bf16-S32", "fp8-S32", "fp16-S-bf16"])
-@pytest.mark.parametrize("impl", ["kernel", "fma"])
+@pytest.mark.parametrize("impl", ["kernel", "dot"])
 def test_read_copy_flush_rows_bit_identical_to_no_copy(read_dtype, state_dtype, impl):
     rel = _assert_flush_rows_match_no_copy(read_dtype, impl, state_dtype=state_dtype)
     print(f"\n[mamba2-verify] {impl}: read copy {str(read_dtype)[6:]} vs none, state "
           f"{str(state_dtype)[6:]}: non-flush outputs {rel:.2e}")
     assert rel < READ_OUT_TOL[read_dtype, torch.float32], rel
-    # An fp16 copy of a bf16 checkpoint holds the same values: the FMA kernel's products are
-    # then the same fp32 operations (0); the tensor-core kernel takes another product split.
-    exact = impl == "fma" and (read_dtype, state_dtype) == (torch.float16, torch.bfloat16)
+    # An fp16 copy of a bf16 checkpoint holds the same values: the FMA kernel's ("kernel", the
+    # default) products are then the same fp32 operations (0); the tensor-core kernel ("dot")
+    # takes another product split.
+    exact = impl == "kernel" and (read_dtype, state_dtype) == (torch.float16, torch.bfloat16)
     assert (rel == 0) if exact else (rel > 0), rel
 
 
 @pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
-@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "dot", "ref"])
 def test_read_copy_nonflush_rows_never_read_the_checkpoint(impl):
     """With NaN in every checkpoint, non-flush rows still give finite outputs, equal to the same
     launch without a copy from a checkpoint holding the copy's values (fp8: scaled)."""
@@ -831,7 +833,7 @@ def test_read_copy_products_are_single_tf32(monkeypatch):
 
 
 @pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
-@pytest.mark.parametrize("impl", ["kernel", "fma"])
+@pytest.mark.parametrize("impl", ["kernel", "dot"])
 @pytest.mark.parametrize("read_dtype", [F8, torch.bfloat16], ids=["fp8", "bf16"])
 def test_read_copy_refresh_extremes(read_dtype, impl):
     """Flush rows whose checkpoint rows are zero, tiny (1e-30), huge (1e30), or whose max lies in
@@ -918,7 +920,7 @@ def _bad_cases():
     }
 
 
-@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "dot", "ref"])
 @pytest.mark.parametrize("case", list(_bad_cases()))
 def test_value_errors(impl, case):
     args, kw = _valid_args()
@@ -928,7 +930,7 @@ def test_value_errors(impl, case):
         VERIFY[impl](*args.values(), **kw)
 
 
-@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "dot", "ref"])
 def test_value_error_z_window(impl):
     args, kw = _valid_args()
     kw["z"] = kw["z"][:, :2]
@@ -936,7 +938,7 @@ def test_value_error_z_window(impl):
         VERIFY[impl](*args.values(), **kw)
 
 
-@pytest.mark.parametrize("impl", ["kernel", "fma", "ref"])
+@pytest.mark.parametrize("impl", ["kernel", "dot", "ref"])
 @pytest.mark.parametrize("case", list(_bad_read_cases()))
 def test_value_errors_read_copy(impl, case):
     """The decode kernel's read-copy cases (shape, dtype, the checkpoint's own dtype, fp8 without
@@ -1067,7 +1069,7 @@ def test_p_split_rule_at_nano4b_verify():
     assert p_split_rule(n_tiles, 96, 1, None) == 1  # off CUDA: unsplit
 
 
-@pytest.mark.parametrize("impl", ["kernel", "fma"])
+@pytest.mark.parametrize("impl", ["kernel", "dot"])
 @pytest.mark.parametrize("T", [1, 2, 4, 8], ids=lambda t: f"T{t}")
 def test_split_launch_bitwise_vs_unsplit(force_p_split, T, impl):
     """Splits 2, 3 and 5 of five P-tiles (the last split with one tile per program, the middle
@@ -1082,7 +1084,7 @@ def test_split_launch_bitwise_vs_unsplit(force_p_split, T, impl):
     (F8, torch.float32, False), (torch.bfloat16, torch.float32, False),
     (None, torch.float16, True), (F8, torch.float16, True)],
     ids=["fp8-copy", "bf16-copy", "fp16-SR", "fp8-copy-fp16-SR"])
-@pytest.mark.parametrize("impl", ["kernel", "fma"])
+@pytest.mark.parametrize("impl", ["kernel", "dot"])
 def test_split_launch_bitwise_vs_unsplit_read_copy_and_sr(force_p_split, read_dtype,
                                                           state_dtype, sr, impl):
     """The fp8 copy's row max stays inside one program (a program owns whole P rows, all N
@@ -1145,7 +1147,7 @@ def test_fma_bitwise_vs_dot(T, read_dtype, state_dtype, act_dtype, sr):
     untouched alike; outputs within ``FMA_VS_DOT_TOL``."""
     seen = split_lockstep(lambda s: None, [None, None], shape=SHAPE_FMA, T=T, L=T + 4,
                           state_dtype=state_dtype, act_dtype=act_dtype, read_dtype=read_dtype,
-                          sr=sr, seed=70 + T, steps=5, impls=["kernel", "fma"],
+                          sr=sr, seed=70 + T, steps=5, impls=["dot", "kernel"],
                           out_rtol=FMA_VS_DOT_TOL[act_dtype])
     print(f"\n[mamba2-verify] fma vs dot T={T} copy={str(read_dtype)[6:]} "
           f"state={str(state_dtype)[6:]} act={str(act_dtype)[6:]} SR={sr}: outputs "
@@ -1154,10 +1156,10 @@ def test_fma_bitwise_vs_dot(T, read_dtype, state_dtype, act_dtype, sr):
 
 
 def test_fma_impl_selection():
-    """``launch_config`` picks the tensor-core kernel unless asked; unknown names raise."""
+    """``launch_config`` picks the FMA implementation unless asked; unknown names raise."""
     import replayssm_kernels.mamba2_verify.kernel as k
 
-    assert k.launch_config(80, 128, 24, 4, torch.bfloat16).impl == "dot"
+    assert k.launch_config(80, 128, 24, 4, torch.bfloat16).impl == "fma"
     cfg = k.launch_config(80, 128, 24, 4, torch.bfloat16, impl="fma")
     assert cfg == k.fma_launch_config(80, 128, 24, 4)
     assert (cfg.impl, cfg.block_p, cfg.block_j, cfg.block_t, cfg.num_warps) == (
@@ -1295,19 +1297,19 @@ def test_gpu_nano4b_split_bitwise_vs_unsplit(force_p_split, batch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [2, 4, 8], ids=lambda t: f"T{t}")
-def test_gpu_nano4b_fma_spec_bitwise_vs_sglang(T):
-    """The FMA implementation through the float64 / SGLang driver at Nano-4B (as
+def test_gpu_nano4b_dot_spec_bitwise_vs_sglang(T):
+    """The tensor-core implementation through the float64 / SGLang driver at Nano-4B (as
     ``test_gpu_nano4b_spec_bitwise_vs_sglang``)."""
-    rep = run_spec("fma", NANO_4B, T, 16, torch.float32, torch.bfloat16, active=24, pads=8,
+    rep = run_spec("dot", NANO_4B, T, 16, torch.float32, torch.bfloat16, active=24, pads=8,
                    steps=48, seed=500 + T, sglang_check=True)
     _check(rep, torch.float32, torch.bfloat16, T)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [2, 4, 8], ids=lambda t: f"T{t}")
-def test_gpu_nano4b_fma_vs_sglang_snapshot_verify(T):
+def test_gpu_nano4b_dot_vs_sglang_snapshot_verify(T):
     res = snapshot_compare(NANO_4B, T, 16, torch.bfloat16, batch=24, seed=700 + T, device="cuda",
-                           impl="fma")
+                           impl="dot")
     assert res["flush_rows"] > 0 and res["nonflush_rows"] > 0
     assert res["out_rel"] < SNAPSHOT_TOL[torch.bfloat16], res
 
@@ -1315,8 +1317,8 @@ def test_gpu_nano4b_fma_vs_sglang_snapshot_verify(T):
 @pytest.mark.gpu
 @pytest.mark.parametrize("read_dtype", [torch.bfloat16, F8], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("T", [2, 4], ids=lambda t: f"T{t}")
-def test_gpu_nano4b_fma_spec_read_copy(T, read_dtype):
-    rep = run_spec("fma", NANO_4B, T, 16, torch.float32, torch.bfloat16, active=24, pads=8,
+def test_gpu_nano4b_dot_spec_read_copy(T, read_dtype):
+    rep = run_spec("dot", NANO_4B, T, 16, torch.float32, torch.bfloat16, active=24, pads=8,
                    steps=48, seed=800 + T, sglang_check=True, read_dtype=read_dtype,
                    read_layout="permuted" if T == 4 else "layer")
     _check(rep, torch.float32, torch.bfloat16, T, read_dtype)
@@ -1333,16 +1335,16 @@ def test_gpu_nano4b_fma_bitwise_vs_dot(T, read_dtype, sr):
                           state_dtype=torch.float16 if sr else torch.float32,
                           act_dtype=torch.bfloat16, read_dtype=read_dtype, sr=sr, active=24,
                           pads=8, steps=12, seed=960 + T, device="cuda",
-                          impls=["kernel", "fma"], out_rtol=FMA_VS_DOT_TOL[torch.bfloat16])
+                          impls=["dot", "kernel"], out_rtol=FMA_VS_DOT_TOL[torch.bfloat16])
     print(f"\n[mamba2-verify] GPU fma vs dot T={T}: outputs {seen['out_rel']:.2e}")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 4], ids=lambda b: f"bs{b}")
-def test_gpu_nano4b_fma_split_bitwise_vs_unsplit(force_p_split, batch):
+def test_gpu_nano4b_dot_split_bitwise_vs_unsplit(force_p_split, batch):
     split_lockstep(force_p_split, [1, None], shape=NANO_4B, L=16, active=batch, pads=1,
                    steps=8, seed=930 + batch, device="cuda", read_dtype=F8,
-                   act_dtype=torch.bfloat16, impls=["fma", "fma"])
+                   act_dtype=torch.bfloat16, impls=["dot", "dot"])
 
 
 # --------------------------------------------------------------------------------------------
