@@ -4,9 +4,7 @@ Layers (fla style): ``gdn_replay_verify_recurrent_fwd_kernel`` and, with a split
 copy, ``gdn_replay_verify_recurrent_read_fwd_kernel`` (Triton jit; both inline one program,
 ``_gdn_verify_program``, so the launch without a copy compiles as before),
 ``gdn_replay_verify_recurrent_fwd`` (launcher, no checks), ``gdn_replay_verify`` (validated public
-function).  ``gdn_replay_verify(..., impl="closed")`` launches the second implementation instead,
-the closed form of ``closed.py`` (same contract; not the default, not yet timed on a GPU); the
-default ``impl="recurrent"`` is this module's kernel.
+function).
 
 Each row verifies a linear chain of ``T`` tokens (the last accepted token plus ``T - 1`` drafts) on
 the ring protocol of ``gdn_decode`` (same ring tensors, same cursors; ``../README.md``). The window
@@ -46,7 +44,6 @@ import triton.language as tl
 
 from replayssm_kernels.gdn_decode._fold import fold_records, replay_updates
 from replayssm_kernels.gdn_decode._validate import validate_gdn_verify
-from replayssm_kernels.gdn_verify.closed import gdn_replay_verify_closed_fwd
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
 from replayssm_kernels.stochastic_round import (
     sr_key,
@@ -55,16 +52,11 @@ from replayssm_kernels.stochastic_round import (
 )
 
 __all__ = [
-    "GDN_VERIFY_IMPLS",
     "gdn_replay_verify",
     "gdn_replay_verify_recurrent_fwd",
     "gdn_replay_verify_recurrent_fwd_kernel",
     "gdn_replay_verify_recurrent_read_fwd_kernel",
 ]
-
-
-# Implementations of ``gdn_replay_verify`` (``impl``); the first is the default.
-GDN_VERIFY_IMPLS = ("recurrent", "closed")
 
 
 @triton.jit
@@ -403,7 +395,6 @@ def gdn_replay_verify(
     read_scale: torch.Tensor | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
-    impl: str = "recurrent",
 ) -> None:
     """Verify ``T`` tokens per row (linear draft chain) on the Gated DeltaNet ReplaySSM ring.
 
@@ -478,29 +469,20 @@ def gdn_replay_verify(
         Not written.
     sr_layer : int
         Stream id mixed into the bits (the layer index), ``[0, 2^31)``; a runtime argument.
-    impl : str
-        ``"recurrent"`` (default): the window as T sequential delta-rule steps on the tile, the
-        history applied from the stored updates.  ``"closed"``: the closed form of ``closed.py``
-        (``2T`` reductions of the checkpoint tile per row, history and window through their
-        inner products); same contract, same checkpoint and raw records bit for bit, u records
-        and outputs equal up to rounding.  Not timed on a GPU yet, hence not the default.
 
     Raises
     ------
     ValueError
         On any shape, dtype or device mismatch, or a bad read copy (the message names expected
-        and actual); ``sr_seed`` with a non-fp16 ``state``; an unknown ``impl``.
+        and actual); ``sr_seed`` with a non-fp16 ``state``.
     """
-    if impl not in GDN_VERIFY_IMPLS:
-        raise ValueError(f"impl: expected one of {GDN_VERIFY_IMPLS}, got {impl!r}")
     validate_gdn_verify(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale,
     )  # fmt: skip
     validate_read_copy(state, read_state, read_scale)
     validate_stochastic_rounding(state, sr_seed, sr_layer)
-    launch = gdn_replay_verify_closed_fwd if impl == "closed" else gdn_replay_verify_recurrent_fwd
-    launch(
+    gdn_replay_verify_recurrent_fwd(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
         read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,
