@@ -533,20 +533,23 @@ def launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
 
 
 def fma_launch_config(P: int, N: int, R: int, T: int) -> LaunchConfig:
-    """Fixed launch parameters of the FMA implementation (``fma.py``; no autotune), chosen from
-    offline sm_90a ptxas counts at the Nano-4B shape for T = 2, 4, 8 with and without a read copy
-    (benchmarks/notes/verify.md, "FMA implementation"); timed on the H200 at this launch only
-(benchmarks/RESULTS.md, eighth session), no launch sweep yet.
+    """Fixed launch parameters of the FMA implementation (``fma.py``; no autotune), chosen by an
+    H200 launch sweep at the Nano-4B shape without a read copy (benchmarks/RESULTS.md, eighth
+    session; offline ptxas counts in benchmarks/notes/verify.md, "FMA implementation").
 
-    The decode kernel's tile: ``BLOCK_P = min(16, P)`` rows of the whole N
-    (``BLOCK_N = next_pow2(N)``), two warps for tiles of up to 2,048 elements (four above), two
-    records per unrolled fold step, a bulk L2 prefetch one tile ahead; ``block_j`` and
-    ``block_t`` without the tensor cores' 16 minimum (``next_pow2(R)``, ``next_pow2(T)``);
-    ``block_k`` is the N-chunk of the once-per-head ``KᵀQ`` sums (at most 32 columns).
+    The decode kernel's layout: ``BLOCK_P``-row tiles of the whole N (``BLOCK_N =
+    next_pow2(N)``), two warps for tiles of up to 2,048 elements (four above), two records per
+    unrolled fold step, a bulk L2 prefetch one tile ahead; ``block_j`` and ``block_t`` without
+    the tensor cores' 16 minimum (``next_pow2(R)``, ``next_pow2(T)``); ``block_k`` is the N-chunk
+    of the once-per-head ``KᵀQ`` sums (at most 32 columns). Windows of up to 4 tokens: 16-row
+    tiles at a 128-register cap (T = 4, batch 256: 660.7 us; the offline choice, cap 160, 710.9
+    us; no cap 711.3; 4 warps 1125.9; 8-row tiles 842.7 / 746.6 at cap 128). Longer windows:
+    8-row tiles, no cap (T = 8, batch 256: 1210.5 us against 1437.2 for 16-row tiles; cap 160
+    1243.9; 4 warps 1752.8): the ``[BLOCK_P, BLOCK_J, BLOCK_T]`` record broadcast grows with T.
     """
     block_n = triton.next_power_of_2(N)
-    block_p = min(16, triton.next_power_of_2(P))
     block_t = triton.next_power_of_2(T)
+    block_p = min(16 if block_t <= 4 else 8, triton.next_power_of_2(P))
     num_warps = 2 if block_n * block_p <= 2048 else 4
     maxnreg = FMA_MAXNREG_SHORT if block_t <= 4 else None
     return LaunchConfig(block_p, triton.next_power_of_2(R), block_t, min(BLOCK_K_MAX, block_n),
@@ -554,8 +557,9 @@ def fma_launch_config(P: int, N: int, R: int, T: int) -> LaunchConfig:
 
 
 #: Register cap of the FMA launch for windows of up to 4 tokens (ptxas ``maxnreg``; longer
-#: windows: the compiler's choice, about 194 at T = 8): benchmarks/notes/verify.md's table.
-FMA_MAXNREG_SHORT = 160
+#: windows: the compiler's choice): the H200 sweep's fastest at T = 4 (8 CTAs of 2 warps per SM;
+#: offline, 8-16 B of spill stores, benchmarks/notes/verify.md's table).
+FMA_MAXNREG_SHORT = 128
 
 
 def mamba2_replay_verify_fwd(

@@ -389,7 +389,7 @@ def test_product_precision_follows_the_activation_dtype(dot_precisions, act_dtyp
     """16-bit activations: plain tf32 products only (the fp32 operand is split by hand, see
     launch_config); fp32 activations: tf32x3 on every product. Outputs within the tolerance."""
     shape = Shape(H=2, G=1, P=16, N=128)
-    rep = run_spec("kernel", shape, 8, 12, torch.float32, act_dtype, seed=8, steps=12, active=2,
+    rep = run_spec("dot", shape, 8, 12, torch.float32, act_dtype, seed=8, steps=12, active=2,
                    sglang_check=True)
     assert set(dot_precisions) == expected, dot_precisions
     _check(rep, torch.float32, act_dtype, 8)
@@ -437,7 +437,7 @@ def test_split_products_keep_fp32_accuracy_under_tf32_rounding(monkeypatch):
                 m.setattr(interpreter.InterpreterBuilder, "create_dot", tf32_dot)
             if not split:
                 m.setattr(k, "_tf32_split", lambda a: (a, a * 0.0))
-            mamba2_replay_verify(
+            mamba2_replay_verify_dot(
                 pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B,
                 tok.C, out, torch.tensor([3, 1, 4], dtype=torch.int32),
                 torch.tensor([5, 9, 2], dtype=torch.int32),
@@ -817,7 +817,7 @@ def test_read_copy_products_are_single_tf32(monkeypatch):
         calls.clear()
         with monkeypatch.context() as m:
             m.setattr(interpreter.InterpreterBuilder, "create_dot", dot)
-            _, _, out, _ = _one_verify("kernel", torch.bfloat16 if copy else None,
+            _, _, out, _ = _one_verify("dot", torch.bfloat16 if copy else None,
                                        act_dtype=torch.bfloat16, out_dtype=torch.float32,
                                        flush=False)
         if dot is counting_dot:
@@ -1164,6 +1164,9 @@ def test_fma_impl_selection():
     assert cfg == k.fma_launch_config(80, 128, 24, 4)
     assert (cfg.impl, cfg.block_p, cfg.block_j, cfg.block_t, cfg.num_warps) == (
         "fma", 16, 32, 4, 2)
+    assert cfg.maxnreg == 128
+    cfg8 = k.launch_config(80, 128, 24, 8, torch.bfloat16)
+    assert (cfg8.block_p, cfg8.block_t, cfg8.maxnreg) == (8, 8, None)
     with pytest.raises(ValueError, match=r"impl: expected one of \('dot', 'fma'\), got 'mma'"):
         k.launch_config(80, 128, 24, 4, torch.bfloat16, impl="mma")
 
@@ -1200,7 +1203,8 @@ def _fma_codegen() -> list[dict] | str:
 def test_fma_codegen_fold_and_registers():
     """sm_90a, Nano-4B, T = 4 (no copy, bf16, fp8 copy): every fold site of ``fma.py`` compiles
     to SGLang's update (``fma(state, ex2(·), (Δ·B)·x)``, as the decode test pins it), no
-    ``mma`` instruction, no spill at the chosen launch (``fma_launch_config``)."""
+    ``mma`` instruction, at most 16 B of spill stores at the chosen launch (``fma_launch_config``:
+    128 registers, 8 CTAs per SM)."""
     import inspect
 
     from test_mamba2_decode import _update_signatures
@@ -1219,7 +1223,8 @@ def test_fma_codegen_fold_and_registers():
         sig = _update_signatures(row["ptx"], "mamba2_verify/fma.py", lines)
         assert sig == expected, f"{row['read']}: fold compiles to {sig}, SGLang's to {expected}"
         assert "mma.sync" not in row["ptx"], row["read"]
-        assert row["spill_st"] == 0 and row["ctas"] >= 5, {
+        # The chosen 128-register cap (the H200 sweep's fastest) spills a few bytes (ptxas).
+        assert row["regs"] <= 128 and row["spill_st"] <= 16 and row["ctas"] >= 8, {
             k: v for k, v in row.items() if k != "ptx"}
 
 
@@ -1361,7 +1366,7 @@ from replayssm_kernels.mamba2_verify import kernel as mk
 
 H, P, N, G, T = 96, 80, 128, 8, 4  # Nemotron-3-Nano-4B, L = 16, R = 20
 R = 16 + T
-cfg = mk.launch_config(P, N, R, T, torch.bfloat16)
+cfg = mk.launch_config(P, N, R, T, torch.bfloat16, impl="dot")  # the tensor-core kernel
 K = mk._mamba2_replay_verify_fwd_kernel
 ptrs = dict(state_ptr="*fp32", ring_x_ptr="*bf16", ring_dt_ptr="*fp32", ring_B_ptr="*bf16",
             x_ptr="*bf16", dt_ptr="*bf16", A_ptr="*fp32", B_ptr="*bf16", C_ptr="*bf16",
