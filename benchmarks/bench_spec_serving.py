@@ -16,7 +16,9 @@ One command, bounded in time end to end (``--time-budget``), for one device call
      --speculative-eagle-topk 1 --speculative-num-draft-tokens T`` (T = 4, as
      ``tests/e2e/test_spec_gpu.py``), the same ``--mem-fraction-static`` and the radix cache on
      with ``--mamba-radix-cache-strategy no_buffer`` (the replay verify refuses ``extra_buffer``), so
-     SGLang derives their running-request limit from memory (below);
+     SGLang derives their running-request limit from memory (below); or, with ``--radix
+     off-equal-memory``, the radix cache off and each its own ``--max-running-requests``, computed so
+     that both hold the same mamba-state bytes (design decision 5);
    - ``stock_nospec`` (``--ssm-backend default``, no speculation) on the first GPU, started once
      ``stock_spec`` has sized its pools (its log's first ``Memory pool end``), with explicit pools:
      radix cache off (one mamba slot per request), ``--max-running-requests`` = the largest
@@ -31,7 +33,10 @@ One command, bounded in time end to end (``--time-budget``), for one device call
    --dataset-name random-ids`` against both spec servers **at the same time** (different GPUs; both
    clients share the host, symmetrically); then ``stock_nospec`` alone at every concurrency, c = 1
    first (the c = 1 target needs it).  A run that the time budget cannot fit is skipped, so give the
-   concurrencies by importance (default 256, 512, 1, 64);
+   concurrencies by importance (default 256, 512, 1, 64).  A bench_serving whose result is out (its
+   ``--output-file`` line, or its printed result block) but that has not exited ``BENCH_EXIT_GRACE_S``
+   later is killed and its result taken, with a warning (``run_bench_serving``; on the H200 a
+   ``stock_nospec`` c = 256 run printed its whole result and then did not exit within the limit);
 5. writes ``results.md``, ``results.json``, ``bench_raw.jsonl``, ``bench_stdout.log``, ``gen.log``
    and ``server_<variant>.log`` x 3 under ``--out`` (8 files, one folder), and prints the report.
 
@@ -60,8 +65,9 @@ Arithmetic (Nano-4B: 21 Mamba-2 layers of 96 x 80 x 128, fp32 state; per slot ``
 state + 1.2 MiB conv; ring ``r`` ~ 7.1 MiB at L = 16, T = 4): stock spec fits ``B / (7p)`` running
 requests in a mamba budget ``B`` (``K (1 + T/3) p = B``), replay without a per-draft buffer
 ``B / (3 (p + r))``, at most 2.14x; at one slot per request (radix off) it would be
-``(1 + T) p / (p + r)`` = 4.6x.  What the current plug-in reaches is what the run reports (see
-``benchmarks/README.md``).  Default ``--mem-fraction-static`` 0.6 for the spec servers: ~36 GiB of
+``(1 + T) p / (p + r)`` = 4.6x (4.44x with SGLang's per-draft conv windows, which both servers
+keep: ``--radix off-equal-memory``, design decision 5).  What the current plug-in reaches is what
+the run reports (see ``benchmarks/README.md``).  Default ``--mem-fraction-static`` 0.6 for the spec servers: ~36 GiB of
 mamba budget each (stock spec ~60 running requests) and ~56 GiB resident on the first GPU, leaving
 room for ``stock_nospec`` (0.75 of what is free when it starts: ~40 GiB of state for 512 slots +
 ~6 GiB of KV + weights ~7.4 GiB).  A separate memory-only launch per variant would cost ~1 min of
@@ -123,11 +129,38 @@ tokens whatever the drafts).  The oracle raises on ``return_logprob``, so the wa
 asks for no logprobs.  No draft model: nothing of a draft in memory, and the spec servers' memory is
 the target's pools only.
 
+**(5) Radix cache off at equal memory: ``--radix off-equal-memory [--equal-mamba-gib B]``.**  With
+the radix cache on, SGLang keeps ``mamba slots // 3`` running requests, which caps what dropping the
+per-draft states can buy at ~2.1x (the runs so far: 140 vs 65).  With the radix cache off SGLang takes
+the mamba pool from ``--max-running-requests M`` (``_handle_max_mamba_cache``'s second branch): every
+per-request buffer gets ``M + 1`` rows, so equal memory is set by arithmetic per server
+(``mamba_row_bytes``, from SGLang's own cache params of the model config and the plug-in's
+``sizing.ring_spec`` / ``pool.read_copy_bytes_per_slot``): stock spec's row is state + conv ``p`` + ``T``
+per-draft SSM states + the per-draft conv windows; replay spec's (``--replayssm-verify replay``) ``p`` +
+the conv windows + the ring ``r`` (Nano-4B, T = 4, L = 16: 397.3 vs 89.4 MiB).  Each gets the most
+requests whose rows fit in ``B`` GiB (default ``EQUAL_MAMBA_GIB`` = 24: 60 vs 273 requests, 4.55x by
+arithmetic; ~4.44x for large ``B``), both at ``--spec-mem-fraction`` (which then only decides the KV
+pool, capped by ``--max-total-tokens`` for both).  The CPU tests check the row bytes against SGLang's
+``MambaPool`` and the plug-in's ``ReplayMambaPool`` built on the meta device.  The report shows the
+arithmetic and each server's own pool lines (``Mamba Cache is allocated``, rings, the released-buffer
+line: ``equal_memory_check``), so the equal-memory claim is read from the logs, not just computed.
+Refused: ``--replay-verify auto`` / ``snapshot`` (the replay pool then keeps SGLang's per-draft buffer
+for the snapshot fallback, ``pool._drop_per_draft_ssm``: its row would be stock spec's plus the ring,
+and the mode would measure the ring's cost), flags in ``--server-args`` / ``--replay-args`` that change
+the arithmetic (``EQUAL_MEMORY_FIXED_FLAGS``), a ``B`` below one stock spec request.  Why ``B`` is 24 GiB
+and not what stock spec budgets at 0.6 with the radix cache on (~36 GiB): SGLang's ``MambaPool``
+allocates the per-draft buffer for all ``M + 1`` rows before the plug-in releases it, so the replay
+server needs stock spec's row x its own ``M + 1`` for a moment at start-up (106 GiB at 24 GiB, 158 GiB at
+35.6 GiB: more than an H200); before any server starts the run checks that peak + weights + 3 GiB
+against the replay GPU's free memory (``nvidia-smi``) and refuses with the largest ``B`` that fits.
+``stock_nospec`` is unchanged in this mode (radix off, the largest concurrency, its own memory
+fraction): a throughput reference, not part of the memory comparison.
+
 No CPU mode: STANDALONE has no CPU path in SGLang 0.5.17 (no ``torch_native`` draft attention
 backend) and ``--ssm-backend replay`` refuses it on a CPU (``spec_plan.startup_refusals``,
 ``benchmarks/notes/spec_algorithms.md``).  CPU tests cover the arguments, the commands
-(against SGLang's and the plug-in's parsers), the log parsers and the report, and ``main()`` with
-fake servers.
+(against SGLang's and the plug-in's parsers), the log parsers and the report, the equal-memory
+arithmetic, bench_serving's slow exit (real child processes), and ``main()`` with fake servers.
 """
 
 from __future__ import annotations
@@ -191,6 +224,30 @@ MIN_RUN_S = 20.0
 SPEC_READY_RESERVE_S = 60.0
 NOSPEC_READY_RESERVE_S = 150.0
 BENCH_TIMEOUT_S = 300.0
+#: seconds bench_serving gets to exit once its result is out (the output file's line or its printed result
+#: block); then it is killed and the result taken, with a warning
+BENCH_EXIT_GRACE_S = 20.0
+#: --radix: "on" (no_buffer, SGLang derives the running-request limit from memory) or "off-equal-memory"
+#: (radix cache off, --max-running-requests per spec server from equal mamba-state bytes)
+RADIX_MODES = ("on", "off-equal-memory")
+#: --radix off-equal-memory: default mamba-state bytes of each spec server (GiB); small enough that the
+#: replay server's start-up peak (SGLang allocates the per-draft buffer for every row before the plug-in
+#: releases it: ~4.4x this on the Nano-4B shapes) fits an H200 beside the weights
+EQUAL_MAMBA_GIB = 24.0
+#: --radix off-equal-memory: GPU memory kept free beside the replay server's start-up peak and the weights
+#: (CUDA context, the draft, cuBLAS workspaces) when checking that the peak fits
+STARTUP_HEADROOM_GIB = 3.0
+#: --radix off-equal-memory: flags of --server-args / --replay-args that would change what the arithmetic
+#: assumes (running requests, radix, state dtype, draft length, TP), refused
+EQUAL_MEMORY_FIXED_FLAGS = (
+    "--max-running-requests", "--max-mamba-cache-size", "--disable-radix-cache", "--mamba-radix-cache-strategy",
+    "--mamba-ssm-dtype", "--dtype", "--speculative-algorithm", "--speculative-num-draft-tokens",
+    "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-adaptive", "--ssm-backend",
+    "--replayssm-window", "--replayssm-verify", "--tp-size", "--tensor-parallel-size", "--tp", "--pp-size",
+    "--pipeline-parallel-size", "--dp-size", "--data-parallel-size", "--dp", "--enable-dp-attention",
+)
+#: tolerance of the log check: the pool lines print GiB with 2 decimals (4 terms) or 3 (rings)
+LOGGED_GIB_TOL = 0.03
 #: --draft oracle: the test-only drafter plug-in (``tests/e2e/spec_oracle``) and its algorithm name
 ORACLE_DIR = ab.ROOT / "tests" / "e2e" / "spec_oracle"
 ORACLE_ALGORITHM = "REPLAYSSM_ORACLE"
@@ -225,8 +282,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draft-tokens", type=int, default=4,
                    help="T = --speculative-num-draft-tokens (steps T-1, topk 1)")
     p.add_argument("--window", type=int, default=16, help="--replayssm-window of the replay server")
-    p.add_argument("--replay-verify", choices=("auto", "replay", "snapshot"), default="auto",
-                   help="--replayssm-verify of the replay server (auto: the heuristic decides per bucket)")
+    p.add_argument("--replay-verify", choices=("auto", "replay", "snapshot"), default=None,
+                   help="--replayssm-verify of the replay server (auto: the heuristic decides per bucket; default "
+                        "auto, with --radix off-equal-memory replay, the only one allowed there)")
+    p.add_argument("--radix", choices=RADIX_MODES, default="on",
+                   help="on: the spec servers run the radix cache (no_buffer) and SGLang sizes them from "
+                        "--spec-mem-fraction (3 mamba slots per request); off-equal-memory: radix cache off, "
+                        "--max-running-requests per spec server so that both hold the same mamba-state bytes "
+                        "(--equal-mamba-gib)")
+    p.add_argument("--equal-mamba-gib", type=float, default=None,
+                   help=f"--radix off-equal-memory: mamba-state bytes of each spec server in GiB (state + conv, "
+                        f"per-draft buffers, rings; default {EQUAL_MAMBA_GIB:g})")
     p.add_argument("--spec-mem-fraction", type=float, default=0.6,
                    help="--mem-fraction-static of both spec servers (equal memory)")
     p.add_argument("--nospec-mem-fraction", type=float, default=0.75,
@@ -285,6 +351,20 @@ def _complete(args: argparse.Namespace) -> None:
         raise ValueError(f"--wrong-rate: expected only with --draft oracle, got --draft {args.draft}")
     if args.model is None:
         args.model = ab.FAMILY_MODELS[args.family]
+    if args.radix == "on":
+        if args.equal_mamba_gib is not None:
+            raise ValueError("--equal-mamba-gib: expected only with --radix off-equal-memory, got --radix on")
+        if args.replay_verify is None:
+            args.replay_verify = "auto"
+        args.equal_memory = None
+    else:
+        if args.replay_verify is None:
+            args.replay_verify = "replay"
+        if args.equal_mamba_gib is None:
+            args.equal_mamba_gib = EQUAL_MAMBA_GIB
+        if not args.equal_mamba_gib > 0:
+            raise ValueError(f"--equal-mamba-gib: expected GiB > 0, got {args.equal_mamba_gib}")
+        args.equal_memory = equal_memory_plan(args)
     if args.model_dir is None:
         suffix = "_echo" if args.draft == "oracle" else ""
         args.model_dir = f"/tmp/replayssm_bench_models/{args.model}{suffix}"
@@ -360,7 +440,8 @@ def variant_flags(variant: str, args: argparse.Namespace, draft_dir: str | Path)
     """One server's own flags (after ``common_flags``).
 
     Spec servers: the same memory fraction, radix cache on (``no_buffer``), running requests left to
-    the memory; ``stock_nospec``: explicit pools for the largest concurrency, radix cache off.
+    the memory; with ``--radix off-equal-memory`` radix cache off and ``--max-running-requests`` from
+    ``equal_memory_plan``; ``stock_nospec``: explicit pools for the largest concurrency, radix cache off.
     ``--server-args`` come last (they override), then the replay server's ``--replay-args``.
     """
     extra = shlex.split(args.server_args)
@@ -369,14 +450,238 @@ def variant_flags(variant: str, args: argparse.Namespace, draft_dir: str | Path)
                 "--max-running-requests", str(max(args.concurrency)), "--disable-radix-cache", *extra]
     if variant not in SPEC_VARIANTS:
         raise ValueError(f"variant: expected one of {VARIANTS}, got {variant!r}")
-    flags = ["--mem-fraction-static", str(args.spec_mem_fraction),
-             "--max-running-requests", str(SPEC_MAX_RUNNING_REQUESTS),
-             "--mamba-radix-cache-strategy", "no_buffer",
+    if getattr(args, "radix", "on") == "on":
+        running = ["--max-running-requests", str(SPEC_MAX_RUNNING_REQUESTS),
+                   "--mamba-radix-cache-strategy", "no_buffer"]
+    else:  # radix off: SGLang sizes the mamba pool (and the per-draft buffer) from --max-running-requests
+        running = ["--max-running-requests", str(args.equal_memory[variant]["max_running"]), "--disable-radix-cache"]
+    flags = ["--mem-fraction-static", str(args.spec_mem_fraction), *running,
              *_spec_flags(draft_dir, args.draft_tokens, args.draft)]
     if variant == "stock_spec":
         return ["--ssm-backend", "default", *flags, *extra]
     return ["--ssm-backend", "replay", "--replayssm-window", str(args.window),
             "--replayssm-verify", args.replay_verify, *flags, *extra, *shlex.split(args.replay_args)]
+
+
+# ----------------------------------------------------------------------------- --radix off-equal-memory
+
+#: SGLang's config classes of the hybrids ReplaySSM serves, by family (as ``hooks/pool.replay_family``)
+_CONFIG_FAMILY = {
+    "NemotronHConfig": "mamba2", "NemotronHPuzzleConfig": "mamba2", "FalconH1Config": "mamba2",
+    "GraniteMoeHybridConfig": "mamba2", "Qwen3NextConfig": "gdn", "Qwen3_5TextConfig": "gdn",
+    "Qwen3_5MoeTextConfig": "gdn",
+}
+
+
+def _cache_params(target_cfg: dict, conv_dtype: str = "bfloat16"):
+    """SGLang's ``mamba2_cache_params`` of a model config (one rank, no TP) and the model's family.
+
+    The config class is SGLang's own for the ``model_type`` (``sglang.srt.configs``); the state dtypes
+    come from SGLang's ``mamba2_state_dtype`` with the servers' ``SGLANG_MAMBA_CONV_DTYPE`` (and whatever
+    ``SGLANG_MAMBA_SSM_DTYPE`` the environment has: the servers inherit it).  CPU only, no server.
+    """
+    import sglang.srt.configs as configs
+    from sglang.srt.runtime_context import get_parallel
+
+    mt = target_cfg.get("model_type")
+    cls = next((c for name, c in vars(configs).items() if name in _CONFIG_FAMILY and isinstance(c, type)
+                and getattr(c, "model_type", None) == mt), None)
+    if cls is None:
+        raise ValueError(f"--radix off-equal-memory: expected a model_type of {sorted(_CONFIG_FAMILY)} "
+                         f"(SGLang's hybrid configs ReplaySSM serves), got {mt!r}")
+    saved = os.environ.get("SGLANG_MAMBA_CONV_DTYPE")
+    os.environ["SGLANG_MAMBA_CONV_DTYPE"] = conv_dtype
+    try:
+        with get_parallel().override(attn_tp_size=1):
+            params = cls(**target_cfg).mamba2_cache_params
+    finally:
+        if saved is None:
+            os.environ.pop("SGLANG_MAMBA_CONV_DTYPE", None)
+        else:
+            os.environ["SGLANG_MAMBA_CONV_DTYPE"] = saved
+    return params, _CONFIG_FAMILY[cls.__name__]
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= int(x)
+    return n
+
+
+def mamba_row_bytes(target_cfg: dict, *, draft_tokens: int, window: int, read_dtype: str = "same",
+                    eagle_topk: int = 1, act_dtype: str = "bfloat16") -> dict:
+    """Mamba-state bytes of one pool row (one running request) of each spec server, radix cache off.
+
+    With the radix cache off and ``--max-running-requests M`` (SGLang 0.5.17, speculative decoding)
+    every per-request buffer has ``M + 1`` rows (the pool's padding row included): the checkpoint and
+    conv state (``mamba_cache_per_req``: ``p``), SGLang's per-draft SSM states ``intermediate_ssm``
+    (``T`` checkpoints per row) and per-draft conv windows (``intermediate_conv_window``, the
+    deduplicated ``[conv_dim, T + K - 2]`` layout for CUDA linear drafts), and, on the replay server,
+    the rings and cursors (``sizing.ring_spec`` with ``R = max(L, T) + T`` rows, plus a read copy,
+    ``pool.read_copy_bytes_per_slot``: what ``hooks/pool.ring_bytes_per_slot`` charges).  With
+    ``--replayssm-verify replay`` the replay pool releases ``intermediate_ssm`` right after SGLang
+    allocated it (``pool._drop_per_draft_ssm``), so it holds no per-draft states; the allocation is
+    still made at start-up (``startup_row``).
+
+    Returns
+    -------
+    dict
+        ``{"family", "layers", "state_conv", "per_draft_ssm", "per_draft_conv", "ring", "stock_spec",
+        "replay_spec", "replay_startup"}``: the parts and the bytes of one row of each server (all in
+        bytes), and of the replay server's row while SGLang's per-draft buffer still exists.
+    """
+    import torch
+
+    from sglang_replayssm.config import ReplaySSMConfig
+    from sglang_replayssm.pool import read_copy_bytes_per_slot
+    from sglang_replayssm.sizing import ring_spec
+
+    params, family = _cache_params(target_cfg)
+    shape, dtypes, layers = params.shape, params.dtype, len(params.layers)
+    temporal = _prod(shape.temporal) * dtypes.temporal.itemsize * layers
+    win = shape.conv_kernel - 1
+    dedup = not shape.disable_conv_window_dedup and eagle_topk <= 1  # memory_pool.conv_window_dedup_enabled
+    conv_windows = 0
+    for conv in shape.conv:
+        per = _prod(conv) // win * (draft_tokens + win - 1) if dedup else draft_tokens * _prod(conv)
+        conv_windows += per * dtypes.conv.itemsize * layers
+    ring = ring_spec(family=family, temporal_shape=tuple(shape.temporal), conv_dim=shape.conv[0][0],
+                     num_k_heads=shape.num_k_heads_per_tp, num_layers=layers, window=window,
+                     act_dtype=getattr(torch, act_dtype), spec_tokens=draft_tokens).bytes_per_slot
+    ring += read_copy_bytes_per_slot(tuple(shape.temporal), layers,
+                                     ReplaySSMConfig(backend="replay", read_dtype=read_dtype).read_torch_dtype())
+    p = int(params.mamba_cache_per_req)
+    per_draft = draft_tokens * temporal
+    return {"family": family, "layers": layers, "state_conv": p, "per_draft_ssm": per_draft,
+            "per_draft_conv": conv_windows, "ring": ring,
+            "stock_spec": p + per_draft + conv_windows, "replay_spec": p + conv_windows + ring,
+            "replay_startup": p + per_draft + conv_windows}
+
+
+def _replay_read_dtype(replay_args: str) -> str:
+    """``--replayssm-read-dtype`` of ``--replay-args`` (``same`` when absent)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--replayssm-read-dtype", default="same")
+    return p.parse_known_args(shlex.split(replay_args))[0].replayssm_read_dtype
+
+
+def equal_memory_plan(args: argparse.Namespace, target_cfg: dict | None = None) -> dict:
+    """``--radix off-equal-memory``: each spec server's ``--max-running-requests`` for equal mamba bytes.
+
+    Each server gets the most requests whose rows fit in ``B = --equal-mamba-gib``:
+    ``M = floor(B / row) - 1`` (``M + 1`` rows, ``mamba_row_bytes``), so both hold at most ``B`` and
+    at least ``B - row``: equal within one row of the larger (stock spec's).
+
+    Raises
+    ------
+    ValueError
+        For a combination that cannot be equal memory or cannot start: ``--replay-verify`` other than
+        ``replay`` (``auto`` / ``snapshot`` keep SGLang's per-draft buffer, ``pool._drop_per_draft_ssm``,
+        so the replay server would pay ``T`` states per request *and* the rings: the mode would
+        measure the ring's cost, not the gain), a flag of ``EQUAL_MEMORY_FIXED_FLAGS`` in
+        ``--server-args`` / ``--replay-args``, a budget below one request of stock spec, or a model
+        SGLang does not size as a hybrid.
+    """
+    if args.replay_verify != "replay":
+        raise ValueError(
+            f"--radix off-equal-memory: expected --replay-verify replay, got {args.replay_verify!r}: with auto or "
+            "snapshot the replay server keeps SGLang's per-draft SSM buffer (T states per request, for the snapshot "
+            "fallback) beside its rings, so it holds more bytes per request than stock spec and the mode would "
+            "measure the rings' cost, not what dropping the per-draft states buys")
+    fixed = [t for t in shlex.split(args.server_args) + shlex.split(args.replay_args)
+             if t.split("=", 1)[0] in EQUAL_MEMORY_FIXED_FLAGS]
+    if fixed:
+        raise ValueError(f"--radix off-equal-memory: expected none of {fixed} in --server-args / --replay-args "
+                         "(the equal-memory arithmetic sets or assumes them)")
+    if target_cfg is None:
+        target_cfg = json.loads((ab.ROOT / "tests" / "models" / args.model / "config.json").read_text())
+    rows = mamba_row_bytes(target_cfg, draft_tokens=args.draft_tokens, window=args.window,
+                           read_dtype=_replay_read_dtype(args.replay_args))
+    budget = int(args.equal_mamba_gib * (1 << 30))
+    plan: dict = {"budget_gib": args.equal_mamba_gib, "budget_bytes": budget, "row_bytes": rows}
+    for v in SPEC_VARIANTS:
+        m = budget // rows[v] - 1
+        if m < 1:
+            raise ValueError(f"--equal-mamba-gib: expected room for one {v} request ({2 * rows[v] / (1 << 30):.3f} "
+                             f"GiB with the padding row), got {args.equal_mamba_gib} GiB")
+        plan[v] = {"max_running": m, "bytes_per_request": rows[v], "bytes": (m + 1) * rows[v],
+                   "gib": round((m + 1) * rows[v] / (1 << 30), 4)}
+    plan["ratio"] = round(plan["replay_spec"]["max_running"] / plan["stock_spec"]["max_running"], 4)
+    plan["bytes_diff"] = plan["stock_spec"]["bytes"] - plan["replay_spec"]["bytes"]
+    m_r = plan["replay_spec"]["max_running"]
+    plan["replay_startup_peak_bytes"] = (m_r + 1) * rows["replay_startup"]
+    plan["replay_startup_peak_gib"] = round(plan["replay_startup_peak_bytes"] / (1 << 30), 3)
+    return plan
+
+
+def startup_fit(plan: dict, free_bytes: int | None, weights_bytes: int) -> dict:
+    """Whether the replay server's start-up peak fits: ``replay_startup_peak + weights + STARTUP_HEADROOM_GIB``
+    against the GPU's free bytes (``fits`` None when unknown), and the largest ``--equal-mamba-gib``
+    that would (the budget scales the peak by ``replay_startup / replay_spec`` row bytes)."""
+    gib = 1 << 30
+    need = plan["replay_startup_peak_bytes"] + weights_bytes + STARTUP_HEADROOM_GIB * gib
+    rows = plan["row_bytes"]
+    room = None if free_bytes is None else free_bytes - weights_bytes - STARTUP_HEADROOM_GIB * gib
+    return {"need_gib": round(need / gib, 3), "free_gib": None if free_bytes is None else round(free_bytes / gib, 3),
+            "weights_gib": round(weights_bytes / gib, 3), "fits": None if free_bytes is None else need <= free_bytes,
+            "max_budget_gib": None if room is None else
+            round(max(room, 0) / rows["replay_startup"] * rows["replay_spec"] / gib, 2)}
+
+
+def _gpu_free_bytes(gpu: str) -> int | None:
+    """Free memory of one GPU (an id of ``CUDA_VISIBLE_DEVICES``) by ``nvidia-smi``; None without a reading."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", gpu],
+                           capture_output=True, text=True, timeout=20)
+        return int(r.stdout.split()[0]) << 20 if r.returncode == 0 and r.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def logged_mamba_gib(m: dict) -> float | None:
+    """Mamba-state GiB a server logged at start (``parse_memory_log``): checkpoint + conv state, the
+    per-draft buffers SGLang allocated (the SSM one unless the plug-in released it), rings, read copy."""
+    if m.get("state_gb") is None or m.get("conv_gb") is None:
+        return None
+    total = m["state_gb"] + m["conv_gb"] + (m.get("per_draft_conv_gb") or 0.0)
+    if m.get("per_draft_released_gb") is None:
+        total += m.get("per_draft_gb") or 0.0
+    return round(total + (m.get("ring_gb") or 0.0) + (m.get("read_copy_gb") or 0.0), 4)
+
+
+def equal_memory_check(plan: dict | None, memory: dict) -> dict | None:
+    """The equal-memory claim checked against the servers' own pool lines.
+
+    Per spec server: the logged mamba GiB (``logged_mamba_gib``) vs the plan's, within
+    ``LOGGED_GIB_TOL`` (the lines' rounding); the logged mamba slots and ``max_running_requests`` vs
+    the plan's ``--max-running-requests``.  ``equal``: the two logged totals differ by at most one
+    stock-spec row (+ the tolerance); None when either server's lines are missing.  ``ratio``: the
+    logged ``max_running_requests`` of replay spec over stock spec's.
+    """
+    if plan is None:
+        return None
+    gib = 1 << 30
+    out: dict = {}
+    for v in SPEC_VARIANTS:
+        m = memory.get(v) or {}
+        logged = logged_mamba_gib(m)
+        want = plan[v]["max_running"]
+        out[v] = {
+            "logged_gib": logged, "planned_gib": plan[v]["gib"],
+            "gib_matches_plan": None if logged is None else abs(logged - plan[v]["gib"]) <= LOGGED_GIB_TOL,
+            "logged_slots": m.get("mamba_slots"), "logged_max_running": m.get("max_running_requests"),
+            "slots_match_plan": None if m.get("mamba_slots") is None else m["mamba_slots"] == want,
+            "max_running_matches_plan": (None if m.get("max_running_requests") is None
+                                         else m["max_running_requests"] == want),
+        }
+    a, b = out["stock_spec"]["logged_gib"], out["replay_spec"]["logged_gib"]
+    row = plan["row_bytes"]["stock_spec"] / gib
+    out["logged_diff_gib"] = None if None in (a, b) else round(a - b, 4)
+    out["equal"] = None if None in (a, b) else abs(a - b) <= row + LOGGED_GIB_TOL
+    s, r = out["stock_spec"]["logged_max_running"], out["replay_spec"]["logged_max_running"]
+    out["ratio"] = round(r / s, 4) if s and r is not None else None
+    return out
 
 
 # ----------------------------------------------------------------------------- --draft oracle
@@ -567,6 +872,7 @@ _MEMORY_RX = {
     "state_bytes_per_slot": (r"ReplaySSM memory: .*?\(state (\d+) B per slot\)", int),
     "replay_slots_before": (r"ReplaySSM memory: .*?max_mamba_cache_size (\d+) -> \d+", int),
     "per_draft_released_gb": (r"released SGLang's per-draft SSM buffer intermediate_ssm \(([\d.]+)GB\)", float),
+    "read_copy_gb": (r"ReplaySSM read copy is allocated\..*?size: ([\d.]+)GB", float),
     "capped_by_mamba_to": (r"max_running_requests is capped to (\d+) by the mamba state cache", int),
 }
 
@@ -574,16 +880,18 @@ _MEMORY_RX = {
 def parse_memory_log(text: str) -> dict:
     """Pool sizes a server logged at start (first occurrence each: the target's, before the draft's).
 
-    Returns every key of ``_MEMORY_RX`` (None when absent) plus ``max_running_requests`` (the
-    scheduler's start-up summary, the last one) and ``per_draft_gb_per_request``: SGLang's per-draft
-    buffers (SSM states + conv windows) over their ``max_running_requests + 1`` rows.
+    Returns every key of ``_MEMORY_RX`` (None when absent) plus ``max_running_requests`` and
+    ``max_total_num_tokens`` (the scheduler's start-up summary, the last one) and
+    ``per_draft_gb_per_request``: SGLang's per-draft buffers (SSM states + conv windows) over their
+    ``max_running_requests + 1`` rows.
     """
     out: dict = {}
     for key, (rx, cast) in _MEMORY_RX.items():
         m = re.search(rx, text)
         out[key] = cast(m.group(1)) if m else None
-    runs = re.findall(r"max_total_num_tokens=\d+.*?max_running_requests=(\d+)", text)
-    out["max_running_requests"] = int(runs[-1]) if runs else None
+    runs = re.findall(r"max_total_num_tokens=(\d+).*?max_running_requests=(\d+)", text)
+    out["max_running_requests"] = int(runs[-1][1]) if runs else None
+    out["max_total_num_tokens"] = int(runs[-1][0]) if runs else None
     drafts = [out[k] for k in ("per_draft_gb", "per_draft_conv_gb") if out[k] is not None]
     rows = out["max_running_requests"]
     out["per_draft_gb_per_request"] = round(sum(drafts) / (rows + 1), 4) if drafts and rows else None
@@ -607,6 +915,110 @@ def parse_heuristic_log(text: str) -> list[dict]:
         row.update({k: float(d[k]) for k in d if k.startswith(("snapshot_", "replay_"))})
         found[row["bs"], row["T"]] = row
     return [found[k] for k in sorted(found)]
+
+
+#: bench_serving 0.5.17's printed result block (``benchmark``): header, ``{label:<40} {value}`` lines, a
+#: closing line of 50 ``=``; the labels this harness reads, by result key (as its ``--output-file`` line)
+_RESULT_HEADER = "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")
+_RESULT_LABELS = {
+    "Max request concurrency:": "max_concurrency", "Successful requests:": "completed",
+    "Benchmark duration (s):": "duration", "Total input tokens:": "total_input_tokens",
+    "Total generated tokens:": "total_output_tokens", "Request throughput (req/s):": "request_throughput",
+    "Input token throughput (tok/s):": "input_throughput", "Output token throughput (tok/s):": "output_throughput",
+    "Peak output token throughput (tok/s):": "max_output_tokens_per_s",
+    "Peak concurrent requests:": "max_concurrent_requests", "Total token throughput (tok/s):": "total_throughput",
+    "Concurrency:": "concurrency", "Accept length:": "accept_length",
+    **{f"{stat} {name} ({unit}):": f"{stat.lower()}_{key}_ms"
+       for name, key, unit in (("E2E Latency", "e2e_latency", "ms"), ("TTFT", "ttft", "ms"),
+                               ("TPOT", "tpot", "ms"), ("ITL", "itl", "ms"))
+       for stat in ("Mean", "Median", "P90", "P95", "P99")},
+}
+
+
+def parse_bench_stdout(text: str) -> dict | None:
+    """bench_serving's printed result block (the last complete one) as its output-file keys, or None.
+
+    A block is complete once its closing line of 50 ``=`` is out.  Values that are not numbers (``Max
+    request concurrency: not set``) are kept as text; ``accept_length`` is None when not printed (as
+    bench_serving writes it without speculation).  None without a complete block or without
+    ``Successful requests``.
+    """
+    lines = text.splitlines()
+    starts = [i for i, ln in enumerate(lines) if ln.strip() == _RESULT_HEADER]
+    for start in reversed(starts):
+        end = next((j for j in range(start + 1, len(lines)) if lines[j].strip() == "=" * 50), None)
+        if end is None:
+            continue
+        out: dict = {"accept_length": None}
+        for ln in lines[start + 1:end]:
+            for label, key in _RESULT_LABELS.items():
+                if ln.startswith(label):
+                    value = ln[len(label):].strip()
+                    try:
+                        out[key] = int(value) if re.fullmatch(r"-?\d+", value) else float(value)
+                    except ValueError:
+                        out[key] = value
+                    break
+        if "completed" in out:
+            return out
+    return None
+
+
+@dataclasses.dataclass
+class BenchRun:
+    """One bench_serving process: how it ended, what it printed, its result and where it came from.
+
+    ``rc``: the exit status, ``"timeout"`` (killed at the limit) or ``"killed after its result"`` (its
+    result was out, then it did not exit within ``BENCH_EXIT_GRACE_S``); ``source``: ``"output file"``,
+    ``"stdout"`` (only the printed block) or None (no result).
+    """
+
+    rc: int | str
+    text: str
+    result: dict | None
+    source: str | None
+
+
+def run_bench_serving(cmd: Sequence[str], ofile: Path, *, env: dict, cwd: Path, timeout: float,
+                      exit_grace: float = BENCH_EXIT_GRACE_S, poll: float = 0.5) -> BenchRun:
+    """Run bench_serving until it exits, or until ``exit_grace`` s after its result is out, or ``timeout``.
+
+    Its result is out once ``ofile`` has a result line (bench_serving appends it last) or its stdout a
+    complete result block (``parse_bench_stdout``: printed before the output file, and before one more
+    ``/server_info`` request without a timeout).  A process still alive then is killed; the result is
+    taken from the output file, else from the printed block.  Stdout goes to ``<ofile>.stdout``.
+    """
+    out_path = Path(f"{ofile}.stdout")
+    end = time.monotonic() + max(timeout, 1.0)
+    out_since = None
+    with open(out_path, "w") as fh:
+        proc = subprocess.Popen(list(cmd), stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        try:
+            while True:
+                rc = proc.poll()
+                if rc is not None:
+                    break
+                now = time.monotonic()
+                if out_since is None and (ab.read_bench_jsonl(ofile) is not None
+                                          or parse_bench_stdout(out_path.read_text(errors="replace")) is not None):
+                    out_since = now
+                if out_since is not None and now - out_since >= exit_grace:
+                    rc = "killed after its result"
+                    break
+                if now >= end:
+                    rc = "timeout"
+                    break
+                time.sleep(poll)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
+    text = out_path.read_text(errors="replace")
+    res, source = ab.read_bench_jsonl(ofile), "output file"
+    if res is None:
+        res, source = parse_bench_stdout(text), "stdout"
+    return BenchRun(rc=rc, text=text, result=res, source=source if res is not None else None)
 
 
 # ----------------------------------------------------------------------------- report
@@ -667,12 +1079,73 @@ def _memory_rows(memory: dict, meta: dict) -> list[str]:
             f"| {ab._fmt(state, '.2f')} | {per_draft} | {ab._fmt(m.get('ring_gb'), '.3f')} "
             f"| {ab._fmt(m.get('avail_after_pools_gb'), '.2f')} "
             f"| {ab._fmt(ab._ratio(mrr, base) if v in SPEC_VARIANTS else None, '.2f')} |")
-    return lines + [
+    if meta.get("radix") == "off-equal-memory":
+        note = ("Spec servers: radix cache off, --max-running-requests from equal mamba-state bytes (above): "
+                "max_running_requests is the plan's, the pool lines say what each allocated. free after pools: "
+                "the replay server's may still count the per-draft buffer the plug-in released (PyTorch keeps "
+                "freed blocks cached), so the pool lines, not this column, check the equal memory.")
+    else:
+        note = ("Spec servers: each alone on its GPU while it sized its pools, radix cache on (no_buffer), "
+                f"--max-running-requests {SPEC_MAX_RUNNING_REQUESTS}: max_running_requests is SGLang's derivation "
+                "(mamba slots // 3).")
+    return lines + ["", f"{note} stock_nospec: explicit (radix off, one slot per request), not a memory figure."]
+
+
+def _equal_memory_rows(meta: dict, memory: dict) -> list[str]:
+    """--radix off-equal-memory: the arithmetic per request, the chosen limits, and the servers' pool lines."""
+    plan = meta.get("equal_memory")
+    if not plan:
+        return []
+    check = equal_memory_check(plan, memory)
+    mib, gib = float(1 << 20), float(1 << 30)
+    rows = plan["row_bytes"]
+    lines = [
+        f"Radix cache off, each spec server sized for {plan['budget_gib']:g} GiB of mamba state: "
+        "--max-running-requests M = the most requests whose M + 1 rows (SGLang's padding row included) fit. "
+        "Bytes per row by arithmetic (SGLang's cache params of the model config, the plug-in's ring sizing); "
+        "logged: the servers' own pool lines (state + conv + per-draft buffers kept + rings).",
         "",
-        "Spec servers: each alone on its GPU while it sized its pools, radix cache on (no_buffer), "
-        f"--max-running-requests {SPEC_MAX_RUNNING_REQUESTS}: max_running_requests is SGLang's derivation "
-        "(mamba slots // 3). stock_nospec: explicit (radix off, one slot per request), not a memory figure.",
+        "| variant | state + conv MiB | per-draft SSM MiB | per-draft conv MiB | ring MiB | MiB per request "
+        "| --max-running-requests | planned GiB | logged GiB | logged slots | logged max_running_requests "
+        "| KV tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    for v in SPEC_VARIANTS:
+        c = check[v]
+        draft = rows["per_draft_ssm"] if v == "stock_spec" else 0
+        ring = rows["ring"] if v == "replay_spec" else 0
+        lines.append(
+            f"| {v} | {rows['state_conv'] / mib:.2f} | {draft / mib:.2f} | {rows['per_draft_conv'] / mib:.2f} "
+            f"| {ring / mib:.2f} | {rows[v] / mib:.2f} | {plan[v]['max_running']} | {plan[v]['gib']:.3f} "
+            f"| {ab._fmt(c['logged_gib'], '.3f')} | {ab._fmt(c['logged_slots'], 'd')} "
+            f"| {ab._fmt(c['logged_max_running'], 'd')} "
+            f"| {ab._fmt((memory.get(v) or {}).get('max_total_num_tokens'), 'd')} |")
+    equal = {None: "not measured", True: "equal", False: "NOT equal"}[check["equal"]]
+    lines += [
+        "",
+        f"Max running requests by arithmetic: {plan['replay_spec']['max_running']} / "
+        f"{plan['stock_spec']['max_running']} = {plan['ratio']:.2f}x (not a measurement); from the logs: "
+        f"{ab._fmt(check['ratio'], '.2f')}x.",
+        f"Equal memory from the logs: stock_spec {ab._fmt(check['stock_spec']['logged_gib'], '.3f')} GiB vs "
+        f"replay_spec {ab._fmt(check['replay_spec']['logged_gib'], '.3f')} GiB (difference "
+        f"{ab._fmt(check['logged_diff_gib'], '+.3f')}; one stock_spec request is {rows['stock_spec'] / gib:.3f} "
+        f"GiB): {equal}.",
+    ]
+    for v in SPEC_VARIANTS:
+        c = check[v]
+        off = [what for what, ok in (("mamba GiB", c["gib_matches_plan"]), ("mamba slots", c["slots_match_plan"]),
+                                     ("max_running_requests", c["max_running_matches_plan"])) if ok is False]
+        if off:
+            lines.append(f"{v}: logged {', '.join(off)} differ from the plan (see its server log).")
+    fit = plan.get("replay_startup_check") or {}
+    checked = ("not checked" if fit.get("free_gib") is None else
+               f"with the weights and {STARTUP_HEADROOM_GIB:g} GiB headroom {fit['need_gib']:.1f} GiB vs "
+               f"{fit['free_gib']:.1f} GiB free on its GPU before the servers started")
+    lines.append(
+        f"Replay start-up peak: {plan['replay_startup_peak_gib']:.1f} GiB (SGLang allocates the per-draft SSM "
+        f"buffer for all {plan['replay_spec']['max_running'] + 1} rows; the plug-in releases it before the KV "
+        f"pool); {checked}.")
+    return lines
 
 
 def _heuristic_rows(decisions: list[dict], max_running: int | None) -> list[str]:
@@ -727,7 +1200,7 @@ def _verdict(x: float | None, goal: float) -> str:
     return "not measured" if x is None else ("met" if x >= goal else "MISSED")
 
 
-def _target_lines(runs: dict, memory: dict) -> list[str]:
+def _target_lines(runs: dict, memory: dict, plan: dict | None = None) -> list[str]:
     lines = []
     for c in THROUGHPUT_TARGET_CONCURRENCY:
         r = runs.get(c) or {}
@@ -741,8 +1214,13 @@ def _target_lines(runs: dict, memory: dict) -> list[str]:
                      f"{ab._fmt(pa, '.3f')}: {equal}")
     mx = ab._ratio((memory.get("replay_spec") or {}).get("max_running_requests"),
                    (memory.get("stock_spec") or {}).get("max_running_requests"))
+    how = "radix cache on"
+    if plan is not None:
+        equal = (equal_memory_check(plan, memory) or {}).get("equal")
+        how = ("radix cache off, equal memory by the pool lines: "
+               + {None: "not measured", True: "equal", False: "NOT equal"}[equal])
     lines.append(f"target: replay spec / stock spec max running requests at equal memory >= "
-                 f"{MAX_RUNNING_X_MIN:.2f}: {ab._fmt(mx, '.2f')} {_verdict(mx, MAX_RUNNING_X_MIN)}")
+                 f"{MAX_RUNNING_X_MIN:.2f}: {ab._fmt(mx, '.2f')} {_verdict(mx, MAX_RUNNING_X_MIN)} ({how})")
     r1 = runs.get(1) or {}
     best = max((v for v in ((r1.get(k) or {}).get("output_throughput") for k in ("stock_spec", "stock_nospec"))
                 if v is not None), default=None)
@@ -768,7 +1246,9 @@ def build_report(runs: dict, memory: dict, decisions: list[dict], meta: dict) ->
         Run description: ``model``, ``family``, ``commit``, ``date``, ``gpu``, ``input_len``,
         ``output_len``, ``draft_tokens``, ``window``, ``replay_verify``, ``gpu_of``, ``mem_fraction``,
         ``flags``, ``warnings``; with ``draft`` ``"oracle"``: ``wrong_rate`` and ``oracle``
-        (``expected_accept_len`` per concurrency, ``geometric_accept_len``, ``reference_check``).
+        (``expected_accept_len`` per concurrency, ``geometric_accept_len``, ``reference_check``); with
+        ``radix`` ``"off-equal-memory"``: ``equal_memory`` (``equal_memory_plan``, plus
+        ``replay_startup_check``).
     """
     t = meta.get("draft_tokens")
     oracle = meta.get("draft") == "oracle"
@@ -779,6 +1259,8 @@ def build_report(runs: dict, memory: dict, decisions: list[dict], meta: dict) ->
         "Acceptance: the draft has random (dummy) weights, so nearly every draft token is rejected and the "
         "accept length is ~1 (the bonus token): speculation cannot pay at that acceptance, and the spec servers "
         "are expected to be slower than stock without spec."]
+    radix = ("radix cache off, equal mamba-state memory" if meta.get("radix") == "off-equal-memory"
+             else "radix cache on (no_buffer)")
     lines = [
         f"### Speculative serving (T={t}): {meta.get('model')} ({meta.get('family')}), stock spec vs replay spec "
         "vs stock without spec",
@@ -786,8 +1268,9 @@ def build_report(runs: dict, memory: dict, decisions: list[dict], meta: dict) ->
         f"commit `{meta.get('commit')}`, {meta.get('date')}, {meta.get('gpu') or '—'}; bench_serving random-ids, "
         f"input {meta.get('input_len')}, output {meta.get('output_len')}, range ratio 1.0; {drafter}, "
         f"{t} draft tokens; replay "
-        f"--replayssm-window {meta.get('window')} --replayssm-verify {meta.get('replay_verify')}; server flags "
-        f"in results.json.",
+        f"--replayssm-window {meta.get('window')} --replayssm-verify {meta.get('replay_verify')}; spec servers: "
+        f"{radix}; "
+        "server flags in results.json.",
         "",
         *_throughput_rows(runs),
         "",
@@ -795,13 +1278,15 @@ def build_report(runs: dict, memory: dict, decisions: list[dict], meta: dict) ->
         "",
         "#### Max running requests at equal memory",
         "",
+        *_equal_memory_rows(meta, memory),
+        *([""] if meta.get("equal_memory") else []),
         *_memory_rows(memory, meta),
         "",
         f"#### Verify path per bucket (replay spec, --replayssm-verify {meta.get('replay_verify')})",
         "",
         *_heuristic_rows(decisions, (memory.get("replay_spec") or {}).get("max_running_requests")),
         "",
-        *_target_lines(runs, memory),
+        *_target_lines(runs, memory, meta.get("equal_memory")),
     ]
     lines += [f"WARNING: {w}" for w in meta.get("warnings", [])]
     return "\n".join(lines) + "\n"
@@ -869,6 +1354,7 @@ class _Session:
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "input_len": a.input_len, "output_len": a.output_len, "draft_tokens": a.draft_tokens,
             "window": a.window, "replay_verify": a.replay_verify, "draft": a.draft, "wrong_rate": a.wrong_rate,
+            "radix": a.radix, "equal_memory": a.equal_memory,
             "gpu_of": {v: s.gpu for v, s in self.servers.items()},
             "mem_fraction": {v: a.nospec_mem_fraction if v == "stock_nospec" else a.spec_mem_fraction
                              for v in VARIANTS},
@@ -891,6 +1377,7 @@ class _Session:
         (self.out / "results.md").write_text(report)
         (self.out / "results.json").write_text(json.dumps(
             {"meta": self.meta, "timings_s": self.timings, "memory": self.memory, "verify_plan": self.decisions,
+             "equal_memory_check": equal_memory_check(self.meta.get("equal_memory"), self.memory),
              "runs": {str(c): r for c, r in self.runs.items()}, "model_config": self.target_cfg,
              "args": vars(self.args)}, indent=1, default=str))
         return report
@@ -967,6 +1454,32 @@ class _Session:
             if time.monotonic() > end:
                 raise TimeoutError(f"{s.name}: no {mark!r} in {timeout:.0f}s")
             time.sleep(1.0)
+
+    def check_startup_fits(self) -> None:
+        """--radix off-equal-memory: refuse (RuntimeError) a replay server whose start-up peak cannot fit its GPU.
+
+        SGLang allocates the per-draft SSM buffer for every row before the plug-in releases it, so the
+        replay server needs ``replay_startup_peak`` (~4.4x its mamba bytes on the Nano-4B shapes) beside
+        the weights for a moment; a run that fails there costs the whole cold start.  Free memory: the
+        replay GPU's ``nvidia-smi`` reading before any server starts (not checked without one).
+        """
+        plan = self.args.equal_memory
+        if plan is None:
+            return
+        weights = sum(f.stat().st_size for f in Path(self.args.model_dir).glob("*.safetensors"))
+        free = _gpu_free_bytes(self.servers["replay_spec"].gpu)
+        fit = startup_fit(plan, free, weights)
+        self.meta["equal_memory"] = {**plan, "replay_startup_check": fit}
+        if free is None:
+            self.warn("replay_spec's start-up peak not checked (no nvidia-smi reading of its GPU's free memory): "
+                      f"it needs {fit['need_gib']:.1f} GiB with the weights")
+        elif not fit["fits"]:
+            raise RuntimeError(
+                f"--equal-mamba-gib {plan['budget_gib']:g}: replay_spec's start-up peak (SGLang's per-draft buffer "
+                f"for {plan['replay_spec']['max_running'] + 1} rows before the plug-in releases it, "
+                f"{plan['replay_startup_peak_gib']:.1f} GiB) + weights + {STARTUP_HEADROOM_GIB:g} GiB = "
+                f"{fit['need_gib']:.1f} GiB > {fit['free_gib']:.1f} GiB free on GPU {self.servers['replay_spec'].gpu}; "
+                f"expected --equal-mamba-gib <= {fit['max_budget_gib']:.1f}")
 
     def start(self) -> None:
         """The spec servers at once, each alone on its GPU; stock without spec once stock spec sized its pools."""
@@ -1060,18 +1573,19 @@ class _Session:
                     SGLANG_PLUGINS="replayssm")
         log_from = s.log.stat().st_size if s.log.exists() else 0
         t = time.monotonic()
-        try:
-            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=benv,
-                               cwd=self.work, timeout=min(self.dl.left() - ab.TEARDOWN_RESERVE_S, BENCH_TIMEOUT_S))
-            rc, text = r.returncode, r.stdout or ""
-        except subprocess.TimeoutExpired as e:
-            rc, text = "timeout", e.output.decode(errors="replace") if isinstance(e.output, bytes) else e.output or ""
+        run = run_bench_serving(cmd, ofile, env=benv, cwd=self.work,
+                                timeout=min(self.dl.left() - ab.TEARDOWN_RESERVE_S, BENCH_TIMEOUT_S))
         self.timings[f"bench_{tag}"] = time.monotonic() - t
-        text = f"\n===== {tag}: {' '.join(cmd)}\n{text}"
-        res = ab.read_bench_jsonl(ofile)
-        if rc != 0 or res is None:
-            return {"error": f"bench_serving exit {rc}"}, text
+        text = f"\n===== {tag}: {' '.join(cmd)}\n{run.text}"
+        res = run.result
+        if res is None:
+            return {"error": f"bench_serving exit {run.rc}"}, text
+        if run.rc != 0:
+            self.warn(f"c={c} {s.name}: bench_serving exit {run.rc}, but its result was out: taken from its "
+                      f"{run.source} (see bench_stdout.log)")
         res = {k: v for k, v in res.items() if k != "server_info"}
+        if run.rc != 0:
+            res["bench_exit"] = {"rc": run.rc, "result_from": run.source}
         res["server_log_decode"] = parse_decode_log(ab._read_from(s.log, log_from))
         return res, text
 
@@ -1130,6 +1644,7 @@ def _run(session: _Session) -> None:
     """
     session.make_models()
     session.write_oracle()
+    session.check_startup_fits()
     session.start()
     session.prepare(SPEC_VARIANTS, SPEC_READY_RESERVE_S)
     session.prepare(("stock_nospec",), NOSPEC_READY_RESERVE_S)

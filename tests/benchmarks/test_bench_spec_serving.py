@@ -72,6 +72,17 @@ def test_defaults():
     ["--wrong-rate", "0.3"],
     ["--draft", "oracle", "--wrong-rate", "1.5"],
     ["--draft", "oracle", "--wrong-rate", "-0.1"],
+    ["--radix", "off"],
+    ["--equal-mamba-gib", "8"],  # only with --radix off-equal-memory
+    ["--radix", "off-equal-memory", "--replay-verify", "auto"],
+    ["--radix", "off-equal-memory", "--replay-verify", "snapshot"],
+    ["--radix", "off-equal-memory", "--equal-mamba-gib", "0"],
+    ["--radix", "off-equal-memory", "--equal-mamba-gib", "0.5"],  # not 2 rows of stock spec (0.39 GiB each)
+    ["--radix", "off-equal-memory", "--server-args", "--max-running-requests 8"],
+    ["--radix", "off-equal-memory", "--server-args", "--mamba-ssm-dtype bfloat16"],
+    ["--radix", "off-equal-memory", "--server-args", "--disable-radix-cache"],
+    ["--radix", "off-equal-memory", "--replay-args", "--replayssm-verify=auto"],
+    ["--radix", "off-equal-memory", "--replay-args", "--replayssm-window 8"],
 ])
 def test_bad_arguments(argv):
     with pytest.raises(SystemExit):
@@ -232,7 +243,8 @@ def test_log_anchors_exist_in_the_sources():
         sg / "managers" / "scheduler_components" / "metrics_reporter.py": [
             'f"Decode batch{iter_msg}, #running-req: {num_running_reqs}, ', "accept len: "],
         rs / "pool.py": ["ReplaySSM rings are allocated. ", "ring size: %.3fGB",
-                         "released SGLang's per-draft SSM buffer intermediate_ssm (%.3fGB)"],
+                         "released SGLang's per-draft SSM buffer intermediate_ssm (%.3fGB)",
+                         '"ReplaySSM read copy is allocated. read_state=%s %s%s, size: %.3fGB'],
         rs / "hooks" / "pool.py": ["ReplaySSM memory: %d B of ring (+ read copy) per mamba slot ",
                                    "(state %d B per slot); ",
                                    "max_mamba_cache_size %d -> %d "],
@@ -254,6 +266,7 @@ def test_parse_memory_log():
     assert r["max_running_requests"] == 56 and r["mamba_slots"] == 168 and r["replay_slots_before"] == 184
     assert (r["ring_bytes_per_slot"], r["state_bytes_per_slot"], r["ring_gb"]) == (7472648, 83800064, 1.176)
     assert r["per_draft_released_gb"] == 17.46 and r["capped_by_mamba_to"] is None
+    assert s["max_total_num_tokens"] == 370688 and s["read_copy_gb"] is None
     n = bs.parse_memory_log(MEMORY_LOG_NOSPEC)
     assert n["max_running_requests"] == 512 and n["per_draft_gb"] is None and n["per_draft_gb_per_request"] is None
     assert bs.parse_memory_log("")["max_running_requests"] is None
@@ -392,12 +405,13 @@ def _bench_line(tag: str, c: int, n: int, tput: float) -> dict:
             "server_info": {"big": "blob"}}
 
 
-def _fake_world(monkeypatch, tmp_path: Path, fail: str | None = None, stock_rings: bool = False) -> dict:
+def _fake_world(monkeypatch, tmp_path: Path, fail: str | None = None, stock_rings: bool = False,
+                server_logs: dict | None = None, slow_exit: str | None = None) -> dict:
     """Fake servers (logs in 0.5.17's formats), readiness, warm-up and bench_serving; returns what they saw.
 
-    ``fail``: the server that does not start; ``stock_rings``: stock spec's log shows ReplaySSM rings."""
-    import subprocess
-
+    ``fail``: the server that does not start; ``stock_rings``: stock spec's log shows ReplaySSM rings;
+    ``server_logs``: start-up logs instead of the ``MEMORY_LOG_*`` ones; ``slow_exit``: the run (tag) whose
+    bench_serving printed its result block, wrote no output file and was killed after it."""
     seen: dict = {"launch": [], "bench": [], "stopped": [], "warmup": []}
     lock = threading.Lock()
     logs: dict[int, Path] = {}
@@ -422,6 +436,7 @@ def _fake_world(monkeypatch, tmp_path: Path, fail: str | None = None, stock_ring
     plan = "".join(f"[t] {_decision(b, 'replay', 'measured', 'r', 9.0, 3.0).log_line()}\n" for b in (1, 64))
     start_logs = {"stock_spec": MEMORY_LOG_STOCK_SPEC + (rings if stock_rings else ""),
                   "replay_spec": MEMORY_LOG_REPLAY_SPEC + plan + rings, "stock_nospec": MEMORY_LOG_NOSPEC}
+    start_logs.update(server_logs or {})
 
     def launch(model, vargs, log, *, port, env, base_flags):
         name = log.stem.removeprefix("server_")
@@ -434,11 +449,9 @@ def _fake_world(monkeypatch, tmp_path: Path, fail: str | None = None, stock_ring
         return _FakeProc()
 
     monkeypatch.setattr(ab.srv, "launch", launch)
-    real_run = subprocess.run
 
-    def fake_run(cmd, *a, **k):
-        if cmd[1:3] != ["-m", "sglang.bench_serving"]:
-            return real_run(cmd, *a, **k)
+    def fake_run(cmd, ofile, *, env, cwd, timeout, **k):
+        assert cmd[1:3] == ["-m", "sglang.bench_serving"] and Path(ofile).parent == Path(cwd)
         kv = dict(zip(cmd, cmd[1:]))
         c, n = int(kv["--max-concurrency"]), int(kv["--num-prompts"])
         spec = kv["--tag"].startswith(("stock_spec", "replay_spec"))
@@ -447,10 +460,15 @@ def _fake_world(monkeypatch, tmp_path: Path, fail: str | None = None, stock_ring
         with open(logs[int(kv["--port"])], "a") as fh:  # this run's decode lines
             fh.write(_decode_line(c, 1.0 if spec else None) * 2)
         tput = {"stock_spec": 100.0, "replay_spec": 180.0, "stock_nospec": 300.0}[kv["--tag"].split("-")[0]] * c
+        if kv["--tag"] == slow_exit:
+            block = _result_block(c, n, tput)
+            return bs.BenchRun(rc="killed after its result", text=block, result=bs.parse_bench_stdout(block),
+                               source="stdout")
         Path(kv["--output-file"]).write_text(json.dumps(_bench_line(kv["--tag"], c, n, tput)) + "\n")
-        return subprocess.CompletedProcess(cmd, 0, stdout=f"bench {kv['--tag']}\n")
+        return bs.BenchRun(rc=0, text=f"bench {kv['--tag']}\n", result=ab.read_bench_jsonl(ofile),
+                           source="output file")
 
-    monkeypatch.setattr(bs.subprocess, "run", fake_run)
+    monkeypatch.setattr(bs, "run_bench_serving", fake_run)
     return seen
 
 
@@ -738,3 +756,345 @@ def test_oracle_mode_on_a_cpu_server(tmp_path: Path):
     want = bs._oracle_module().expected_accept_length(served, vocab, a.draft_tokens, a.output_len)
     print(f"accept length: server {res['accept_length']}, expected {want:.3f} (run alone {expected[c]})")
     assert abs(res["accept_length"] - want) < 0.1
+
+
+# ----------------------------------------------------------------------------- bench_serving's exit
+
+
+def _result_block(c: int, n: int, tput: float, accept: float | None = 2.71) -> str:
+    """bench_serving 0.5.17's printed result block, in its own format strings (``benchmark``)."""
+    row = "{:<40} {:<10}".format
+    rowf = "{:<40} {:<10.2f}".format
+    lines = ["\n{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="), row("Backend:", "sglang"),
+             row("Traffic request rate:", "inf"), row("Max request concurrency:", c), row("Successful requests:", n),
+             rowf("Benchmark duration (s):", 9.87), row("Total input tokens:", 512 * n),
+             row("Total input text tokens:", 512 * n), row("Total generated tokens:", 128 * n),
+             row("Total generated tokens (retokenized):", 128 * n), rowf("Request throughput (req/s):", 25.93),
+             rowf("Input token throughput (tok/s):", 13277.0), rowf("Output token throughput (tok/s):", tput),
+             rowf("Peak output token throughput (tok/s):", 9100.0), row("Peak concurrent requests:", c),
+             rowf("Total token throughput (tok/s):", 16596.25), rowf("Concurrency:", 250.1)]
+    if accept:
+        lines.append(rowf("Accept length:", accept))
+    lines.append("{s:{c}^{n}}".format(s="End-to-End Latency", n=50, c="-"))
+    for name, base in (("E2E Latency", 5000.0), ("TTFT", 1790.0), ("TPOT", 28.8), ("ITL", 24.57)):
+        if name == "TTFT":
+            lines.append("{s:{c}^{n}}".format(s="Time to First Token", n=50, c="-"))
+        for i, stat in enumerate(("Mean", "Median", "P90", "P95", "P99")):
+            lines.append(rowf(f"{stat} {name} (ms):", base + i))
+    lines += [rowf("Max ITL (ms):", 300.0), "=" * 50]
+    return "some progress\n" + "\n".join(lines) + "\n"
+
+
+def test_parse_bench_stdout():
+    text = _result_block(256, 256, 7694.4)
+    r = bs.parse_bench_stdout(text)
+    assert (r["completed"], r["max_concurrency"], r["output_throughput"], r["accept_length"]) == (
+        256, 256, 7694.4, 2.71)
+    assert (r["median_tpot_ms"], r["median_itl_ms"], r["mean_ttft_ms"], r["p99_e2e_latency_ms"]) == (
+        29.8, 25.57, 1790.0, 5004.0)
+    assert r["total_output_tokens"] == 128 * 256 and r["concurrency"] == 250.1 and r["max_concurrent_requests"] == 256
+    assert bs.parse_bench_stdout(_result_block(1, 8, 380.0, accept=None))["accept_length"] is None
+    assert bs.parse_bench_stdout(text.rsplit("=" * 50, 1)[0]) is None  # cut before its closing line
+    assert bs.parse_bench_stdout("Traceback ...\n") is None
+    # two blocks (a run appended to the same log): the last one
+    assert bs.parse_bench_stdout(text + _result_block(512, 512, 100.0))["completed"] == 512
+    assert bs.parse_bench_stdout(_result_block(4, 8, 1.0).replace("Max request concurrency:    ", "X"))[
+        "completed"] == 8
+
+
+def test_bench_stdout_labels_exist_in_bench_serving():
+    """Every label parse_bench_stdout reads is printed by 0.5.17's bench_serving, in that format."""
+    from sglang.benchmark import serving
+
+    src = Path(serving.__file__).read_text()
+    assert 's=" Serving Benchmark Result ", n=50, c="="' in src and 'print("=" * 50)' in src
+    assert '"{:<40} {:<10}".format("Successful requests:", metrics.completed)' in src
+    for label in bs._RESULT_LABELS:
+        assert f'"{label}"' in src, label
+
+
+def _child(tmp_path: Path, code: str) -> list[str]:
+    script = tmp_path / "child.py"
+    script.write_text(code)
+    return [sys.executable, str(script)]
+
+
+@pytest.mark.parametrize("case", ["file", "stdout", "exits", "exits_1", "hangs"])
+def test_run_bench_serving(tmp_path: Path, case: str):
+    """A bench_serving that does not exit once its result is out is killed after the grace and its result taken
+    (from the output file, else from the printed block); one that prints nothing is killed at the limit."""
+    import time
+
+    ofile = tmp_path / "run.jsonl"
+    block = _result_block(256, 256, 7694.4)
+    line = json.dumps(_bench_line("stock_nospec-c256", 256, 256, 7694.4))
+    code = {
+        "file": f"import sys, time\nprint({block!r}, flush=True)\nopen({str(ofile)!r}, 'a').write({line!r} + '\\n')\n"
+                "time.sleep(60)\n",
+        "stdout": f"import time\nprint({block!r}, flush=True)\ntime.sleep(60)\n",
+        "exits": f"print({block!r})\nopen({str(ofile)!r}, 'a').write({line!r} + '\\n')\n",
+        "exits_1": f"print({block!r})\nraise SystemExit(1)\n",
+        "hangs": "import time\nprint('benchmarking...', flush=True)\ntime.sleep(60)\n",
+    }[case]
+    t = time.monotonic()
+    run = bs.run_bench_serving(_child(tmp_path, code), ofile, env=dict(**__import__("os").environ), cwd=tmp_path,
+                               timeout=6.0, exit_grace=0.5, poll=0.1)
+    took = time.monotonic() - t
+    assert "Serving Benchmark Result" in run.text or case == "hangs"
+    if case == "hangs":
+        assert (run.rc, run.result, run.source) == ("timeout", None, None) and 5.5 < took < 20
+        assert "benchmarking..." in run.text
+        return
+    assert took < 5.0, took  # no wait for the limit
+    want = {"file": ("killed after its result", "output file"), "stdout": ("killed after its result", "stdout"),
+            "exits": (0, "output file"), "exits_1": (1, "stdout")}[case]
+    assert (run.rc, run.source) == want
+    assert run.result["completed"] == 256 and run.result["output_throughput"] == 7694.4
+    if run.source == "output file":
+        assert run.result["tag"] == "stock_nospec-c256"
+
+
+def test_main_takes_a_result_after_a_slow_exit(monkeypatch, tmp_path: Path):
+    """stock_nospec c=4's bench_serving printed its result and was killed (no output file): the run is recorded
+    from its printed block, with a warning, and the report shows it, not "failed"."""
+    _fake_world(monkeypatch, tmp_path, slow_exit="stock_nospec-c4")
+    out = tmp_path / "out"
+    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4", "--input-len", "64",
+                  "--output-len", "16", "--model-dir", str(tmp_path / "m"), "--time-budget", "300"])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    r = res["runs"]["4"]["stock_nospec"]
+    assert r["completed"] == 8 and r["output_throughput"] == 1200.0 and "error" not in r
+    assert r["bench_exit"] == {"rc": "killed after its result", "result_from": "stdout"}
+    assert r["server_log_decode"]["peak_running"] == 4
+    assert ("c=4 stock_nospec: bench_serving exit killed after its result, but its result was out: taken from its "
+            "stdout (see bench_stdout.log)") in res["meta"]["warnings"]
+    assert "| 4 | stock_nospec | 8 | 8 | 1200.0 |" in (out / "results.md").read_text()
+    assert "Serving Benchmark Result" in (out / "bench_stdout.log").read_text()
+
+
+# ----------------------------------------------------------------------------- --radix off-equal-memory
+
+GIB = 1 << 30
+
+
+def _off(*extra: str) -> argparse.Namespace:
+    return bs.parse_args(["--commit", "x", "--radix", "off-equal-memory", *extra])
+
+
+def test_row_bytes_nano4b():
+    """The Nano-4B shapes (21 Mamba-2 layers of 96 x 80 x 128, fp32 state, bf16 conv, 8 groups), T = 4, L = 16."""
+    r = bs.mamba_row_bytes(_cfg("nemotron_h_nano4b"), draft_tokens=4, window=16)
+    state, conv = 96 * 80 * 128 * 4 * 21, 9728 * 3 * 2 * 21  # conv_dim = 96*80 + 2*8*128, K - 1 = 3
+    assert (r["family"], r["layers"], r["state_conv"]) == ("mamba2", 21, state + conv)
+    assert r["per_draft_ssm"] == 4 * state
+    assert r["per_draft_conv"] == 9728 * (4 + 3 - 1) * 2 * 21  # deduplicated windows [conv_dim, T + K - 2]
+    assert r["ring"] == 7472648  # x + dt + B at R = max(16, 4) + 4 = 20 rows, + the cursor pair (the pool's log)
+    assert r["stock_spec"] == state + conv + 4 * state + r["per_draft_conv"] == r["replay_startup"]
+    assert r["replay_spec"] == state + conv + r["per_draft_conv"] + 7472648
+    assert 4.4 < r["stock_spec"] / r["replay_spec"] < 4.5
+    fp8 = bs.mamba_row_bytes(_cfg("nemotron_h_nano4b"), draft_tokens=4, window=16, read_dtype="fp8")
+    assert fp8["ring"] - r["ring"] == 96 * 80 * 128 * 21 + 96 * 80 * 4 * 21  # e4m3 copy + fp32 row scales
+
+
+@pytest.mark.parametrize("name,family", [("nemotron_h_nano4b", "mamba2"), ("nemotron_h_tiny", "mamba2"),
+                                         ("qwen3_next_4b", "gdn"), ("qwen3_next_tiny", "gdn")])
+@pytest.mark.parametrize("verify", ["replay", "auto"])
+def test_row_bytes_are_what_the_pools_allocate(monkeypatch, name: str, family: str, verify: str):
+    """SGLang's ``MambaPool`` and the plug-in's ``ReplayMambaPool`` built on the meta device (their CUDA-only
+    speculative buffers included; CUDA's deduplicated conv windows) allocate ``(M + 1) x`` the row bytes;
+    with ``auto`` the replay pool keeps the per-draft buffer: its row is stock spec's plus the ring (why
+    ``--radix off-equal-memory`` refuses it)."""
+    import torch
+    from sglang.srt.mem_cache import memory_pool as mp
+
+    from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
+
+    monkeypatch.setenv("SGLANG_MAMBA_CONV_DTYPE", "bfloat16")
+    monkeypatch.setenv("SGLANG_REPLAYSSM_CONFIG", json.dumps({"backend": "replay", "verify": verify, "window": 16}))
+    zeros = torch.zeros
+    monkeypatch.setattr(mp.torch, "zeros", lambda *a, device=None, **k: zeros(*a, device="meta", **k))
+    monkeypatch.setattr(mp, "_is_cpu", False)
+    monkeypatch.setattr(mp, "_is_npu", False)
+    cfg = _cfg(name)
+    params, fam = bs._cache_params(cfg)
+    rows = bs.mamba_row_bytes(cfg, draft_tokens=4, window=16)
+    assert fam == family
+    m = 10
+    kw = dict(size=m, spec_state_size=m, cache_params=params, mamba_layer_ids=list(params.layers), device="meta",
+              speculative_num_draft_tokens=4, speculative_eagle_topk=1)
+    stock = mp.MambaPool(**kw)
+    replay = ReplayMambaPool(replay=ReplayPoolSpec(family=family, window=16, act_dtype=torch.bfloat16), **kw)
+    assert round(stock.mem_usage * GIB) == (m + 1) * rows["stock_spec"]
+    assert replay.replay_ring_bytes == (m + 1) * rows["ring"]
+    want = rows["replay_spec"] if verify == "replay" else rows["stock_spec"] + rows["ring"]
+    assert round(replay.mem_usage * GIB) == (m + 1) * want
+
+
+def test_plan_default_nano4b():
+    a = _off()
+    assert a.replay_verify == "replay" and a.equal_mamba_gib == bs.EQUAL_MAMBA_GIB == 24.0
+    plan = a.equal_memory
+    rows = plan["row_bytes"]
+    b = 24 * GIB
+    assert (plan["stock_spec"]["max_running"], plan["replay_spec"]["max_running"]) == (60, 273)
+    for v in bs.SPEC_VARIANTS:
+        spent = plan[v]["bytes"]
+        assert spent == (plan[v]["max_running"] + 1) * rows[v] and b - rows[v] < spent <= b  # the most that fit
+    assert abs(plan["bytes_diff"]) < rows["stock_spec"]  # equal within one request
+    assert plan["ratio"] == round(273 / 60, 4) and plan["ratio"] >= bs.MAX_RUNNING_X_MIN
+    assert plan["replay_startup_peak_bytes"] == 274 * rows["stock_spec"] and plan["replay_startup_peak_gib"] > 100
+    gdn = _off("--family", "gdn").equal_memory
+    assert gdn["row_bytes"]["family"] == "gdn" and gdn["ratio"] > 3
+
+
+def test_plan_tiny_and_read_copy():
+    a = _off("--draft-tokens", "2", "--window", "8")
+    a.equal_mamba_gib = 0.01  # 0.01 GiB: refused for Nano-4B at parse time, ~500 tiny requests
+    plan = bs.equal_memory_plan(a, _cfg("nemotron_h_tiny"))
+    rows = plan["row_bytes"]
+    assert rows["layers"] == 3 and rows["per_draft_ssm"] == 2 * 8 * 16 * 16 * 4 * 3
+    for v in bs.SPEC_VARIANTS:
+        assert 0.01 * GIB - rows[v] < plan[v]["bytes"] <= 0.01 * GIB
+    assert abs(plan["bytes_diff"]) < max(rows["stock_spec"], rows["replay_spec"])
+    assert plan["replay_spec"]["max_running"] > plan["stock_spec"]["max_running"] and plan["ratio"] > 1
+    copy = _off("--replay-args", "--replayssm-read-dtype bf16").equal_memory
+    assert copy["row_bytes"]["ring"] == _off().equal_memory["row_bytes"]["ring"] + 96 * 80 * 128 * 2 * 21
+    assert copy["replay_spec"]["max_running"] < 273
+
+
+def test_equal_memory_flags_parse_with_sglang_and_the_plugin():
+    a = _off("--server-args", "--chunked-prefill-size 4096")
+    p = _server_parser()
+    ns = {v: p.parse_args(["--model-path", "/m", *bs.common_flags(a), *bs.variant_flags(v, a, "/d")])
+          for v in bs.VARIANTS}
+    assert ns["stock_spec"].max_running_requests == 60 and ns["replay_spec"].max_running_requests == 273
+    for v in bs.SPEC_VARIANTS:
+        assert ns[v].disable_radix_cache and ns[v].mem_fraction_static == 0.6 and ns[v].chunked_prefill_size == 4096
+        assert ns[v].mamba_radix_cache_strategy == "auto"  # not given: unused with the radix cache off
+        assert ns[v].speculative_num_draft_tokens == 4 and ns[v].speculative_eagle_topk == 1
+    assert ns["replay_spec"].replayssm_verify == "replay" and ns["replay_spec"].ssm_backend == "replay"
+    assert ns["stock_nospec"].max_running_requests == 512 and ns["stock_nospec"].speculative_algorithm is None
+    o = _off("--draft", "oracle", "--equal-mamba-gib", "12")
+    assert o.equal_memory["stock_spec"]["max_running"] == 12 * GIB // o.equal_memory["row_bytes"]["stock_spec"] - 1
+    f = bs.variant_flags("replay_spec", o, "/d")
+    assert f[f.index("--max-running-requests") + 1] == str(o.equal_memory["replay_spec"]["max_running"])
+    assert bs.parse_args(["--commit", "x"]).equal_memory is None
+
+
+def _pool_logs(plan: dict, skew: int = 0) -> dict:
+    """Start-up lines as SGLang 0.5.17 and the plug-in format them, for the plan's pools (``skew``: replay
+    allocated that many rows more than planned)."""
+    rows = plan["row_bytes"]
+    g = float(GIB)
+
+    def mamba_line(n, draft):
+        return (f"[t] Mamba Cache is allocated. max_mamba_cache_size: {n}, conv_state size: "
+                f"{(n + 1) * 9728 * 3 * 2 * 21 / g:.2f}GB, ssm_state size: "
+                f"{(n + 1) * 96 * 80 * 128 * 4 * 21 / g:.2f}GB "
+                f"intermediate_ssm_state_cache size: {(n + 1) * draft / g:.2f}GB "
+                f"intermediate_conv_window_cache size: {(n + 1) * rows['per_draft_conv'] / g:.2f}GB \n")
+
+    s, r = plan["stock_spec"]["max_running"], plan["replay_spec"]["max_running"] + skew
+    summary = "[t] max_total_num_tokens={t}, chunked_prefill_size=8192, max_running_requests={m}, x\n"
+    stock = ("[t] Load weight begin. avail mem=139.52 GB\n" + mamba_line(s, rows["per_draft_ssm"])
+             + "[t] Memory pool end. avail mem=100.00 GB\n" + summary.format(t=370688, m=s))
+    replay = ("[t] Load weight begin. avail mem=139.50 GB\n"
+              f"[t] ReplaySSM memory: {rows['ring']} B of ring (+ read copy) per mamba slot "
+              f"(state {rows['state_conv']} B per slot); max_mamba_cache_size {r} -> {r} (explicit size kept); rings charged 1.0 GB\n"
+              + mamba_line(r, rows["per_draft_ssm"])
+              + f"[t] ReplaySSM: released SGLang's per-draft SSM buffer intermediate_ssm "
+                f"({(r + 1) * rows['per_draft_ssm'] / g:.3f}GB)\n"
+              f"[t] ReplaySSM rings are allocated. family=mamba2, window L=16, rows R=20, slots={r + 1}, layers=21, "
+              f"x=(21, {r + 1}, 96, 20, 80) torch.bfloat16, ring size: {(r + 1) * rows['ring'] / g:.3f}GB "
+              f"({rows['ring']} B per slot), mamba cache total: 23.917GB\n"
+              "[t] Memory pool end. avail mem=100.00 GB\n" + summary.format(t=370688, m=r))
+    return {"stock_spec": stock, "replay_spec": replay}
+
+
+def test_equal_memory_check_from_the_logs():
+    plan = _off().equal_memory
+    logs = _pool_logs(plan)
+    memory = {v: bs.parse_memory_log(t) for v, t in logs.items()}
+    assert memory["replay_spec"]["per_draft_released_gb"] is not None
+    c = bs.equal_memory_check(plan, memory)
+    assert c["equal"] is True and c["ratio"] == round(273 / 60, 4)
+    for v in bs.SPEC_VARIANTS:
+        assert c[v]["gib_matches_plan"] and c[v]["slots_match_plan"] and c[v]["max_running_matches_plan"], c[v]
+        assert abs(c[v]["logged_gib"] - plan[v]["gib"]) <= bs.LOGGED_GIB_TOL
+    # replay allocated 10 rows more than planned: the logs say so (0.87 GiB more: still within one stock row? no)
+    skewed = {v: bs.parse_memory_log(t) for v, t in _pool_logs(plan, skew=10).items()}
+    k = bs.equal_memory_check(plan, skewed)
+    assert k["equal"] is False and k["replay_spec"]["slots_match_plan"] is False
+    assert k["replay_spec"]["gib_matches_plan"] is False and k["stock_spec"]["gib_matches_plan"]
+    assert bs.equal_memory_check(plan, {})["equal"] is None and bs.equal_memory_check(None, memory) is None
+    report = bs.build_report({}, memory, [], {**_meta(), "radix": "off-equal-memory", "equal_memory": plan,
+                                               "warnings": []})
+    assert "| stock_spec | 79.92 | 315.00 | 2.34 | 0.00 | 397.26 | 60 | 23.665 | 23.660 | 60 | 60 | 370688 |" \
+        in report
+    assert "| replay_spec | 79.92 | 0.00 | 2.34 | 7.13 | 89.38 | 273 | 23.917 | 23.917 | 273 | 273 | 370688 |" \
+        in report
+    assert "(difference -0.257; one stock_spec request is 0.388 GiB): equal." in report
+    assert "rows; the plug-in releases it before the KV pool); not checked." in report
+    assert "Max running requests by arithmetic: 273 / 60 = 4.55x (not a measurement); from the logs: 4.55x." in report
+    assert "GiB): equal." in report and "radix cache off, equal mamba-state memory" in report
+    assert "max running requests at equal memory >= 2.50: 4.55 met (radix cache off, equal memory by the pool " \
+           "lines: equal)" in report
+    bad = bs.build_report({}, skewed, [], {**_meta(), "radix": "off-equal-memory", "equal_memory": plan,
+                                           "warnings": []})
+    assert "NOT equal" in bad and "replay_spec: logged mamba GiB, mamba slots, max_running_requests differ from " \
+                                  "the plan" in bad
+
+
+def test_startup_fit():
+    plan = _off().equal_memory
+    ok = bs.startup_fit(plan, 139 * GIB, 7 * GIB)
+    assert ok["fits"] and ok["need_gib"] == pytest.approx(plan["replay_startup_peak_gib"] + 7 + bs.STARTUP_HEADROOM_GIB,
+                                                          abs=2e-3)
+    assert 24 < ok["max_budget_gib"] < 30
+    tight = bs.startup_fit(plan, 100 * GIB, 7 * GIB)
+    assert tight["fits"] is False and tight["max_budget_gib"] < 24
+    # the largest budget it names does fit
+    a = _off("--equal-mamba-gib", str(tight["max_budget_gib"]))
+    assert bs.startup_fit(a.equal_memory, 100 * GIB, 7 * GIB)["fits"]
+    assert bs.startup_fit(plan, None, 7 * GIB)["fits"] is None
+
+
+def test_main_equal_memory_with_fakes(monkeypatch, tmp_path: Path):
+    plan = _off().equal_memory
+    seen = _fake_world(monkeypatch, tmp_path, server_logs=_pool_logs(plan))
+    monkeypatch.setattr(bs, "_gpu_free_bytes", lambda gpu: seen.setdefault("free_of", gpu) and 139 * GIB)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model-00001.safetensors").write_bytes(b"x" * 1000)
+    out = tmp_path / "out"
+    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4", "--input-len", "64",
+                  "--output-len", "16", "--model-dir", str(tmp_path / "m"), "--time-budget", "300",
+                  "--radix", "off-equal-memory"])
+    assert rc == 0 and seen["free_of"] == "1"  # replay spec's GPU
+    flags = {name: vargs for name, *_, vargs in seen["launch"]}
+    for v in bs.SPEC_VARIANTS:
+        f = flags[v]
+        assert "--disable-radix-cache" in f and "--mamba-radix-cache-strategy" not in f
+        assert f[f.index("--max-running-requests") + 1] == str(plan[v]["max_running"])
+    res = json.loads((out / "results.json").read_text())
+    assert res["meta"]["radix"] == "off-equal-memory"
+    assert res["meta"]["equal_memory"]["replay_spec"]["max_running"] == 273
+    assert res["meta"]["equal_memory"]["replay_startup_check"]["fits"] is True
+    assert res["equal_memory_check"]["equal"] is True and res["equal_memory_check"]["ratio"] == round(273 / 60, 4)
+    assert res["meta"]["warnings"] == []
+    report = (out / "results.md").read_text()
+    assert "Equal memory from the logs:" in report and "GiB free on its GPU before the servers started." in report
+
+
+def test_main_equal_memory_refuses_a_startup_that_cannot_fit(monkeypatch, tmp_path: Path):
+    seen = _fake_world(monkeypatch, tmp_path)
+    monkeypatch.setattr(bs, "_gpu_free_bytes", lambda gpu: 80 * GIB)
+    out = tmp_path / "out"
+    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4", "--input-len", "64",
+                  "--output-len", "16", "--model-dir", str(tmp_path / "m"), "--time-budget", "300",
+                  "--radix", "off-equal-memory"])
+    assert rc == 1 and seen["launch"] == [] and seen["bench"] == []
+    res = json.loads((out / "results.json").read_text())
+    (w,) = res["meta"]["warnings"]
+    assert w.startswith("aborted: RuntimeError: --equal-mamba-gib 24: replay_spec's start-up peak") and \
+        "expected --equal-mamba-gib <=" in w
