@@ -137,6 +137,7 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
                 window=self.window,
                 rows=self.rows,
                 extend_prefix_lens=forward_batch.extend_prefix_lens,
+                extend_prefix_lens_cpu=getattr(forward_batch, "extend_prefix_lens_cpu", None),
             )
 
     # ------------------------------------------------------------------ forward

@@ -207,6 +207,7 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
             window=self.window,
             rows=self.rows,
             extend_prefix_lens=forward_batch.extend_prefix_lens,
+            extend_prefix_lens_cpu=getattr(forward_batch, "extend_prefix_lens_cpu", None),
         )
 
     # ------------------------------------------------------------------ forward
@@ -224,6 +225,14 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
         global _ACTIVE
         md = self.forward_metadata
         pool_layer = self.req_to_token_pool.mamba_map[layer_id]
+        if not md.num_decodes and hidden_states.device.type != "cpu":
+            # Extend only (prefill, radix-hit suffix): SGLang's chunked scan, no ring; nothing per
+            # layer beyond it (no ring views, no kernel keywords: host time of every eager prefill).
+            result = super().forward(
+                mixer, hidden_states, output, layer_id, forward_batch, mup_vector, use_triton_causal_conv
+            )
+            self._refresh_extend_rows(pool_layer)
+            return result
         rings = self.pool.layer_rings(pool_layer)
         decode, verify = self._decode, self._verify
         # Split precision (non-flush rows read the copy, flush rows refresh it) and stochastic
@@ -251,12 +260,6 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
                 step=self._step if md.num_decodes else None,
                 decode_fn=verify if md.is_target_verify else decode,
                 mup_vector=mup_vector,
-            )
-            self._refresh_extend_rows(pool_layer)
-            return result
-        if not md.num_decodes:
-            result = super().forward(
-                mixer, hidden_states, output, layer_id, forward_batch, mup_vector, use_triton_causal_conv
             )
             self._refresh_extend_rows(pool_layer)
             return result

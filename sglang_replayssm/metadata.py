@@ -26,7 +26,7 @@ import dataclasses
 import torch
 from replayssm_kernels import decode_cursor_step, decode_cursor_step_ref
 
-from sglang_replayssm.radix import check_extend_rows
+from sglang_replayssm.radix import check_extend_index, extend_index
 
 __all__ = ["ReplayStep", "build_eager", "reset_extend_rows", "GraphBuffers", "GraphMetadataMixin"]
 
@@ -55,8 +55,33 @@ def reset_extend_rows(cursors: torch.Tensor, extend_slots: torch.Tensor) -> None
     """Empty the rings of the slots an extend forward writes (padding ``-1`` goes to null slot 0)."""
     if extend_slots.numel() == 0:
         return
-    idx = extend_slots.to(device=cursors.device, dtype=torch.long).clamp(min=0)
-    cursors.index_fill_(0, idx, 0)
+    cursors.index_fill_(0, extend_index(cursors, extend_slots), 0)
+
+
+def _check_extend(
+    cursors: torch.Tensor,
+    index: torch.Tensor,
+    prefix_lens: torch.Tensor | None,
+    prefix_lens_cpu,
+) -> None:
+    """Invariant E for the extend rows of one forward (``radix.check_extend_index``), choosing the rows on
+    the host when SGLang gives their prefix lengths there (``forward_batch.extend_prefix_lens_cpu``):
+    no row with a prefix (radix off, a fresh prefill) launches nothing, every row with one (a batch
+    of radix hits) checks ``index`` without a device mask; otherwise the device lengths pick them.
+    Rows past the given lengths (padding) are not checked."""
+    n = index.shape[0]
+    if prefix_lens_cpu is not None:
+        m = min(n, len(prefix_lens_cpu))
+        flags = [int(p) > 0 for p in prefix_lens_cpu[:m]]
+        if not any(flags):
+            return
+        if all(flags):
+            check_extend_index(cursors, index[:m])
+            return
+    if prefix_lens is None:
+        return
+    m = min(n, prefix_lens.shape[0])
+    check_extend_index(cursors, index[:m], prefix_lens[:m])
 
 
 def _step_into(
@@ -85,6 +110,7 @@ def build_eager(
     window: int,
     rows: int,
     extend_prefix_lens: torch.Tensor | None = None,
+    extend_prefix_lens_cpu=None,
 ) -> ReplayStep | None:
     """Cursor work of one eager forward; returns the decode rows' snapshot (None without decode rows).
 
@@ -102,13 +128,19 @@ def build_eager(
         ``L`` and ``R``.
     extend_prefix_lens : torch.Tensor or None
         ``forward_batch.extend_prefix_lens`` (extend rows first): rows with a prefix resume from their
-        checkpoint, so their rings must be empty (``radix.check_extend_rows``, device-side assert).
+        checkpoint, so their rings must be empty (``radix.check_extend_index``, device-side assert).
+        None (and no host lengths): nothing is checked.
+    extend_prefix_lens_cpu : sequence of int or None
+        ``forward_batch.extend_prefix_lens_cpu``, the same lengths on the host (SGLang's main path
+        sets it): picks the checked rows without device work (``_check_extend``).
+
+    Extend rows cost one index (conversion + clamp), the check (none without a prefix; index, compare,
+    assert for a batch of one radix hit) and the reset (one ``index_fill_``).
     """
     if num_prefills:
-        if extend_prefix_lens is not None:
-            m = min(num_prefills, extend_prefix_lens.shape[0])  # rows past the requests: padding (-1)
-            check_extend_rows(cursors, slot_idx[:m], extend_prefix_lens[:m] > 0)
-        reset_extend_rows(cursors, slot_idx[:num_prefills])
+        index = extend_index(cursors, slot_idx[:num_prefills])  # rows past the requests: padding (-1)
+        _check_extend(cursors, index, extend_prefix_lens, extend_prefix_lens_cpu)
+        cursors.index_fill_(0, index, 0)
     if not num_decodes:
         return None
     slots = slot_idx[num_prefills : num_prefills + num_decodes]

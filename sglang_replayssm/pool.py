@@ -62,6 +62,7 @@ from sglang.srt.mem_cache.memory_pool import MambaPool
 from replayssm_kernels.mamba2_decode.read_copy import quantize_rows
 
 from sglang_replayssm.config import ReplaySSMConfig
+from sglang_replayssm.radix import assert_all
 from sglang_replayssm.sizing import RingSpec, ring_spec
 from sglang_replayssm.tp import TPLayout
 
@@ -430,8 +431,8 @@ class ReplayMambaPool(MambaPool):
             for t in self.rings.values():
                 t[:, dst] = t[:, src]
         else:
-            torch._assert_async(
-                (cursors[:, 1] == 0).all(),
+            assert_all(
+                cursors[:, 1] == 0,
                 "ReplaySSM: copy_from of a slot with ring records (fold it first, or carry_ring=True)",
             )
         self.cursors[dst] = cursors

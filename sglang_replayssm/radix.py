@@ -36,7 +36,10 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["reset_tree_slots", "check_extend_rows", "startup_refusals", "DonationStats"]
+__all__ = [
+    "reset_tree_slots", "extend_index", "assert_all", "check_extend_index", "check_extend_rows",
+    "startup_refusals", "DonationStats",
+]
 
 
 class DonationStats:
@@ -78,6 +81,48 @@ def reset_tree_slots(cursors: torch.Tensor, slots: torch.Tensor) -> None:
     cursors.index_fill_(0, idx, 0)
 
 
+def extend_index(cursors: torch.Tensor, extend_slots: torch.Tensor) -> torch.Tensor:
+    """The extend rows' slots as an int64 index into ``cursors``; ``-1`` (padding) becomes the null slot 0.
+
+    Built once per extend forward and shared by the invariant check and the reset (``metadata.py``):
+    a dtype conversion and a clamp (two launches for SGLang's int32 slots).
+    """
+    return extend_slots.to(device=cursors.device, dtype=torch.long).reshape(-1).clamp(min=0)
+
+
+def assert_all(cond: torch.Tensor, msg: str) -> None:
+    """Device-side assert that every element of the bool tensor ``cond`` holds (no host sync).
+
+    A one-element ``cond`` (a batch of one) goes to the assert as it is, without the ``all`` reduction.
+    """
+    torch._assert_async(cond if cond.numel() == 1 else cond.all(), msg)
+
+
+_E_MESSAGE = "ReplaySSM: a slot resumed an extend forward with records in its ring (radix invariant E)"
+
+
+def check_extend_index(cursors: torch.Tensor, index: torch.Tensor, prefix: torch.Tensor | None = None) -> None:
+    """Invariant E on a prepared index (``extend_index``): device-side assert, no host sync.
+
+    Parameters
+    ----------
+    cursors : torch.Tensor
+        ``[slots, 2]`` int32 cursors, before the extend rows are reset.
+    index : torch.Tensor
+        ``[n]`` int64 slots of the rows to check (``extend_index``).
+    prefix : torch.Tensor or None
+        ``[n]`` the rows' prefix lengths (integer) or a bool "has a prefix" mask: rows where it is
+        ``<= 0`` / False are not checked.  None checks every row (the caller knows they all resume).
+    """
+    if index.numel() == 0:
+        return
+    ok = cursors[index, 1] == 0
+    if prefix is not None:
+        prefix = prefix.to(device=cursors.device)
+        ok = ok | (~prefix if prefix.dtype == torch.bool else prefix <= 0)
+    assert_all(ok, _E_MESSAGE)
+
+
 def check_extend_rows(
     cursors: torch.Tensor, extend_slots: torch.Tensor, has_prefix: torch.Tensor | None = None
 ) -> None:
@@ -108,14 +153,7 @@ def check_extend_rows(
         return
     if has_prefix is not None and tuple(has_prefix.shape) != (n,):
         raise ValueError(f"has_prefix: expected shape ({n},), got {tuple(has_prefix.shape)}")
-    idx = extend_slots.to(device=cursors.device, dtype=torch.long).reshape(-1).clamp(min=0)
-    empty = cursors[idx, 1] == 0
-    if has_prefix is not None:
-        empty = empty | ~has_prefix.to(device=cursors.device, dtype=torch.bool)
-    torch._assert_async(
-        empty.all(),
-        "ReplaySSM: a slot resumed an extend forward with records in its ring (radix invariant E)",
-    )
+    check_extend_index(cursors, extend_index(cursors, extend_slots), has_prefix)
 
 
 def startup_refusals(server_args) -> list[str]:

@@ -10,7 +10,9 @@ pieces the integration uses: ``decode_cursor_step_ref`` (what ``metadata`` runs 
 the Triton ``decode_cursor_step`` is checked equal to it in ``tests/kernels``) +
 ``mamba2_replay_decode_ref`` (GDN: ``gdn_replay_decode_ref``), ``verify_cursor_step`` +
 ``mamba2_replay_verify_ref`` (GDN: ``gdn_replay_verify_ref``) + ``verify_commit_ref``,
-``metadata.reset_extend_rows`` (prefill / extend, after ``radix.check_extend_rows``),
+``metadata.build_eager`` for one extend row with its prefix length on the device and the host, as
+the backends call it (prefill / extend / radix-hit suffix, after the harness's own
+``radix.check_extend_rows`` on every extend row, prefix or not),
 ``pool.clear_slots``, ``pool.copy_from`` (a fork with ``carry_ring=True`` carries the ring; SGLang's
 copies, of empty rings, copy cursors only), ``pool.get_cpu_copy`` /
 ``pool.load_cpu_copy`` (offload / reload, with SGLang's 0-d ``req.mamba_pool_idx`` as the index),
@@ -69,7 +71,7 @@ from replayssm_kernels import (
     verify_cursor_step,
 )
 from sglang_replayssm.hooks.radix import around_prepare_for_caching_req
-from sglang_replayssm.metadata import reset_extend_rows
+from sglang_replayssm.metadata import build_eager
 from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
 from sglang_replayssm.radix import check_extend_rows
 
@@ -359,7 +361,7 @@ class RingHarness:
         ck = torch.randn(self.layers, self.H, self.P, self.N, generator=g)
         self._check_extend([s])
         self.temporal[:, s] = ck
-        reset_extend_rows(self.pool.cursors, torch.tensor([s], dtype=torch.int32))
+        self._server_extend(s, 0)
         r.S64, r.tokens, r.shadow, r.cur = ck.to(F64), [], [ck.clone()], [0, 0]
         r.ntok = 1 + seed % 7
         self.reqs[r.rid] = r
@@ -385,8 +387,8 @@ class RingHarness:
             S = self._fold32(S, t)
         self._check_extend([s])
         self.temporal[:, s] = S
+        self._server_extend(s, r.ntok)
         r.ntok += k
-        reset_extend_rows(self.pool.cursors, torch.tensor([s], dtype=torch.int32))
         _, r.S64 = self._f64(r.S64, toks)
         r.tokens, r.shadow, r.cur = [], [S.clone()], [0, 0]
         self._check_untouched(before, {s}, "extend")
@@ -617,7 +619,7 @@ class RingHarness:
                 S = self._fold32(S, t)
             self._check_extend([d])
             self.temporal[:, d] = S
-            reset_extend_rows(self.pool.cursors, torch.tensor([d], dtype=torch.int32))
+            self._server_extend(d, node.key_len)
             _, r.S64 = self._f64(r.S64, toks)
             r.shadow, r.ntok = [S.clone()], r.ntok + k
         self._check_untouched(before, {d}, "match")
@@ -633,6 +635,18 @@ class RingHarness:
         self.hpool.mamba_allocator.free(torch.tensor([node.slot]))
         self._check_untouched(before, set(), "evict")
         self._after()
+
+    def _server_extend(self, slot: int, prefix_len: int) -> None:
+        """The backends' extend metadata for one row (``metadata.build_eager``): invariant E on a row
+        with a prefix, chosen from the host lengths as SGLang passes them, then the cursor reset."""
+        try:
+            build_eager(cursors=self.pool.cursors, slot_idx=torch.tensor([slot], dtype=torch.int32), num_prefills=1,
+                        num_decodes=0, track_mask=None, window=self.L, rows=self.R,
+                        extend_prefix_lens=torch.tensor([prefix_len], dtype=torch.int32),
+                        extend_prefix_lens_cpu=[prefix_len])
+        except RuntimeError as e:
+            self._fail(f"{self._op}: {e} (slot {slot}, prefix {prefix_len}, "
+                       f"cursors {self.pool.cursors[slot].tolist()})")
 
     def _check_extend(self, slots: list[int]) -> None:
         try:
