@@ -34,7 +34,7 @@ One command, bounded in time end to end (``--time-budget``), for one device call
    clients share the host, symmetrically); then ``stock_nospec`` alone at every concurrency, c = 1
    first (the c = 1 target needs it).  A run that the time budget cannot fit is skipped, so give the
    concurrencies by importance (default 256, 512, 1, 64).  A bench_serving whose result is out (its
-   ``--output-file`` line, or its printed result block) but that has not exited ``BENCH_EXIT_GRACE_S``
+   ``--output-file`` line, or its printed result block) but that has not exited ``ab.BENCH_EXIT_GRACE_S``
    later is killed and its result taken, with a warning (``run_bench_serving``; on the H200 a
    ``stock_nospec`` c = 256 run printed its whole result and then did not exit within the limit);
 5. writes ``results.md``, ``results.json``, ``bench_raw.jsonl``, ``bench_stdout.log``, ``gen.log``
@@ -183,6 +183,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks import bench_serving_ab as ab
+from benchmarks.bench_serving_ab import run_bench_serving  # noqa: E402  (shared bench_serving runner)
 
 import make_model  # tests/models/make_model.py (bench_serving_ab put tests/models on sys.path)
 
@@ -224,9 +225,6 @@ MIN_RUN_S = 20.0
 SPEC_READY_RESERVE_S = 60.0
 NOSPEC_READY_RESERVE_S = 150.0
 BENCH_TIMEOUT_S = 300.0
-#: seconds bench_serving gets to exit once its result is out (the output file's line or its printed result
-#: block); then it is killed and the result taken, with a warning
-BENCH_EXIT_GRACE_S = 20.0
 #: --radix: "on" (no_buffer, SGLang derives the running-request limit from memory) or "off-equal-memory"
 #: (radix cache off, --max-running-requests per spec server from equal mamba-state bytes)
 RADIX_MODES = ("on", "off-equal-memory")
@@ -917,108 +915,6 @@ def parse_heuristic_log(text: str) -> list[dict]:
     return [found[k] for k in sorted(found)]
 
 
-#: bench_serving 0.5.17's printed result block (``benchmark``): header, ``{label:<40} {value}`` lines, a
-#: closing line of 50 ``=``; the labels this harness reads, by result key (as its ``--output-file`` line)
-_RESULT_HEADER = "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")
-_RESULT_LABELS = {
-    "Max request concurrency:": "max_concurrency", "Successful requests:": "completed",
-    "Benchmark duration (s):": "duration", "Total input tokens:": "total_input_tokens",
-    "Total generated tokens:": "total_output_tokens", "Request throughput (req/s):": "request_throughput",
-    "Input token throughput (tok/s):": "input_throughput", "Output token throughput (tok/s):": "output_throughput",
-    "Peak output token throughput (tok/s):": "max_output_tokens_per_s",
-    "Peak concurrent requests:": "max_concurrent_requests", "Total token throughput (tok/s):": "total_throughput",
-    "Concurrency:": "concurrency", "Accept length:": "accept_length",
-    **{f"{stat} {name} ({unit}):": f"{stat.lower()}_{key}_ms"
-       for name, key, unit in (("E2E Latency", "e2e_latency", "ms"), ("TTFT", "ttft", "ms"),
-                               ("TPOT", "tpot", "ms"), ("ITL", "itl", "ms"))
-       for stat in ("Mean", "Median", "P90", "P95", "P99")},
-}
-
-
-def parse_bench_stdout(text: str) -> dict | None:
-    """bench_serving's printed result block (the last complete one) as its output-file keys, or None.
-
-    A block is complete once its closing line of 50 ``=`` is out.  Values that are not numbers (``Max
-    request concurrency: not set``) are kept as text; ``accept_length`` is None when not printed (as
-    bench_serving writes it without speculation).  None without a complete block or without
-    ``Successful requests``.
-    """
-    lines = text.splitlines()
-    starts = [i for i, ln in enumerate(lines) if ln.strip() == _RESULT_HEADER]
-    for start in reversed(starts):
-        end = next((j for j in range(start + 1, len(lines)) if lines[j].strip() == "=" * 50), None)
-        if end is None:
-            continue
-        out: dict = {"accept_length": None}
-        for ln in lines[start + 1:end]:
-            for label, key in _RESULT_LABELS.items():
-                if ln.startswith(label):
-                    value = ln[len(label):].strip()
-                    try:
-                        out[key] = int(value) if re.fullmatch(r"-?\d+", value) else float(value)
-                    except ValueError:
-                        out[key] = value
-                    break
-        if "completed" in out:
-            return out
-    return None
-
-
-@dataclasses.dataclass
-class BenchRun:
-    """One bench_serving process: how it ended, what it printed, its result and where it came from.
-
-    ``rc``: the exit status, ``"timeout"`` (killed at the limit) or ``"killed after its result"`` (its
-    result was out, then it did not exit within ``BENCH_EXIT_GRACE_S``); ``source``: ``"output file"``,
-    ``"stdout"`` (only the printed block) or None (no result).
-    """
-
-    rc: int | str
-    text: str
-    result: dict | None
-    source: str | None
-
-
-def run_bench_serving(cmd: Sequence[str], ofile: Path, *, env: dict, cwd: Path, timeout: float,
-                      exit_grace: float = BENCH_EXIT_GRACE_S, poll: float = 0.5) -> BenchRun:
-    """Run bench_serving until it exits, or until ``exit_grace`` s after its result is out, or ``timeout``.
-
-    Its result is out once ``ofile`` has a result line (bench_serving appends it last) or its stdout a
-    complete result block (``parse_bench_stdout``: printed before the output file, and before one more
-    ``/server_info`` request without a timeout).  A process still alive then is killed; the result is
-    taken from the output file, else from the printed block.  Stdout goes to ``<ofile>.stdout``.
-    """
-    out_path = Path(f"{ofile}.stdout")
-    end = time.monotonic() + max(timeout, 1.0)
-    out_since = None
-    with open(out_path, "w") as fh:
-        proc = subprocess.Popen(list(cmd), stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd)
-        try:
-            while True:
-                rc = proc.poll()
-                if rc is not None:
-                    break
-                now = time.monotonic()
-                if out_since is None and (ab.read_bench_jsonl(ofile) is not None
-                                          or parse_bench_stdout(out_path.read_text(errors="replace")) is not None):
-                    out_since = now
-                if out_since is not None and now - out_since >= exit_grace:
-                    rc = "killed after its result"
-                    break
-                if now >= end:
-                    rc = "timeout"
-                    break
-                time.sleep(poll)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=10)
-    text = out_path.read_text(errors="replace")
-    res, source = ab.read_bench_jsonl(ofile), "output file"
-    if res is None:
-        res, source = parse_bench_stdout(text), "stdout"
-    return BenchRun(rc=rc, text=text, result=res, source=source if res is not None else None)
 
 
 # ----------------------------------------------------------------------------- report

@@ -395,8 +395,6 @@ def test_gsp_table_and_targets():
 def test_main_gsp_orchestration_with_fakes(monkeypatch, tmp_path: Path):
     """``main()`` for gsp on the CPU preset with fake servers and a fake bench_serving replaying the
     recorded output: the command per run, the log slice per run, the hit rates and the outputs."""
-    import subprocess
-
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(ab.signal, "signal", lambda *a: None)  # keep pytest's handlers
@@ -431,12 +429,9 @@ def test_main_gsp_orchestration_with_fakes(monkeypatch, tmp_path: Path):
 
     monkeypatch.setattr(ab, "_flush_cache", flush)
     calls = []
-    real_run = subprocess.run
-
-    def fake_run(cmd, *a, **k):
-        if cmd[1:3] != ["-m", "sglang.bench_serving"]:
-            return real_run(cmd, *a, **k)
-        kv = dict(zip(cmd, cmd[1:]))
+    def fake_run(cmd, ofile, **k):  # run_bench_serving: bench_serving's only caller
+        assert cmd[1:3] == ["-m", "sglang.bench_serving"] and Path(kv_of(cmd)["--output-file"]) == ofile
+        kv = kv_of(cmd)
         calls.append((kv, k["env"]["HOME"]))
         assert k["env"]["PYTHONUSERBASE"]
         groups, ppg = int(kv["--gsp-num-groups"]), int(kv["--gsp-prompts-per-group"])
@@ -448,9 +443,13 @@ def test_main_gsp_orchestration_with_fakes(monkeypatch, tmp_path: Path):
         line.update(tag=kv["--tag"], completed=groups * ppg, max_concurrency=int(kv["--max-concurrency"]))
         line["cache_report"]["cache_hit_rate_pct"] = 60.0
         Path(kv["--output-file"]).write_text(json.dumps(line) + "\n")
-        return subprocess.CompletedProcess(cmd, 0)
+        return ab.BenchRun(rc=0, text=f"bench {kv['--tag']}\n", result=ab.read_bench_jsonl(ofile),
+                           source="output file")
 
-    monkeypatch.setattr(ab.subprocess, "run", fake_run)
+    def kv_of(cmd):
+        return dict(zip(cmd, cmd[1:]))
+
+    monkeypatch.setattr(ab, "run_bench_serving", fake_run)
     out = tmp_path / "out"
     rc = ab.main(["--device", "cpu", *GSP, "--out", str(out), "--commit", "abc", "--probe-requests", "0",
                   "--no-warmup", "--time-budget", "300"])

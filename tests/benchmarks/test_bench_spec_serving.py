@@ -462,10 +462,10 @@ def _fake_world(monkeypatch, tmp_path: Path, fail: str | None = None, stock_ring
         tput = {"stock_spec": 100.0, "replay_spec": 180.0, "stock_nospec": 300.0}[kv["--tag"].split("-")[0]] * c
         if kv["--tag"] == slow_exit:
             block = _result_block(c, n, tput)
-            return bs.BenchRun(rc="killed after its result", text=block, result=bs.parse_bench_stdout(block),
+            return ab.BenchRun(rc="killed after its result", text=block, result=ab.parse_bench_stdout(block),
                                source="stdout")
         Path(kv["--output-file"]).write_text(json.dumps(_bench_line(kv["--tag"], c, n, tput)) + "\n")
-        return bs.BenchRun(rc=0, text=f"bench {kv['--tag']}\n", result=ab.read_bench_jsonl(ofile),
+        return ab.BenchRun(rc=0, text=f"bench {kv['--tag']}\n", result=ab.read_bench_jsonl(ofile),
                            source="output file")
 
     monkeypatch.setattr(bs, "run_bench_serving", fake_run)
@@ -787,18 +787,18 @@ def _result_block(c: int, n: int, tput: float, accept: float | None = 2.71) -> s
 
 def test_parse_bench_stdout():
     text = _result_block(256, 256, 7694.4)
-    r = bs.parse_bench_stdout(text)
+    r = ab.parse_bench_stdout(text)
     assert (r["completed"], r["max_concurrency"], r["output_throughput"], r["accept_length"]) == (
         256, 256, 7694.4, 2.71)
     assert (r["median_tpot_ms"], r["median_itl_ms"], r["mean_ttft_ms"], r["p99_e2e_latency_ms"]) == (
         29.8, 25.57, 1790.0, 5004.0)
     assert r["total_output_tokens"] == 128 * 256 and r["concurrency"] == 250.1 and r["max_concurrent_requests"] == 256
-    assert bs.parse_bench_stdout(_result_block(1, 8, 380.0, accept=None))["accept_length"] is None
-    assert bs.parse_bench_stdout(text.rsplit("=" * 50, 1)[0]) is None  # cut before its closing line
-    assert bs.parse_bench_stdout("Traceback ...\n") is None
+    assert ab.parse_bench_stdout(_result_block(1, 8, 380.0, accept=None))["accept_length"] is None
+    assert ab.parse_bench_stdout(text.rsplit("=" * 50, 1)[0]) is None  # cut before its closing line
+    assert ab.parse_bench_stdout("Traceback ...\n") is None
     # two blocks (a run appended to the same log): the last one
-    assert bs.parse_bench_stdout(text + _result_block(512, 512, 100.0))["completed"] == 512
-    assert bs.parse_bench_stdout(_result_block(4, 8, 1.0).replace("Max request concurrency:    ", "X"))[
+    assert ab.parse_bench_stdout(text + _result_block(512, 512, 100.0))["completed"] == 512
+    assert ab.parse_bench_stdout(_result_block(4, 8, 1.0).replace("Max request concurrency:    ", "X"))[
         "completed"] == 8
 
 
@@ -809,7 +809,7 @@ def test_bench_stdout_labels_exist_in_bench_serving():
     src = Path(serving.__file__).read_text()
     assert 's=" Serving Benchmark Result ", n=50, c="="' in src and 'print("=" * 50)' in src
     assert '"{:<40} {:<10}".format("Successful requests:", metrics.completed)' in src
-    for label in bs._RESULT_LABELS:
+    for label in ab._RESULT_LABELS:
         assert f'"{label}"' in src, label
 
 
@@ -837,7 +837,7 @@ def test_run_bench_serving(tmp_path: Path, case: str):
         "hangs": "import time\nprint('benchmarking...', flush=True)\ntime.sleep(60)\n",
     }[case]
     t = time.monotonic()
-    run = bs.run_bench_serving(_child(tmp_path, code), ofile, env=dict(**__import__("os").environ), cwd=tmp_path,
+    run = ab.run_bench_serving(_child(tmp_path, code), ofile, env=dict(**__import__("os").environ), cwd=tmp_path,
                                timeout=6.0, exit_grace=0.5, poll=0.1)
     took = time.monotonic() - t
     assert "Serving Benchmark Result" in run.text or case == "hangs"
