@@ -710,7 +710,10 @@ def run_bench_serving(cmd: Sequence[str], ofile: Path, *, env: dict, cwd: Path, 
     complete result block (``parse_bench_stdout``: printed before the output file, and before one more
     ``/server_info`` request without a timeout).  A process still alive then is killed; the result is
     taken from the output file, else from the printed block.  Stdout goes to ``<ofile>.stdout``.
+    ``ofile`` is deleted first: bench_serving appends to it, and an earlier run's line (the same tag
+    run twice) would otherwise read as this run's result from the first poll on.
     """
+    Path(ofile).unlink(missing_ok=True)
     out_path = Path(f"{ofile}.stdout")
     end = time.monotonic() + max(timeout, 1.0)
     out_since = None

@@ -819,6 +819,17 @@ def _child(tmp_path: Path, code: str) -> list[str]:
     return [sys.executable, str(script)]
 
 
+def test_run_bench_serving_ignores_an_earlier_runs_line(tmp_path: Path):
+    """The same tag run twice (bench_serving_ab --concurrency 1,1): the first run's line in the output file is
+    not the second run's result; the second run that never prints one runs to the limit and has none."""
+    ofile = tmp_path / "run.jsonl"
+    ofile.write_text(json.dumps(_bench_line("stock-c1", 1, 16, 181.0)) + "\n")
+    code = "import time\nprint('benchmarking...', flush=True)\ntime.sleep(60)\n"
+    run = ab.run_bench_serving(_child(tmp_path, code), ofile, env=dict(**__import__("os").environ), cwd=tmp_path,
+                               timeout=3.0, exit_grace=0.5, poll=0.1)
+    assert (run.rc, run.result, run.source) == ("timeout", None, None)
+
+
 @pytest.mark.parametrize("case", ["file", "stdout", "exits", "exits_1", "hangs"])
 def test_run_bench_serving(tmp_path: Path, case: str):
     """A bench_serving that does not exit once its result is out is killed after the grace and its result taken
