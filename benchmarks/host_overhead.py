@@ -1,7 +1,7 @@
 """Host-side work of the ReplaySSM server paths that stock SGLang 0.5.17 does not do (CPU only).
 
 Companion of ``benchmarks/notes/host_overhead.md``.  Runs on this CPU machine (no GPU): every path
-is driven with CPU tensors and a ``TorchDispatchMode`` counts, per call,
+is driven with CPU tensors and a ``TorchDispatchMode`` (``OpCount``) counts, per call,
 
 - ``ops``: every aten op that reaches dispatch;
 - ``kernels``: the ops that would be a CUDA kernel launch on a GPU (not views, not ``empty``, not
@@ -10,11 +10,15 @@ is driven with CPU tensors and a ``TorchDispatchMode`` counts, per call,
 - ``syncs``: ops that block the host on a GPU (``_local_scalar_dense`` = ``.item()`` / ``int(t)`` /
   ``.tolist()`` per element / indexing with a 0-d integer tensor, ``nonzero``, ``is_nonzero``,
   ``equal``) when their operand lives on CUDA.  ``Tensor.tolist()`` does not reach dispatch on a
-  CPU tensor; on CUDA it is one more sync (``materialise_slot`` has one: add 1 to its ``syncs``).
+  CPU tensor; on CUDA it is one more sync (``materialise_slot`` has one: add 1 to its ``syncs``);
+- ``mb``: megabytes the kernels write (``OpCount.bytes``);
 
 and the host time on this CPU (median of repeated calls, ``us (CPU)``).  The CPU times are a proxy
 only: a CUDA launch costs ~4-8 us of host time and a sync costs the whole queue ahead of it; the
 op/launch/sync counts are what carries over to the GPU.
+
+``OpCount``, ``measure``, ``mamba2_cache_params`` and ``run`` are shared with ``benchmarks/radix_ttft.py``
+and the launch-budget tests (``tests/integration/test_radix_ttft.py``).
 
 Run: ``.venv/bin/python -m benchmarks.host_overhead`` (add ``--json PATH`` to keep the numbers).
 """
@@ -27,34 +31,72 @@ import functools
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-SYNC_OPS = {"_local_scalar_dense", "nonzero", "is_nonzero", "equal", "item"}
-NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "lift_fresh", "lift_fresh_copy", "detach",
-             "_to_copy_noop"}
+#: ops that block the host when their operand lives on CUDA
+SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "is_nonzero", "equal", "item"})
+#: ops that launch nothing on a GPU (allocations, wrapping), besides views
+NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "lift_fresh", "lift_fresh_copy",
+                       "detach"})
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _bytes_written(name: str, args, out) -> int:
+    """Bytes a kernel writes: index_put_ / index_copy_ values, index_fill_ rows, copy_'s source, an in-place
+    op's self, else the outputs (a copy reads as many)."""
+    if name in ("index_put_", "index_put"):
+        return _nbytes(args[2])
+    if name in ("index_copy_", "index_copy"):
+        return _nbytes(args[3])
+    if name in ("index_fill_", "index_fill"):
+        t, dim, idx = args[0], args[1], args[2]
+        return idx.numel() * (t.numel() // max(t.shape[dim], 1)) * t.element_size()
+    if name == "copy_":
+        return _nbytes(args[1])
+    if name.endswith("_"):
+        return _nbytes(args[0])
+    return sum(_nbytes(o) for o in (out if isinstance(out, (tuple, list)) else (out,)))
 
 
 class OpCount(TorchDispatchMode):
-    """Counts aten ops, would-be kernel launches and would-be host syncs (see the module docstring)."""
+    """Counts the aten ops of a region (CPU tensors standing for CUDA ones), in dispatch order.
+
+    - ``ops``: every op's name;
+    - ``launches``: the ops that would reach the GPU: not a view, not in ``NO_KERNEL``, host syncs
+      (``SYNC_OPS``) included, since on a GPU each is a copy to the host as well (the launch budgets
+      of ``tests/integration/test_radix_ttft.py`` count these);
+    - ``kernels``: the launches that are not host syncs; ``syncs``: the ops in ``SYNC_OPS``;
+    - ``bytes``: what the kernels write (``_bytes_written``).
+
+    An op is counted before it runs, so one that raises is counted too.
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self.ops = self.kernels = self.syncs = 0
-        self.names: list[str] = []
+        self.ops: list[str] = []
+        self.launches: list[str] = []
+        self.kernels = self.syncs = self.bytes = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        self.ops += 1
-        self.names.append(name)
+        self.ops.append(name)
+        launch = not func.is_view and name not in NO_KERNEL
+        if launch:
+            self.launches.append(name)
+        out = func(*args, **(kwargs or {}))
         if name in SYNC_OPS:
             self.syncs += 1
-        elif not func.is_view and name not in NO_KERNEL:
+        elif launch:
             self.kernels += 1
-        return func(*args, **(kwargs or {}))
+            self.bytes += _bytes_written(name, args, out)
+        return out
 
 
 _TRITON_CALLS = [0]
@@ -79,7 +121,10 @@ def count_triton(module, *names: str):
 
 def measure(label: str, fn: Callable[[], object], *, per: int = 1, reps: int = 200, setup=None,
             note: str = "") -> dict:
-    """One row: ops/kernels/syncs/Triton launches of one call (divided by ``per``) and CPU us."""
+    """One row: ops/kernels/syncs/Triton launches/MB written of one call (divided by ``per``) and CPU us.
+
+    ``setup`` runs before the counted call and before each timed one; ``op_names``: the counted call's ops.
+    """
     if setup:
         setup()
     _TRITON_CALLS[0] = 0
@@ -94,9 +139,34 @@ def measure(label: str, fn: Callable[[], object], *, per: int = 1, reps: int = 2
         fn()
         times.append(time.perf_counter_ns() - t0)
     us = statistics.median(times) / 1e3
-    return {"path": label, "ops": c.ops / per, "kernels": c.kernels / per, "triton": triton_calls / per,
-            "syncs": c.syncs / per, "cpu_us": us / per, "note": note,
-            "op_names": sorted(set(c.names))}
+    return {"path": label, "ops": len(c.ops) / per, "kernels": c.kernels / per, "triton": triton_calls / per,
+            "syncs": c.syncs / per, "mb": c.bytes / per / 1e6, "cpu_us": us / per, "note": note,
+            "op_names": list(c.ops)}
+
+
+#: the printed columns: row key -> (header, width, format)
+COLUMNS = {"ops": ("ops", 6, ".1f"), "kernels": ("kern", 6, ".1f"), "triton": ("trit", 5, ".1f"),
+           "syncs": ("sync", 5, ".1f"), "mb": ("MB", 8, ".3f"), "cpu_us": ("us(CPU)", 8, ".1f")}
+
+
+def run(row_fns: Sequence[Callable[[], list[dict]]], columns: Sequence[str], description: str,
+        argv: list[str] | None = None) -> list[dict]:
+    """The command line of a counting benchmark: the rows of ``row_fns`` (one CPU thread), printed with
+    ``columns`` (keys of ``COLUMNS``), and written to ``--json PATH`` if given."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = [r for fn in row_fns for r in fn()]
+    width = max([len("path"), *(len(r["path"]) for r in rows)])
+    cols = [(k, *COLUMNS[k]) for k in columns]
+    print(f"{'path':{width}s} " + " ".join(f"{head:>{w}s}" for _, head, w, _ in cols))
+    for r in rows:
+        print(f"{r['path']:{width}s} " + " ".join(f"{r[k]:{w}{spec}}" for k, _, w, spec in cols))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -107,13 +177,19 @@ H, P, N, G, LAYERS = 8, 16, 16, 2, 21  # small state, the Nano-4B layer count (o
 SLOTS = 64
 
 
-def _params():
+def mamba2_cache_params(*, heads: int, head_dim: int, state: int, groups: int, layers: int, conv_kernel: int = 4,
+                        conv_dtype: torch.dtype = torch.float32):
+    """SGLang 0.5.17's ``Mamba2CacheParams`` of one TP rank: fp32 temporal state, ``conv_dtype`` conv state."""
     from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
 
-    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=H * P, n_groups=G, num_heads=H,
-                                    head_dim=P, state_size=N, conv_kernel=4)
-    return Mamba2CacheParams(shape=shape, layers=list(range(LAYERS)),
-                             dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32))
+    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=heads * head_dim, n_groups=groups,
+                                    num_heads=heads, head_dim=head_dim, state_size=state, conv_kernel=conv_kernel)
+    return Mamba2CacheParams(shape=shape, layers=list(range(layers)),
+                             dtype=Mamba2StateDType(conv=conv_dtype, temporal=torch.float32))
+
+
+def _params():
+    return mamba2_cache_params(heads=H, head_dim=P, state=N, groups=G, layers=LAYERS)
 
 
 def hybrid_pool(replay: bool, spec_tokens: int | None = None):
@@ -296,22 +372,9 @@ def rows_dispatch_demo() -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", help="write the rows here")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    rows = []
-    for fn in (rows_dispatch_demo, rows_admission, rows_clear_and_copy, rows_extend_metadata, rows_layer_python,
-               rows_finish_and_insert, rows_spec_step, rows_hook_wrapper):
-        rows += fn()
-    print(f"{'path':58s} {'ops':>6s} {'kern':>6s} {'trit':>5s} {'sync':>5s} {'us(CPU)':>8s}")
-    for r in rows:
-        print(f"{r['path']:58s} {r['ops']:6.1f} {r['kernels']:6.1f} {r['triton']:5.1f} {r['syncs']:5.1f} "
-              f"{r['cpu_us']:8.1f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return rows
+    return run((rows_dispatch_demo, rows_admission, rows_clear_and_copy, rows_extend_metadata, rows_layer_python,
+                rows_finish_and_insert, rows_spec_step, rows_hook_wrapper),
+               ("ops", "kernels", "triton", "syncs", "cpu_us"), __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

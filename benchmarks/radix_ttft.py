@@ -29,18 +29,11 @@ Run: ``.venv/bin/python -m benchmarks.radix_ttft`` (``--json PATH`` keeps the ro
 
 from __future__ import annotations
 
-import argparse
-import functools
-import json
-import statistics
-import time
-from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.host_overhead import NO_KERNEL, SYNC_OPS
+from benchmarks.host_overhead import mamba2_cache_params, measure, run
 
 # Nano-4B (tests/models/nemotron_h_nano4b): 21 Mamba-2 layers, mamba_num_heads 96, head_dim 80,
 # ssm_state_size 128, n_groups 8, conv kernel 4; fp32 temporal, bf16 conv (SGLang's defaults).
@@ -48,73 +41,9 @@ H, P, N, G, K, LAYERS, WINDOW = 96, 80, 128, 8, 4, 21, 16
 SLOTS = 6  # 82.6 MB of temporal per slot
 
 
-class Count(TorchDispatchMode):
-    """aten ops, would-be launches, would-be syncs and bytes written (see the module docstring)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = self.kernels = self.syncs = 0
-        self.bytes = 0
-        self.names: list[str] = []
-
-    @staticmethod
-    def _nbytes(t) -> int:
-        return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
-        self.ops += 1
-        self.names.append(name)
-        out = func(*args, **kwargs)
-        if name in SYNC_OPS:
-            self.syncs += 1
-            return out
-        if func.is_view or name in NO_KERNEL:
-            return out
-        self.kernels += 1
-        if name in ("index_put_", "index_put"):
-            self.bytes += self._nbytes(args[2])
-        elif name in ("index_copy_", "index_copy"):
-            self.bytes += self._nbytes(args[3])
-        elif name in ("index_fill_", "index_fill"):
-            t, dim, idx = args[0], args[1], args[2]
-            self.bytes += idx.numel() * (t.numel() // max(t.shape[dim], 1)) * t.element_size()
-        elif name in ("copy_",):
-            self.bytes += self._nbytes(args[1])
-        elif name.endswith("_"):
-            self.bytes += self._nbytes(args[0])
-        else:
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            self.bytes += sum(self._nbytes(o) for o in outs)
-        return out
-
-
-def measure(label: str, fn: Callable[[], object], *, setup=None, reps: int = 50, per: int = 1,
-            note: str = "") -> dict:
-    if setup:
-        setup()
-    with Count() as c:
-        fn()
-    times = []
-    for _ in range(reps):
-        if setup:
-            setup()
-        t0 = time.perf_counter_ns()
-        fn()
-        times.append(time.perf_counter_ns() - t0)
-    return {"path": label, "ops": c.ops / per, "kernels": c.kernels / per, "syncs": c.syncs / per,
-            "mb": c.bytes / per / 1e6, "cpu_us": statistics.median(times) / 1e3 / per, "note": note,
-            "op_names": [n for n in c.names]}
-
-
 def _params():
-    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
-
-    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=H * P, n_groups=G, num_heads=H,
-                                    head_dim=P, state_size=N, conv_kernel=K)
-    return Mamba2CacheParams(shape=shape, layers=list(range(LAYERS)),
-                             dtype=Mamba2StateDType(conv=torch.bfloat16, temporal=torch.float32))
+    return mamba2_cache_params(heads=H, head_dim=P, state=N, groups=G, layers=LAYERS, conv_kernel=K,
+                               conv_dtype=torch.bfloat16)
 
 
 def make_pool(replay: bool):
@@ -269,21 +198,8 @@ def rows_decode_metadata() -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", help="write the rows here")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    rows = []
-    for fn in (rows_cow, rows_extend_metadata, rows_layer_python, rows_insert_hook, rows_decode_metadata):
-        rows += fn()
-    print(f"{'path':76s} {'ops':>6s} {'kern':>6s} {'sync':>5s} {'MB':>8s} {'us(CPU)':>8s}")
-    for r in rows:
-        print(f"{r['path']:76s} {r['ops']:6.1f} {r['kernels']:6.1f} {r['syncs']:5.1f} {r['mb']:8.3f} "
-              f"{r['cpu_us']:8.1f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return rows
+    return run((rows_cow, rows_extend_metadata, rows_layer_python, rows_insert_hook, rows_decode_metadata),
+               ("ops", "kernels", "syncs", "mb", "cpu_us"), __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -14,28 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.host_overhead import OpCount
 from sglang_replayssm.metadata import build_eager
 from tests.integration.test_pool import SIZE, _params, _pool
-
-NO_LAUNCH = {"empty", "empty_like", "empty_strided", "new_empty", "lift_fresh", "lift_fresh_copy", "detach"}
-
-
-class _Count(TorchDispatchMode):
-    """aten ops, and the ones that would launch a kernel on a GPU."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-        self.launches: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        self.ops.append(name)
-        if not func.is_view and name not in NO_LAUNCH:
-            self.launches.append(name)
-        return func(*args, **(kwargs or {}))
 
 
 def _cursors():
@@ -55,7 +37,7 @@ def test_extend_metadata_of_one_radix_hit_launches_six_kernels():
     check (gather, compare, assert) and reset; was 12 (two conversions and clamps, a device mask)."""
     cur = _cursors()
     slots = torch.tensor([5], dtype=torch.int32)
-    with _Count() as c:
+    with OpCount() as c:
         _extend(cur, slots, [2048], extend_prefix_lens_cpu=[2048])
     assert len(c.launches) <= 6, c.launches
     assert "_assert_async" in c.launches and "index_fill_" in c.launches
@@ -63,7 +45,7 @@ def test_extend_metadata_of_one_radix_hit_launches_six_kernels():
 
 def test_extend_metadata_without_a_prefix_launches_only_the_reset():
     cur = _cursors()
-    with _Count() as c:
+    with OpCount() as c:
         _extend(cur, torch.tensor([5, 2], dtype=torch.int32), [0, 0], extend_prefix_lens_cpu=[0, 0])
     assert len(c.launches) <= 3 and "_assert_async" not in c.launches, c.launches
 
@@ -71,7 +53,7 @@ def test_extend_metadata_without_a_prefix_launches_only_the_reset():
 def test_extend_metadata_without_host_lengths_keeps_the_device_check():
     """SGLang's gpu-only path leaves ``extend_prefix_lens_cpu`` unset: the device lengths pick the rows."""
     cur = _cursors()
-    with _Count() as c:
+    with OpCount() as c:
         _extend(cur, torch.tensor([5], dtype=torch.int32), [2048])
     assert "_assert_async" in c.launches and len(c.launches) <= 8, c.launches
     cur[5] = torch.tensor([1, 2], dtype=torch.int32)
@@ -117,11 +99,11 @@ def test_cow_of_one_slot_adds_four_launches_to_stocks_copy_and_no_ring_copy():
               device="cpu")
     stock, pool = MambaPool(**kw), _pool()
     src, dst = torch.tensor([2]), torch.tensor([5])
-    with _Count() as s:
+    with OpCount() as s:
         stock.copy_from(src, dst)
     rings = {n: t.clone() for n, t in pool.rings.items()}
     pool.cursors[2] = torch.tensor([3, 0], dtype=torch.int32)
-    with _Count() as r:
+    with OpCount() as r:
         pool.copy_from(src, dst)
     assert len(r.launches) - len(s.launches) <= 4, (s.launches, r.launches)
     assert "all" not in r.launches
@@ -178,7 +160,7 @@ def test_extend_only_forward_on_a_gpu_does_nothing_per_layer_but_sglangs_forward
         monkeypatch.setattr(pool, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} in an extend-only forward"))
     hidden = torch.empty(4, 8, device="meta")
     fb = SimpleNamespace(mamba_track_mask=None)
-    with _Count() as c:
+    with OpCount() as c:
         outs = [be.forward(None, hidden, None, layer_id, fb) for layer_id in (0, 2, 4)]
     assert c.ops == [] and stock_forward_stub == [0, 2, 4] and all(o is hidden for o in outs)
 
