@@ -59,7 +59,7 @@ mamba slots ``K`` (stock spec jointly with ``intermediate_ssm``, ``T`` per-draft
 request), and ``max_running_requests = K // 3`` (3 slots per request with the radix cache on); the
 plug-in re-solves ``K`` with the ring bytes (``hooks/pool.py``).  Parsed from each log: the
 scheduler's ``max_running_requests=``, the capping warning, ``Mamba Cache is allocated`` (slots,
-state, per-draft GB), the plug-in's ``ReplaySSM memory`` / rings / released-buffer lines, and the free
+state, per-draft GB), the plug-in's ``ReplaySSM memory`` / speculative-state / rings lines, and the free
 memory before the weights and after the pools (the check that both budgets started equal).
 Arithmetic (Nano-4B: 21 Mamba-2 layers of 96 x 80 x 128, fp32 state; per slot ``p`` = 78.75 MiB
 state + 1.2 MiB conv; ring ``r`` ~ 7.1 MiB at L = 16, T = 4): stock spec fits ``B / (7p)`` running
@@ -82,9 +82,10 @@ T = 330 MB at T = 4 (0.31 GiB), so c = 256 needs 84.6 GB of them beside 21 GB of
 needs the whole GPU).  Here the spec servers size themselves at equal memory and requests beyond
 their limit queue in the server: the ``peak #running`` column (the largest ``#running-req`` of the
 run's decode log lines) says how many each actually held.  ``stock_nospec`` holds all 512.  The
-plug-in's pool allocates SGLang's per-draft buffer before releasing it (``--replayssm-verify
-replay``) or keeps it (``auto``), so an explicitly sized replay spec at c = 512 would fail at start
-as stock spec does; memory-derived it cannot.  Time (estimated, not yet measured): install ~40 s,
+plug-in's pool keeps SGLang's per-draft buffer with ``auto`` (its snapshot fallback may read it), so
+an explicitly sized replay spec at c = 512 would fail at start as stock spec does; with
+``--replayssm-verify replay`` it never allocates it (``pool.ReplayMambaPool._install_speculative_state``).
+Memory-derived, neither can fail that way.  Time (estimated, not yet measured): install ~40 s,
 models ~30 s, the spec servers ready ~4.5-5 min after launch and ``stock_nospec`` ~1-1.5 min after
 them, then ~2-2.5 min of runs (output 128 tokens and ``max(8, c)`` prompts keep each run to
 ~5-20 s plus ~10 s of bench_serving start-up): ~9-9.5 min in all, so within ``--time-budget`` 530
@@ -142,17 +143,20 @@ requests whose rows fit in ``B`` GiB (default ``EQUAL_MAMBA_GIB`` = 24: 60 vs 27
 arithmetic; ~4.44x for large ``B``), both at ``--spec-mem-fraction`` (which then only decides the KV
 pool, capped by ``--max-total-tokens`` for both).  The CPU tests check the row bytes against SGLang's
 ``MambaPool`` and the plug-in's ``ReplayMambaPool`` built on the meta device.  The report shows the
-arithmetic and each server's own pool lines (``Mamba Cache is allocated``, rings, the released-buffer
-line: ``equal_memory_check``), so the equal-memory claim is read from the logs, not just computed.
-Refused: ``--replay-verify auto`` / ``snapshot`` (the replay pool then keeps SGLang's per-draft buffer
-for the snapshot fallback, ``pool._drop_per_draft_ssm``: its row would be stock spec's plus the ring,
-and the mode would measure the ring's cost), flags in ``--server-args`` / ``--replay-args`` that change
-the arithmetic (``EQUAL_MEMORY_FIXED_FLAGS``), a ``B`` below one stock spec request.  Why ``B`` is 24 GiB
-and not what stock spec budgets at 0.6 with the radix cache on (~36 GiB): SGLang's ``MambaPool``
-allocates the per-draft buffer for all ``M + 1`` rows before the plug-in releases it, so the replay
-server needs stock spec's row x its own ``M + 1`` for a moment at start-up (106 GiB at 24 GiB, 158 GiB at
-35.6 GiB: more than an H200); before any server starts the run checks that peak + weights + 3 GiB
-against the replay GPU's free memory (``nvidia-smi``) and refuses with the largest ``B`` that fits.
+arithmetic and each server's own pool lines (``Mamba Cache is allocated``, the plug-in's speculative
+state and rings lines: ``equal_memory_check``), so the equal-memory claim is read from the logs, not
+just computed.  Refused: ``--replay-verify auto`` / ``snapshot`` (the replay pool then keeps SGLang's
+per-draft buffer for the snapshot fallback: its row would be stock spec's plus the ring, and the mode
+would measure the ring's cost), flags in ``--server-args`` / ``--replay-args`` that change the
+arithmetic (``EQUAL_MEMORY_FIXED_FLAGS``), a ``B`` below one stock spec request.  Start-up: no server
+allocates more than its own planned rows, at most ``B`` (the replay pool never allocates SGLang's
+per-draft SSM buffer with ``--replayssm-verify replay``, so the per-draft states are only in stock
+spec's own allocation); before any server starts the run checks that the larger of the two planned
+allocations + weights + 3 GiB fits the smaller free memory of the two spec GPUs (``nvidia-smi``) and
+refuses with the largest ``B`` that fits.  (Before the replay pool stopped allocating that buffer, the
+replay server briefly needed stock spec's row x its own ``M + 1``, 106 GiB at 24 GiB, which is why
+the default ``B`` is 24 GiB and not the ~36 GiB stock spec budgets at 0.6 with the radix cache on;
+larger ``B`` pass the check now.)
 ``stock_nospec`` is unchanged in this mode (radix off, the largest concurrency, its own memory
 fraction): a throughput reference, not part of the memory comparison.
 
@@ -171,6 +175,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import json
+import math
 import os
 import re
 import shlex
@@ -228,12 +233,11 @@ BENCH_TIMEOUT_S = 300.0
 #: --radix: "on" (no_buffer, SGLang derives the running-request limit from memory) or "off-equal-memory"
 #: (radix cache off, --max-running-requests per spec server from equal mamba-state bytes)
 RADIX_MODES = ("on", "off-equal-memory")
-#: --radix off-equal-memory: default mamba-state bytes of each spec server (GiB); small enough that the
-#: replay server's start-up peak (SGLang allocates the per-draft buffer for every row before the plug-in
-#: releases it: ~4.4x this on the Nano-4B shapes) fits an H200 beside the weights
+#: --radix off-equal-memory: default mamba-state bytes of each spec server (GiB); chosen when the replay
+#: server's start-up transient (~4.4x this) had to fit an H200 too, kept so runs stay comparable
 EQUAL_MAMBA_GIB = 24.0
-#: --radix off-equal-memory: GPU memory kept free beside the replay server's start-up peak and the weights
-#: (CUDA context, the draft, cuBLAS workspaces) when checking that the peak fits
+#: --radix off-equal-memory: GPU memory kept free beside a spec server's mamba allocation and the weights
+#: (CUDA context, the draft, cuBLAS workspaces) when checking that its start-up fits
 STARTUP_HEADROOM_GIB = 3.0
 #: --radix off-equal-memory: flags of --server-args / --replay-args that would change what the arithmetic
 #: assumes (running requests, radix, state dtype, draft length, TP), refused
@@ -518,16 +522,15 @@ def mamba_row_bytes(target_cfg: dict, *, draft_tokens: int, window: int, read_dt
     deduplicated ``[conv_dim, T + K - 2]`` layout for CUDA linear drafts), and, on the replay server,
     the rings and cursors (``sizing.ring_spec`` with ``R = max(L, T) + T`` rows, plus a read copy,
     ``pool.read_copy_bytes_per_slot``: what ``hooks/pool.ring_bytes_per_slot`` charges).  With
-    ``--replayssm-verify replay`` the replay pool releases ``intermediate_ssm`` right after SGLang
-    allocated it (``pool._drop_per_draft_ssm``), so it holds no per-draft states; the allocation is
-    still made at start-up (``startup_row``).
+    ``--replayssm-verify replay`` the replay pool never allocates ``intermediate_ssm``
+    (``pool.ReplayMambaPool._install_speculative_state``), so it holds no per-draft states, not even
+    at start-up.
 
     Returns
     -------
     dict
         ``{"family", "layers", "state_conv", "per_draft_ssm", "per_draft_conv", "ring", "stock_spec",
-        "replay_spec", "replay_startup"}``: the parts and the bytes of one row of each server (all in
-        bytes), and of the replay server's row while SGLang's per-draft buffer still exists.
+        "replay_spec"}``: the parts and the bytes of one row of each server (all in bytes).
     """
     import torch
 
@@ -553,8 +556,7 @@ def mamba_row_bytes(target_cfg: dict, *, draft_tokens: int, window: int, read_dt
     per_draft = draft_tokens * temporal
     return {"family": family, "layers": layers, "state_conv": p, "per_draft_ssm": per_draft,
             "per_draft_conv": conv_windows, "ring": ring,
-            "stock_spec": p + per_draft + conv_windows, "replay_spec": p + conv_windows + ring,
-            "replay_startup": p + per_draft + conv_windows}
+            "stock_spec": p + per_draft + conv_windows, "replay_spec": p + conv_windows + ring}
 
 
 def _replay_read_dtype(replay_args: str) -> str:
@@ -569,14 +571,15 @@ def equal_memory_plan(args: argparse.Namespace, target_cfg: dict | None = None) 
 
     Each server gets the most requests whose rows fit in ``B = --equal-mamba-gib``:
     ``M = floor(B / row) - 1`` (``M + 1`` rows, ``mamba_row_bytes``), so both hold at most ``B`` and
-    at least ``B - row``: equal within one row of the larger (stock spec's).
+    at least ``B - row``: equal within one row of the larger (stock spec's).  ``startup_bytes``: the
+    larger of the two servers' allocations, the most mamba state either allocates at start-up.
 
     Raises
     ------
     ValueError
         For a combination that cannot be equal memory or cannot start: ``--replay-verify`` other than
-        ``replay`` (``auto`` / ``snapshot`` keep SGLang's per-draft buffer, ``pool._drop_per_draft_ssm``,
-        so the replay server would pay ``T`` states per request *and* the rings: the mode would
+        ``replay`` (with ``auto`` / ``snapshot`` SGLang builds its per-draft buffer for the snapshot
+        fallback, so the replay server would pay ``T`` states per request *and* the rings: the mode would
         measure the ring's cost, not the gain), a flag of ``EQUAL_MEMORY_FIXED_FLAGS`` in
         ``--server-args`` / ``--replay-args``, a budget below one request of stock spec, or a model
         SGLang does not size as a hybrid.
@@ -607,24 +610,22 @@ def equal_memory_plan(args: argparse.Namespace, target_cfg: dict | None = None) 
                    "gib": round((m + 1) * rows[v] / (1 << 30), 4)}
     plan["ratio"] = round(plan["replay_spec"]["max_running"] / plan["stock_spec"]["max_running"], 4)
     plan["bytes_diff"] = plan["stock_spec"]["bytes"] - plan["replay_spec"]["bytes"]
-    m_r = plan["replay_spec"]["max_running"]
-    plan["replay_startup_peak_bytes"] = (m_r + 1) * rows["replay_startup"]
-    plan["replay_startup_peak_gib"] = round(plan["replay_startup_peak_bytes"] / (1 << 30), 3)
+    plan["startup_bytes"] = max(plan[v]["bytes"] for v in SPEC_VARIANTS)
+    plan["startup_gib"] = round(plan["startup_bytes"] / (1 << 30), 3)
     return plan
 
 
 def startup_fit(plan: dict, free_bytes: int | None, weights_bytes: int) -> dict:
-    """Whether the replay server's start-up peak fits: ``replay_startup_peak + weights + STARTUP_HEADROOM_GIB``
-    against the GPU's free bytes (``fits`` None when unknown), and the largest ``--equal-mamba-gib``
-    that would (the budget scales the peak by ``replay_startup / replay_spec`` row bytes)."""
+    """Whether the spec servers' start-up fits: the larger planned mamba allocation (``startup_bytes``,
+    at most ``B``) + weights + ``STARTUP_HEADROOM_GIB`` against ``free_bytes`` (the smaller reading of the
+    spec GPUs; ``fits`` None when unknown), and the largest ``--equal-mamba-gib`` that would (every
+    server's allocation is at most ``B``, so the room itself, rounded down)."""
     gib = 1 << 30
-    need = plan["replay_startup_peak_bytes"] + weights_bytes + STARTUP_HEADROOM_GIB * gib
-    rows = plan["row_bytes"]
+    need = plan["startup_bytes"] + weights_bytes + STARTUP_HEADROOM_GIB * gib
     room = None if free_bytes is None else free_bytes - weights_bytes - STARTUP_HEADROOM_GIB * gib
     return {"need_gib": round(need / gib, 3), "free_gib": None if free_bytes is None else round(free_bytes / gib, 3),
             "weights_gib": round(weights_bytes / gib, 3), "fits": None if free_bytes is None else need <= free_bytes,
-            "max_budget_gib": None if room is None else
-            round(max(room, 0) / rows["replay_startup"] * rows["replay_spec"] / gib, 2)}
+            "max_budget_gib": None if room is None else math.floor(max(room, 0) / gib * 100) / 100}
 
 
 def _gpu_free_bytes(gpu: str) -> int | None:
@@ -639,12 +640,10 @@ def _gpu_free_bytes(gpu: str) -> int | None:
 
 def logged_mamba_gib(m: dict) -> float | None:
     """Mamba-state GiB a server logged at start (``parse_memory_log``): checkpoint + conv state, the
-    per-draft buffers SGLang allocated (the SSM one unless the plug-in released it), rings, read copy."""
+    per-draft buffers (SGLang's line, or the plug-in's speculative-state line), rings, read copy."""
     if m.get("state_gb") is None or m.get("conv_gb") is None:
         return None
-    total = m["state_gb"] + m["conv_gb"] + (m.get("per_draft_conv_gb") or 0.0)
-    if m.get("per_draft_released_gb") is None:
-        total += m.get("per_draft_gb") or 0.0
+    total = m["state_gb"] + m["conv_gb"] + (m.get("per_draft_conv_gb") or 0.0) + (m.get("per_draft_gb") or 0.0)
     return round(total + (m.get("ring_gb") or 0.0) + (m.get("read_copy_gb") or 0.0), 4)
 
 
@@ -857,19 +856,22 @@ def parse_decode_log(text: str) -> dict:
             "accept_len": round(weighted / weight, 4) if weight else None}
 
 
+#: the speculative buffers' sizes: SGLang's pool line, or the plug-in's when it built them (CPU, replay verify)
+_SPEC_LINE = r"(?:Mamba Cache is allocated|ReplaySSM speculative state is allocated)\."
 _MEMORY_RX = {
     "avail_before_weights_gb": (r"Load weight begin\. avail mem=([\d.]+) GB", float),
     "avail_after_pools_gb": (re.escape(POOL_MARK) + r"\. avail mem=([\d.]+) GB", float),
     "mamba_slots": (r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+)", int),
     "conv_gb": (r"Mamba Cache is allocated\..*?conv_state size: ([\d.]+)GB", float),
     "state_gb": (r"Mamba Cache is allocated\..*?ssm_state size: ([\d.]+)GB", float),
-    "per_draft_gb": (r"Mamba Cache is allocated\..*?intermediate_ssm_state_cache size: ([\d.]+)GB", float),
-    "per_draft_conv_gb": (r"Mamba Cache is allocated\..*?intermediate_conv_window_cache size: ([\d.]+)GB", float),
+    "per_draft_gb": (_SPEC_LINE + r".*?intermediate_ssm_state_cache size: ([\d.]+)GB", float),
+    "per_draft_conv_gb": (_SPEC_LINE + r".*?intermediate_conv_window_cache size: ([\d.]+)GB", float),
+    "per_draft_ssm_not_allocated": (r"ReplaySSM speculative state is allocated\..*?(intermediate_ssm not allocated)",
+                                    bool),
     "ring_gb": (r"ReplaySSM rings are allocated\..*?ring size: ([\d.]+)GB", float),
     "ring_bytes_per_slot": (r"ReplaySSM memory: (\d+) B of ring", int),
     "state_bytes_per_slot": (r"ReplaySSM memory: .*?\(state (\d+) B per slot\)", int),
     "replay_slots_before": (r"ReplaySSM memory: .*?max_mamba_cache_size (\d+) -> \d+", int),
-    "per_draft_released_gb": (r"released SGLang's per-draft SSM buffer intermediate_ssm \(([\d.]+)GB\)", float),
     "read_copy_gb": (r"ReplaySSM read copy is allocated\..*?size: ([\d.]+)GB", float),
     "capped_by_mamba_to": (r"max_running_requests is capped to (\d+) by the mamba state cache", int),
 }
@@ -965,8 +967,8 @@ def _memory_rows(memory: dict, meta: dict) -> list[str]:
         per_draft = ab._fmt(m.get("per_draft_gb"), ".2f")
         if m.get("per_draft_gb_per_request") is not None:
             per_draft += f" ({m['per_draft_gb_per_request']:.3f})"
-        if m.get("per_draft_released_gb") is not None:
-            per_draft += ", released"
+        if m.get("per_draft_ssm_not_allocated"):
+            per_draft += ", SSM states not allocated"
         mrr = m.get("max_running_requests")
         lines.append(
             f"| {v} | {(meta.get('gpu_of') or {}).get(v, '—')} | {(meta.get('mem_fraction') or {}).get(v, '—')} "
@@ -977,9 +979,9 @@ def _memory_rows(memory: dict, meta: dict) -> list[str]:
             f"| {ab._fmt(ab._ratio(mrr, base) if v in SPEC_VARIANTS else None, '.2f')} |")
     if meta.get("radix") == "off-equal-memory":
         note = ("Spec servers: radix cache off, --max-running-requests from equal mamba-state bytes (above): "
-                "max_running_requests is the plan's, the pool lines say what each allocated. free after pools: "
-                "the replay server's may still count the per-draft buffer the plug-in released (PyTorch keeps "
-                "freed blocks cached), so the pool lines, not this column, check the equal memory.")
+                "max_running_requests is the plan's, the pool lines say what each allocated. free after pools "
+                "counts everything on the GPU by then (weights, draft, allocator cache), so the pool lines, not "
+                "this column, check the equal memory.")
     else:
         note = ("Spec servers: each alone on its GPU while it sized its pools, radix cache on (no_buffer), "
                 f"--max-running-requests {SPEC_MAX_RUNNING_REQUESTS}: max_running_requests is SGLang's derivation "
@@ -1033,14 +1035,13 @@ def _equal_memory_rows(meta: dict, memory: dict) -> list[str]:
                                      ("max_running_requests", c["max_running_matches_plan"])) if ok is False]
         if off:
             lines.append(f"{v}: logged {', '.join(off)} differ from the plan (see its server log).")
-    fit = plan.get("replay_startup_check") or {}
+    fit = plan.get("startup_check") or {}
     checked = ("not checked" if fit.get("free_gib") is None else
                f"with the weights and {STARTUP_HEADROOM_GIB:g} GiB headroom {fit['need_gib']:.1f} GiB vs "
-               f"{fit['free_gib']:.1f} GiB free on its GPU before the servers started")
+               f"{fit['free_gib']:.1f} GiB free on the spec GPUs (the smaller reading) before the servers started")
     lines.append(
-        f"Replay start-up peak: {plan['replay_startup_peak_gib']:.1f} GiB (SGLang allocates the per-draft SSM "
-        f"buffer for all {plan['replay_spec']['max_running'] + 1} rows; the plug-in releases it before the KV "
-        f"pool); {checked}.")
+        f"Start-up: at most {plan['startup_gib']:.1f} GiB of mamba state per spec server (each allocates only its "
+        f"planned rows; the replay pool allocates no per-draft SSM buffer); {checked}.")
     return lines
 
 
@@ -1144,7 +1145,7 @@ def build_report(runs: dict, memory: dict, decisions: list[dict], meta: dict) ->
         ``flags``, ``warnings``; with ``draft`` ``"oracle"``: ``wrong_rate`` and ``oracle``
         (``expected_accept_len`` per concurrency, ``geometric_accept_len``, ``reference_check``); with
         ``radix`` ``"off-equal-memory"``: ``equal_memory`` (``equal_memory_plan``, plus
-        ``replay_startup_check``).
+        ``startup_check``).
     """
     t = meta.get("draft_tokens")
     oracle = meta.get("draft") == "oracle"
@@ -1352,30 +1353,32 @@ class _Session:
             time.sleep(1.0)
 
     def check_startup_fits(self) -> None:
-        """--radix off-equal-memory: refuse (RuntimeError) a replay server whose start-up peak cannot fit its GPU.
+        """--radix off-equal-memory: refuse (RuntimeError) spec servers whose mamba state cannot fit their GPUs.
 
-        SGLang allocates the per-draft SSM buffer for every row before the plug-in releases it, so the
-        replay server needs ``replay_startup_peak`` (~4.4x its mamba bytes on the Nano-4B shapes) beside
-        the weights for a moment; a run that fails there costs the whole cold start.  Free memory: the
-        replay GPU's ``nvidia-smi`` reading before any server starts (not checked without one).
+        Each spec server allocates its planned rows at start-up and nothing more (the replay pool never
+        allocates SGLang's per-draft SSM buffer with ``--replayssm-verify replay``), at most ``B``: the
+        larger of the two (``startup_bytes``) + weights + headroom must fit; a run that fails there costs
+        the whole cold start.  Free memory: the smaller ``nvidia-smi`` reading of the spec GPUs before
+        any server starts (not checked without both readings).
         """
         plan = self.args.equal_memory
         if plan is None:
             return
         weights = sum(f.stat().st_size for f in Path(self.args.model_dir).glob("*.safetensors"))
-        free = _gpu_free_bytes(self.servers["replay_spec"].gpu)
+        gpus = sorted({self.servers[v].gpu for v in SPEC_VARIANTS})
+        readings = [_gpu_free_bytes(g) for g in gpus]
+        free = None if None in readings else min(readings)
         fit = startup_fit(plan, free, weights)
-        self.meta["equal_memory"] = {**plan, "replay_startup_check": fit}
+        self.meta["equal_memory"] = {**plan, "startup_check": fit}
         if free is None:
-            self.warn("replay_spec's start-up peak not checked (no nvidia-smi reading of its GPU's free memory): "
-                      f"it needs {fit['need_gib']:.1f} GiB with the weights")
+            self.warn("the spec servers' start-up not checked (no nvidia-smi reading of the free memory of GPUs "
+                      f"{','.join(gpus)}): each needs up to {fit['need_gib']:.1f} GiB with the weights")
         elif not fit["fits"]:
             raise RuntimeError(
-                f"--equal-mamba-gib {plan['budget_gib']:g}: replay_spec's start-up peak (SGLang's per-draft buffer "
-                f"for {plan['replay_spec']['max_running'] + 1} rows before the plug-in releases it, "
-                f"{plan['replay_startup_peak_gib']:.1f} GiB) + weights + {STARTUP_HEADROOM_GIB:g} GiB = "
-                f"{fit['need_gib']:.1f} GiB > {fit['free_gib']:.1f} GiB free on GPU {self.servers['replay_spec'].gpu}; "
-                f"expected --equal-mamba-gib <= {fit['max_budget_gib']:.1f}")
+                f"--equal-mamba-gib {plan['budget_gib']:g}: a spec server's mamba state ({plan['startup_gib']:.1f} "
+                f"GiB) + weights + {STARTUP_HEADROOM_GIB:g} GiB = {fit['need_gib']:.1f} GiB > {fit['free_gib']:.1f} "
+                f"GiB free on GPUs {','.join(gpus)} (the smaller reading); "
+                f"expected --equal-mamba-gib <= {fit['max_budget_gib']:.2f}")
 
     def start(self) -> None:
         """The spec servers at once, each alone on its GPU; stock without spec once stock spec sized its pools."""

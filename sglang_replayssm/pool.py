@@ -46,17 +46,26 @@ rows; everything else that writes a checkpoint refreshes it with ``refresh_read`
 checkpoint, so a source written by SGLang's radix track-copy is never carried stale), reload and
 radix materialisation.
 
+Speculative decoding (``T`` draft tokens): with ``--replayssm-verify replay`` on linear drafts (any
+device) and on a CPU pool, the parent is built without speculation and ``_install_speculative_state``
+adds SGLang's speculative state in SGLang's own layout for the device; with replay verify only it has
+no ``intermediate_ssm`` (``T`` full states per row, read only by SGLang's snapshot verify), which is
+then never allocated, not even for a moment at start-up.  Otherwise (``auto`` / ``snapshot``, tree
+drafts, on a GPU) SGLang's ``MambaPool.__init__`` builds it unchanged.
+
 The rings are attributes of the pool, not fields of ``MambaPool.State``: PD transfer iterates the
 state's fields, and the rings must not be sent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 
 import torch
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
+from sglang.srt.mem_cache import memory_pool as _mp
 from sglang.srt.mem_cache.memory_pool import MambaPool
 
 from replayssm_kernels.mamba2_decode.read_copy import quantize_rows
@@ -173,13 +182,17 @@ class ReplayMambaPool(MambaPool):
         self._replay_verify_only = not ReplaySSMConfig.from_env().needs_draft_states(
             kwargs.get("speculative_eagle_topk")
         )
-        if self.spec_tokens and torch.device(kwargs["device"]).type == "cpu":
-            # SGLang allocates the speculative buffers with device="cuda" hard-coded.
+        if self.spec_tokens and (torch.device(kwargs["device"]).type == "cpu" or self._replay_verify_only):
+            # A CPU pool: SGLang allocates the speculative buffers with device="cuda" hard-coded.  Replay verify
+            # only: SGLang would allocate intermediate_ssm (T states per row, several times the pool) that
+            # nothing reads.  Either way the parent is built without speculation and the state added here.
             super().__init__(**{**kwargs, "speculative_num_draft_tokens": None})
-            self._install_cpu_speculative_state(kwargs["spec_state_size"])
+            self._install_speculative_state(
+                spec_state_size=kwargs["spec_state_size"], eagle_topk=kwargs.get("speculative_eagle_topk"),
+                cache_params=kwargs["cache_params"],
+            )
         else:
             super().__init__(**kwargs)
-        self._drop_per_draft_ssm()
         cache_params = kwargs["cache_params"]
         num_layers = len(kwargs["mamba_layer_ids"])
         size = kwargs["size"]
@@ -243,50 +256,87 @@ class ReplayMambaPool(MambaPool):
             self.mem_usage,
         )
 
-    def _install_cpu_speculative_state(self, spec_state_size: int) -> None:
-        """CPU pool with speculative decoding: SGLang's ``SpeculativeState``, its buffers on the CPU.
+    def _install_speculative_state(self, *, spec_state_size: int, eagle_topk: int | None, cache_params) -> None:
+        """Add SGLang's speculative state to a pool built without speculation (a CPU pool, or replay verify only).
 
-        SGLang 0.5.17's ``MambaPool.__init__`` allocates ``intermediate_ssm`` and
-        ``intermediate_conv_window`` with ``device="cuda"`` hard-coded, so the pool is built without
-        speculation and this adds them as SGLang allocates them for a CPU (``spec_state_size + 1``
-        rows, the dense conv-window layout ``[layers, rows, T, *conv_shape]``), on the pool's device;
-        ``intermediate_ssm`` only where SGLang's snapshot verify may read it (``_drop_per_draft_ssm``
-        would release it at once otherwise).
+        Reproduces what SGLang 0.5.17's ``MambaPool.__init__`` sets up when
+        ``speculative_num_draft_tokens`` (``T``) is given, which SGLang's verify and commit read (the conv
+        rollback, ``scatter_mamba_states_after_mtp_verify``: ``fused_conv_window_scatter_with_mask``; the conv
+        kernels' ``intermediate_conv_window``), with ``rows = spec_state_size + 1``:
+
+        - ``mamba_cache``: a ``SpeculativeState`` (the pool's ``State`` fields plus the two below);
+        - ``intermediate_ssm``: ``[layers, rows, T, *temporal]`` in the state dtype, zeroed; allocated only
+          where SGLang's snapshot verify may read it (not with ``--replayssm-verify replay`` on linear
+          drafts: ``None``, as SGLang itself leaves it under its own ``--enable-linear-replayssm-spec``);
+        - ``intermediate_conv_window``: one tensor per conv shape, logical shape
+          ``[layers, rows, T, *conv_shape]`` in the conv dtype, zeroed.  Its layout follows SGLang's rule
+          (``conv_window_dedup_enabled`` and the shape's ``disable_conv_window_dedup``), which gives
+          **different layouts on CUDA and on a CPU**:
+
+          - CUDA, linear drafts (``topk <= 1``), not KDA: deduplicated.  ``conv_window_axis`` is set by
+            ``_detect_conv_window_axis`` (the axis of length ``K - 1``); per conv shape one physical buffer
+            ``[layers, rows, *conv_shape]`` with that axis ``T + K - 2`` long, and the window an overlapping
+            ``as_strided`` view of it (strides ``(phys.stride(0), phys.stride(1), window axis stride,
+            *phys.stride()[2:])``: step ``t`` is columns ``t .. t + K - 2``);
+          - a CPU pool (SGLang's CPU rule), tree drafts, KDA, or dedup disabled: dense, one contiguous
+            ``[layers, rows, T, *conv_shape]`` per conv shape; view and physical buffer coincide;
+        - ``_intermediate_conv_window_phys``: the physical conv-window buffers;
+        - ``mem_usage``: SGLang's accounting, the state's bytes with the windows charged at their physical
+          size (``mem_usage_bytes() - views + physical``).
+
+        Allocated in SGLang's regions (the memory saver's KV-cache region; the custom memory pool when
+        ``SGLANG_MOONCAKE_CUSTOM_MEM_POOL`` set one), on the pool's own device: SGLang hard-codes
+        ``device="cuda"``, the current GPU, which is the pool's (``"cuda"``) on a GPU server and does not
+        exist on a CPU one.  NPU's transposed layout is not reproduced (the plug-in runs on CUDA and CPUs).
+        SGLang's ``Mamba Cache is allocated`` line (logged by the parent without speculation) is followed
+        by the plug-in's ``ReplaySSM speculative state is allocated`` line with the same size fields.
         """
         state = self.mamba_cache
-        rows = spec_state_size + 1
         temporal = state.temporal
-        ssm = None if self._replay_verify_only else torch.zeros(
-            (temporal.shape[0], rows, self.spec_tokens, *temporal.shape[2:]), dtype=temporal.dtype,
-            device=temporal.device)
-        windows = [
-            torch.zeros((c.shape[0], rows, self.spec_tokens, *c.shape[2:]), dtype=c.dtype, device=c.device)
-            for c in state.conv
-        ]
+        device = temporal.device
+        shape = cache_params.shape
+        T = self.spec_tokens
+        rows = spec_state_size + 1
+        # The module flags SGLang's own __init__ reads; a CPU pool takes SGLang's CPU layout.
+        on_cpu = device.type == "cpu" or _mp._is_cpu
+        dedup = not shape.disable_conv_window_dedup and _mp.conv_window_dedup_enabled(
+            _mp._is_npu, on_cpu, eagle_topk, cache_params.is_kda)
+        with (
+            self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE),
+            torch.cuda.use_mem_pool(self.custom_mem_pool) if self.enable_custom_mem_pool else contextlib.nullcontext(),
+        ):
+            ssm = None if self._replay_verify_only else torch.zeros(
+                (temporal.shape[0], rows, T, *temporal.shape[2:]), dtype=temporal.dtype, device=device)
+            phys, windows = [], []
+            if dedup:
+                self.conv_window_axis = self._detect_conv_window_axis(shape.conv, shape.conv_kernel - 1)
+            for conv, conv_shape in zip(state.conv, shape.conv, strict=True):
+                conv_shape = tuple(conv_shape)
+                if dedup:
+                    axis = self.conv_window_axis % len(conv_shape)
+                    physical = list(conv_shape)
+                    physical[axis] = T + conv_shape[axis] - 1
+                    buf = torch.zeros((conv.shape[0], rows, *physical), dtype=conv.dtype, device=device)
+                    inner = buf.stride()[2:]
+                    view = buf.as_strided((buf.shape[0], rows, T, *conv_shape),
+                                          (buf.stride(0), buf.stride(1), inner[axis], *inner))
+                else:
+                    buf = view = torch.zeros((conv.shape[0], rows, T, *conv_shape), dtype=conv.dtype, device=device)
+                phys.append(buf)
+                windows.append(view)
         fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
         self.mamba_cache = self.SpeculativeState(**fields, intermediate_ssm=ssm, intermediate_conv_window=windows)
-        self._intermediate_conv_window_phys = windows
-        allocated = [*windows, ssm] if ssm is not None else windows
-        self.mem_usage += sum(t.numel() * t.element_size() for t in allocated) / _GB
-
-    def _drop_per_draft_ssm(self) -> None:
-        """``--replayssm-verify replay`` (linear chains): release SGLang's per-draft SSM buffer.
-
-        The replay verify keeps no per-draft state (the window's records are ring rows); only
-        SGLang's snapshot verify reads ``intermediate_ssm``, and with ``replay`` forced no bucket
-        takes it.  SGLang's ``MambaPool.__init__`` allocates it unconditionally, so it is freed here
-        (a transient allocation at startup, before the KV pool exists; the memory budget does not
-        reserve it, ``hooks/pool.py``).  With ``auto`` or ``snapshot`` it is kept: the snapshot
-        fallback may need it.
-        """
-        buf = getattr(self.mamba_cache, "intermediate_ssm", None)
-        if not self.spec_tokens or buf is None or not self._replay_verify_only:
-            return
-        freed = buf.numel() * buf.element_size()
-        self.mamba_cache = dataclasses.replace(self.mamba_cache, intermediate_ssm=None)
-        del buf
-        self.mem_usage -= freed / _GB
-        logger.info("ReplaySSM: released SGLang's per-draft SSM buffer intermediate_ssm (%.3fGB)", freed / _GB)
+        self._intermediate_conv_window_phys = phys
+        mem = self.mamba_cache.mem_usage_bytes() - _mp.get_tensor_size_bytes(windows) + _mp.get_tensor_size_bytes(phys)
+        self.mem_usage = mem / _GB
+        logger.info(
+            "ReplaySSM speculative state is allocated. device=%s, draft tokens T=%d, rows=%d, conv windows %s, "
+            "%s intermediate_conv_window_cache size: %.2fGB",
+            device, T, rows, "deduplicated" if dedup else "dense",
+            "intermediate_ssm not allocated (--replayssm-verify replay, linear drafts: no per-draft SSM state)"
+            if ssm is None else f"intermediate_ssm_state_cache size: {_mp.get_tensor_size_bytes(ssm) / _GB:.2f}GB",
+            _mp.get_tensor_size_bytes(phys) / _GB,
+        )
 
     def _alloc_read_copy(self, dtype: torch.dtype | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Allocate the split-precision read copy (and fp8 scales), filled from the checkpoint."""

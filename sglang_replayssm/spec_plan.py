@@ -250,7 +250,7 @@ def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuris
     snap = sorted(bs for bs, d in plan.items() if d.path == "snapshot")
     if snap and pool.mamba_cache.intermediate_ssm is None:
         raise ReplaySSMStartupError(
-            f"--ssm-backend replay: batch buckets {snap} go to SGLang's snapshot verify, but the pool released "
-            "its per-draft buffer (--replayssm-verify replay was set when it was built)"
+            f"--ssm-backend replay: batch buckets {snap} go to SGLang's snapshot verify, but the pool has no "
+            "per-draft buffer (--replayssm-verify replay was set when it was built)"
         )
     return plan

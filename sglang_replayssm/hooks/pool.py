@@ -23,8 +23,8 @@
     remaining memory is reduced by the ring bytes of ``K'+1`` slots.  With speculative decoding and
     ``--replayssm-verify replay`` on linear chains (nothing reads SGLang's per-draft SSM snapshots),
     the original solves as without speculation, so the ``intermediate_ssm`` reserve (``T`` states
-    per running request) is not taken out of the budget; ``ReplayMambaPool`` frees the buffer that
-    ``MambaPool.__init__`` still allocates (before the KV pool exists, so the transient fits).
+    per running request) is not taken out of the budget; ``ReplayMambaPool`` never allocates that
+    buffer (it builds ``MambaPool`` without speculation and adds the rest of SGLang's speculative state).
     Removal: SGLang 0.5.23 has ``extra_mamba_cache_bytes_per_req``.
 """
 

@@ -208,8 +208,8 @@ MEMORY_LOG_STOCK_SPEC = """\
 MEMORY_LOG_REPLAY_SPEC = """\
 [2026-11-30 10:00:01 TP0] Load weight begin. avail mem=139.50 GB
 [2026-11-30 10:00:09 TP0] ReplaySSM memory: 7472648 B of ring (+ read copy) per mamba slot (state 83800064 B per slot); max_mamba_cache_size 184 -> 168 (budget re-solved); rings charged 1.182 GB
-[2026-11-30 10:00:10 TP0] Mamba Cache is allocated. max_mamba_cache_size: 168, conv_state size: 0.19GB, ssm_state size: 13.07GB intermediate_ssm_state_cache size: 17.46GB intermediate_conv_window_cache size: 0.27GB 
-[2026-11-30 10:00:10 TP0] ReplaySSM: released SGLang's per-draft SSM buffer intermediate_ssm (17.460GB)
+[2026-11-30 10:00:10 TP0] Mamba Cache is allocated. max_mamba_cache_size: 168, conv_state size: 0.19GB, ssm_state size: 13.07GB 
+[2026-11-30 10:00:10 TP0] ReplaySSM speculative state is allocated. device=cuda:0, draft tokens T=4, rows=169, conv windows deduplicated, intermediate_ssm not allocated (--replayssm-verify replay, linear drafts: no per-draft SSM state) intermediate_conv_window_cache size: 0.27GB
 [2026-11-30 10:00:10 TP0] ReplaySSM rings are allocated. family=mamba2, window L=16, rows R=20, slots=169, layers=21, x=(21, 169, 96, 20, 80) torch.bfloat16, ring size: 1.176GB (7472648 B per slot), mamba cache total: 14.500GB
 [2026-11-30 10:00:10 TP0] Memory pool end. avail mem=86.01 GB
 [2026-11-30 10:02:00 TP0] max_total_num_tokens=370688, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=56, context_len=8192, available_gpu_mem=71.20 GB
@@ -243,7 +243,8 @@ def test_log_anchors_exist_in_the_sources():
         sg / "managers" / "scheduler_components" / "metrics_reporter.py": [
             'f"Decode batch{iter_msg}, #running-req: {num_running_reqs}, ', "accept len: "],
         rs / "pool.py": ["ReplaySSM rings are allocated. ", "ring size: %.3fGB",
-                         "released SGLang's per-draft SSM buffer intermediate_ssm (%.3fGB)",
+                         '"ReplaySSM speculative state is allocated. ', "intermediate_ssm not allocated",
+                         'f"intermediate_ssm_state_cache size: {', "intermediate_conv_window_cache size: %.2fGB",
                          '"ReplaySSM read copy is allocated. read_state=%s %s%s, size: %.3fGB'],
         rs / "hooks" / "pool.py": ["ReplaySSM memory: %d B of ring (+ read copy) per mamba slot ",
                                    "(state %d B per slot); ",
@@ -261,11 +262,13 @@ def test_parse_memory_log():
     assert (s["avail_before_weights_gb"], s["avail_after_pools_gb"]) == (139.52, 84.90)  # the target's, not the draft's
     assert (s["state_gb"], s["conv_gb"], s["per_draft_gb"], s["per_draft_conv_gb"]) == (14.32, 0.21, 19.01, 0.29)
     assert s["per_draft_gb_per_request"] == round((19.01 + 0.29) / 62, 4)
-    assert s["ring_gb"] is None and s["ring_bytes_per_slot"] is None and s["per_draft_released_gb"] is None
+    assert s["ring_gb"] is None and s["ring_bytes_per_slot"] is None and s["per_draft_ssm_not_allocated"] is None
     r = bs.parse_memory_log(MEMORY_LOG_REPLAY_SPEC)
     assert r["max_running_requests"] == 56 and r["mamba_slots"] == 168 and r["replay_slots_before"] == 184
     assert (r["ring_bytes_per_slot"], r["state_bytes_per_slot"], r["ring_gb"]) == (7472648, 83800064, 1.176)
-    assert r["per_draft_released_gb"] == 17.46 and r["capped_by_mamba_to"] is None
+    assert r["per_draft_ssm_not_allocated"] is True and r["capped_by_mamba_to"] is None
+    assert (r["state_gb"], r["conv_gb"], r["per_draft_gb"], r["per_draft_conv_gb"]) == (13.07, 0.19, None, 0.27)
+    assert r["per_draft_gb_per_request"] == round(0.27 / 57, 4)
     assert s["max_total_num_tokens"] == 370688 and s["read_copy_gb"] is None
     n = bs.parse_memory_log(MEMORY_LOG_NOSPEC)
     assert n["max_running_requests"] == 512 and n["per_draft_gb"] is None and n["per_draft_gb_per_request"] is None
@@ -374,8 +377,8 @@ def test_report():
     assert f"max running requests at equal memory >= 2.50: {56 / 61:.2f} MISSED" in report
     assert f"stock without spec >= 0.98: {149 / 380:.3f} MISSED" in report
     assert "| stock_spec | 0 | 0.6 | 139.52 | 61 | 184 | 14.53 | 19.01 (0.311) | — | 84.90 | 1.00 |" in report
-    assert "| replay_spec | 1 | 0.6 | 139.50 | 56 | 168 | 13.26 | 17.46 (0.311), released | 1.176 | 86.01 | 0.92 |" \
-        in report
+    assert "| replay_spec | 1 | 0.6 | 139.50 | 56 | 168 | 13.26 | — (0.005), SSM states not allocated | 1.176 | 86.01 " \
+           "| 0.92 |" in report
     assert "| stock_nospec | 0 | 0.75 | 84.70 | 512 | 512 | 39.95 | — | — | 31.50 | — |" in report
     # the replay server holds 56 requests: bucket 64 is never captured
     assert "| 64 | 4 | replay | measured | 453.1 | 353.1 | 1.28 | 0.96 | no (> limit) | r2 |" in report
@@ -901,7 +904,7 @@ def test_row_bytes_nano4b():
     assert r["per_draft_ssm"] == 4 * state
     assert r["per_draft_conv"] == 9728 * (4 + 3 - 1) * 2 * 21  # deduplicated windows [conv_dim, T + K - 2]
     assert r["ring"] == 7472648  # x + dt + B at R = max(16, 4) + 4 = 20 rows, + the cursor pair (the pool's log)
-    assert r["stock_spec"] == state + conv + 4 * state + r["per_draft_conv"] == r["replay_startup"]
+    assert r["stock_spec"] == state + conv + 4 * state + r["per_draft_conv"]
     assert r["replay_spec"] == state + conv + r["per_draft_conv"] + 7472648
     assert 4.4 < r["stock_spec"] / r["replay_spec"] < 4.5
     fp8 = bs.mamba_row_bytes(_cfg("nemotron_h_nano4b"), draft_tokens=4, window=16, read_dtype="fp8")
@@ -954,7 +957,8 @@ def test_plan_default_nano4b():
         assert spent == (plan[v]["max_running"] + 1) * rows[v] and b - rows[v] < spent <= b  # the most that fit
     assert abs(plan["bytes_diff"]) < rows["stock_spec"]  # equal within one request
     assert plan["ratio"] == round(273 / 60, 4) and plan["ratio"] >= bs.MAX_RUNNING_X_MIN
-    assert plan["replay_startup_peak_bytes"] == 274 * rows["stock_spec"] and plan["replay_startup_peak_gib"] > 100
+    # start-up: each server allocates its own rows only (no per-draft transient on the replay server)
+    assert plan["startup_bytes"] == max(plan[v]["bytes"] for v in bs.SPEC_VARIANTS) <= b
     gdn = _off("--family", "gdn").equal_memory
     assert gdn["row_bytes"]["family"] == "gdn" and gdn["ratio"] > 3
 
@@ -999,23 +1003,25 @@ def _pool_logs(plan: dict, skew: int = 0) -> dict:
     rows = plan["row_bytes"]
     g = float(GIB)
 
-    def mamba_line(n, draft):
+    def mamba_line(n, spec):
         return (f"[t] Mamba Cache is allocated. max_mamba_cache_size: {n}, conv_state size: "
                 f"{(n + 1) * 9728 * 3 * 2 * 21 / g:.2f}GB, ssm_state size: "
                 f"{(n + 1) * 96 * 80 * 128 * 4 * 21 / g:.2f}GB "
-                f"intermediate_ssm_state_cache size: {(n + 1) * draft / g:.2f}GB "
-                f"intermediate_conv_window_cache size: {(n + 1) * rows['per_draft_conv'] / g:.2f}GB \n")
+                + (f"intermediate_ssm_state_cache size: {(n + 1) * rows['per_draft_ssm'] / g:.2f}GB "
+                   f"intermediate_conv_window_cache size: {(n + 1) * rows['per_draft_conv'] / g:.2f}GB " if spec else "")
+                + "\n")
 
     s, r = plan["stock_spec"]["max_running"], plan["replay_spec"]["max_running"] + skew
     summary = "[t] max_total_num_tokens={t}, chunked_prefill_size=8192, max_running_requests={m}, x\n"
-    stock = ("[t] Load weight begin. avail mem=139.52 GB\n" + mamba_line(s, rows["per_draft_ssm"])
+    stock = ("[t] Load weight begin. avail mem=139.52 GB\n" + mamba_line(s, spec=True)
              + "[t] Memory pool end. avail mem=100.00 GB\n" + summary.format(t=370688, m=s))
     replay = ("[t] Load weight begin. avail mem=139.50 GB\n"
               f"[t] ReplaySSM memory: {rows['ring']} B of ring (+ read copy) per mamba slot "
               f"(state {rows['state_conv']} B per slot); max_mamba_cache_size {r} -> {r} (explicit size kept); rings charged 1.0 GB\n"
-              + mamba_line(r, rows["per_draft_ssm"])
-              + f"[t] ReplaySSM: released SGLang's per-draft SSM buffer intermediate_ssm "
-                f"({(r + 1) * rows['per_draft_ssm'] / g:.3f}GB)\n"
+              + mamba_line(r, spec=False)
+              + f"[t] ReplaySSM speculative state is allocated. device=cuda:0, draft tokens T=4, rows={r + 1}, conv "
+                f"windows deduplicated, intermediate_ssm not allocated (--replayssm-verify replay, linear drafts: no "
+                f"per-draft SSM state) intermediate_conv_window_cache size: {(r + 1) * rows['per_draft_conv'] / g:.2f}GB\n"
               f"[t] ReplaySSM rings are allocated. family=mamba2, window L=16, rows R=20, slots={r + 1}, layers=21, "
               f"x=(21, {r + 1}, 96, 20, 80) torch.bfloat16, ring size: {(r + 1) * rows['ring'] / g:.3f}GB "
               f"({rows['ring']} B per slot), mamba cache total: 23.917GB\n"
@@ -1027,7 +1033,7 @@ def test_equal_memory_check_from_the_logs():
     plan = _off().equal_memory
     logs = _pool_logs(plan)
     memory = {v: bs.parse_memory_log(t) for v, t in logs.items()}
-    assert memory["replay_spec"]["per_draft_released_gb"] is not None
+    assert memory["replay_spec"]["per_draft_ssm_not_allocated"] and memory["replay_spec"]["per_draft_gb"] is None
     c = bs.equal_memory_check(plan, memory)
     assert c["equal"] is True and c["ratio"] == round(273 / 60, 4)
     for v in bs.SPEC_VARIANTS:
@@ -1046,7 +1052,8 @@ def test_equal_memory_check_from_the_logs():
     assert "| replay_spec | 79.92 | 0.00 | 2.34 | 7.13 | 89.38 | 273 | 23.917 | 23.917 | 273 | 273 | 370688 |" \
         in report
     assert "(difference -0.257; one stock_spec request is 0.388 GiB): equal." in report
-    assert "rows; the plug-in releases it before the KV pool); not checked." in report
+    assert (f"Start-up: at most {plan['startup_gib']:.1f} GiB of mamba state per spec server (each allocates only "
+            "its planned rows; the replay pool allocates no per-draft SSM buffer); not checked.") in report
     assert "Max running requests by arithmetic: 273 / 60 = 4.55x (not a measurement); from the logs: 4.55x." in report
     assert "GiB): equal." in report and "radix cache off, equal mamba-state memory" in report
     assert "max running requests at equal memory >= 2.50: 4.55 met (radix cache off, equal memory by the pool " \
@@ -1058,30 +1065,35 @@ def test_equal_memory_check_from_the_logs():
 
 
 def test_startup_fit():
+    """Only each server's own planned allocation (at most B) counts at start-up: the replay server no longer
+    needs stock spec's row x its own M + 1 for a moment (106 GiB at the default 24 GiB)."""
     plan = _off().equal_memory
     ok = bs.startup_fit(plan, 139 * GIB, 7 * GIB)
-    assert ok["fits"] and ok["need_gib"] == pytest.approx(plan["replay_startup_peak_gib"] + 7 + bs.STARTUP_HEADROOM_GIB,
-                                                          abs=2e-3)
-    assert 24 < ok["max_budget_gib"] < 30
-    tight = bs.startup_fit(plan, 100 * GIB, 7 * GIB)
-    assert tight["fits"] is False and tight["max_budget_gib"] < 24
-    # the largest budget it names does fit
+    assert ok["fits"] and ok["need_gib"] == pytest.approx(plan["startup_gib"] + 7 + bs.STARTUP_HEADROOM_GIB, abs=2e-3)
+    assert ok["need_gib"] <= 24 + 7 + bs.STARTUP_HEADROOM_GIB and ok["max_budget_gib"] == 139 - 7 - 3
+    assert bs.startup_fit(plan, 40 * GIB, 7 * GIB)["fits"]  # fitted only stock's share before the fix
+    tight = bs.startup_fit(plan, 30 * GIB, 7 * GIB)
+    assert tight["fits"] is False and tight["max_budget_gib"] == 20
+    # the largest budget it names does fit, and a bit more does not
     a = _off("--equal-mamba-gib", str(tight["max_budget_gib"]))
-    assert bs.startup_fit(a.equal_memory, 100 * GIB, 7 * GIB)["fits"]
+    assert bs.startup_fit(a.equal_memory, 30 * GIB, 7 * GIB)["fits"]
+    odd = bs.startup_fit(plan, int(30.005 * GIB), 7 * GIB)["max_budget_gib"]  # rounded down, never up
+    assert odd == 20 and bs.startup_fit(_off("--equal-mamba-gib", str(odd)).equal_memory, int(30.005 * GIB),
+                                        7 * GIB)["fits"]
     assert bs.startup_fit(plan, None, 7 * GIB)["fits"] is None
 
 
 def test_main_equal_memory_with_fakes(monkeypatch, tmp_path: Path):
     plan = _off().equal_memory
     seen = _fake_world(monkeypatch, tmp_path, server_logs=_pool_logs(plan))
-    monkeypatch.setattr(bs, "_gpu_free_bytes", lambda gpu: seen.setdefault("free_of", gpu) and 139 * GIB)
+    monkeypatch.setattr(bs, "_gpu_free_bytes", lambda gpu: seen.setdefault("free_of", []).append(gpu) or 139 * GIB)
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "model-00001.safetensors").write_bytes(b"x" * 1000)
     out = tmp_path / "out"
     rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4", "--input-len", "64",
                   "--output-len", "16", "--model-dir", str(tmp_path / "m"), "--time-budget", "300",
                   "--radix", "off-equal-memory"])
-    assert rc == 0 and seen["free_of"] == "1"  # replay spec's GPU
+    assert rc == 0 and seen["free_of"] == ["0", "1"]  # both spec servers' GPUs
     flags = {name: vargs for name, *_, vargs in seen["launch"]}
     for v in bs.SPEC_VARIANTS:
         f = flags[v]
@@ -1090,16 +1102,18 @@ def test_main_equal_memory_with_fakes(monkeypatch, tmp_path: Path):
     res = json.loads((out / "results.json").read_text())
     assert res["meta"]["radix"] == "off-equal-memory"
     assert res["meta"]["equal_memory"]["replay_spec"]["max_running"] == 273
-    assert res["meta"]["equal_memory"]["replay_startup_check"]["fits"] is True
+    assert res["meta"]["equal_memory"]["startup_check"]["fits"] is True
     assert res["equal_memory_check"]["equal"] is True and res["equal_memory_check"]["ratio"] == round(273 / 60, 4)
     assert res["meta"]["warnings"] == []
     report = (out / "results.md").read_text()
-    assert "Equal memory from the logs:" in report and "GiB free on its GPU before the servers started." in report
+    assert "Equal memory from the logs:" in report
+    assert "GiB free on the spec GPUs (the smaller reading) before the servers started." in report
 
 
 def test_main_equal_memory_refuses_a_startup_that_cannot_fit(monkeypatch, tmp_path: Path):
     seen = _fake_world(monkeypatch, tmp_path)
-    monkeypatch.setattr(bs, "_gpu_free_bytes", lambda gpu: 80 * GIB)
+    # 80 GiB was refused while the replay server briefly held stock spec's rows; now the smaller reading decides
+    monkeypatch.setattr(bs, "_gpu_free_bytes", lambda gpu: {"0": 80 * GIB, "1": 20 * GIB}[gpu])
     out = tmp_path / "out"
     rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4", "--input-len", "64",
                   "--output-len", "16", "--model-dir", str(tmp_path / "m"), "--time-budget", "300",
@@ -1107,5 +1121,5 @@ def test_main_equal_memory_refuses_a_startup_that_cannot_fit(monkeypatch, tmp_pa
     assert rc == 1 and seen["launch"] == [] and seen["bench"] == []
     res = json.loads((out / "results.json").read_text())
     (w,) = res["meta"]["warnings"]
-    assert w.startswith("aborted: RuntimeError: --equal-mamba-gib 24: replay_spec's start-up peak") and \
-        "expected --equal-mamba-gib <=" in w
+    assert w.startswith("aborted: RuntimeError: --equal-mamba-gib 24: a spec server's mamba state") and \
+        "GiB free on GPUs 0,1 (the smaller reading); expected --equal-mamba-gib <=" in w
