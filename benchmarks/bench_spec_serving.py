@@ -156,7 +156,9 @@ allocations + weights + 3 GiB fits the smaller free memory of the two spec GPUs 
 refuses with the largest ``B`` that fits.  (Before the replay pool stopped allocating that buffer, the
 replay server briefly needed stock spec's row x its own ``M + 1``, 106 GiB at 24 GiB, which is why
 the default ``B`` is 24 GiB and not the ~36 GiB stock spec budgets at 0.6 with the radix cache on;
-larger ``B`` pass the check now.)
+larger ``B`` pass the check now.)  All three servers get FlashInfer's workspace raised to
+``EQUAL_MEMORY_FLASHINFER_WORKSPACE`` (2 GiB): the 384 MiB default overflowed at the replay server's
+273-request verify graph.
 ``stock_nospec`` is unchanged in this mode (radix off, the largest concurrency, its own memory
 fraction): a throughput reference, not part of the memory comparison.
 
@@ -236,6 +238,10 @@ RADIX_MODES = ("on", "off-equal-memory")
 #: --radix off-equal-memory: default mamba-state bytes of each spec server (GiB); chosen when the replay
 #: server's start-up transient (~4.4x this) had to fit an H200 too, kept so runs stay comparable
 EQUAL_MAMBA_GIB = 24.0
+#: --radix off-equal-memory: FlashInfer's workspace of every server, bytes (SGLang's
+#: SGLANG_FLASHINFER_WORKSPACE_SIZE, unless set in the environment): on the H200 the replay server's verify
+#: graph at 273 requests x 4 draft tokens overflowed SGLang's 384 MiB default at capture (``71f2159``)
+EQUAL_MEMORY_FLASHINFER_WORKSPACE = 2 << 30
 #: --radix off-equal-memory: GPU memory kept free beside a spec server's mamba allocation and the weights
 #: (CUDA context, the draft, cuBLAS workspaces) when checking that its start-up fits
 STARTUP_HEADROOM_GIB = 3.0
@@ -466,6 +472,15 @@ def variant_flags(variant: str, args: argparse.Namespace, draft_dir: str | Path)
 
 
 # ----------------------------------------------------------------------------- --radix off-equal-memory
+def flashinfer_workspace() -> str:
+    """``SGLANG_FLASHINFER_WORKSPACE_SIZE`` for every server with ``--radix off-equal-memory`` (bytes, a string).
+
+    The environment's value if set, else ``EQUAL_MEMORY_FLASHINFER_WORKSPACE``: a few hundred running requests
+    overflow SGLang's default at verify-graph capture.
+    """
+    return os.environ.get("SGLANG_FLASHINFER_WORKSPACE_SIZE") or str(EQUAL_MEMORY_FLASHINFER_WORKSPACE)
+
+
 
 #: SGLang's config classes of the hybrids ReplaySSM serves, by family (as ``hooks/pool.replay_family``)
 _CONFIG_FAMILY = {
@@ -1252,6 +1267,7 @@ class _Session:
             "input_len": a.input_len, "output_len": a.output_len, "draft_tokens": a.draft_tokens,
             "window": a.window, "replay_verify": a.replay_verify, "draft": a.draft, "wrong_rate": a.wrong_rate,
             "radix": a.radix, "equal_memory": a.equal_memory,
+            "flashinfer_workspace": flashinfer_workspace() if a.radix == "off-equal-memory" else None,
             "gpu_of": {v: s.gpu for v, s in self.servers.items()},
             "mem_fraction": {v: a.nospec_mem_fraction if v == "stock_nospec" else a.spec_mem_fraction
                              for v in VARIANTS},
@@ -1337,6 +1353,8 @@ class _Session:
                "SGLANG_REPLAYSSM_VERIFY_CACHE": str(self.work / "verify_decisions.json")}
         if self.args.draft == "oracle" and s.name in SPEC_VARIANTS:
             env |= oracle_env(self.oracle_file)
+        if self.args.radix == "off-equal-memory":
+            env["SGLANG_FLASHINFER_WORKSPACE_SIZE"] = flashinfer_workspace()
         s.proc = ab.srv.launch(Path(self.args.model_dir), s.flags, s.log, port=s.port, env=env,
                                base_flags=self.base_flags)
         self.timings[f"launch_{s.name}"] = self.dl.elapsed()

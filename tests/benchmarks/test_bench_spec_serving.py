@@ -445,6 +445,7 @@ def _fake_world(monkeypatch, tmp_path: Path, fail: str | None = None, stock_ring
         name = log.stem.removeprefix("server_")
         spec_pools = (tmp_path / "out" / "server_stock_spec.log").read_text() if seen["launch"] else ""
         seen["launch"].append((name, env["CUDA_VISIBLE_DEVICES"], bs.POOL_MARK in spec_pools, list(vargs)))
+        seen.setdefault("workspace", {})[name] = env.get("SGLANG_FLASHINFER_WORKSPACE_SIZE")
         assert env["SGLANG_REPLAYSSM_VERIFY_CACHE"].endswith("verify_decisions.json")
         assert base_flags[base_flags.index("--max-total-tokens") + 1] == str(4 * (64 + 16 + 4 + 64) + 8192)
         logs[port] = log
@@ -487,6 +488,7 @@ def test_main_with_fakes(monkeypatch, tmp_path: Path):
     assert seen["launch"][1][3][:6] == ["--ssm-backend", "replay", "--replayssm-window", "16",
                                         "--replayssm-verify", "auto"]
     assert seen["warmup"] == [(["replay_spec", "stock_spec"], 4), (["stock_nospec"], 4)]
+    assert set(seen["workspace"].values()) == {None}  # SGLang's FlashInfer workspace default with the radix cache on
     # the spec pairs per concurrency in order, then stock without spec with c=1 first
     assert sorted(seen["bench"][:2]) == ["replay_spec-c4", "stock_spec-c4"]
     assert sorted(seen["bench"][2:4]) == ["replay_spec-c1", "stock_spec-c1"]
@@ -1084,6 +1086,7 @@ def test_startup_fit():
 
 
 def test_main_equal_memory_with_fakes(monkeypatch, tmp_path: Path):
+    monkeypatch.delenv("SGLANG_FLASHINFER_WORKSPACE_SIZE", raising=False)
     plan = _off().equal_memory
     seen = _fake_world(monkeypatch, tmp_path, server_logs=_pool_logs(plan))
     monkeypatch.setattr(bs, "_gpu_free_bytes", lambda gpu: seen.setdefault("free_of", []).append(gpu) or 139 * GIB)
@@ -1101,6 +1104,9 @@ def test_main_equal_memory_with_fakes(monkeypatch, tmp_path: Path):
         assert f[f.index("--max-running-requests") + 1] == str(plan[v]["max_running"])
     res = json.loads((out / "results.json").read_text())
     assert res["meta"]["radix"] == "off-equal-memory"
+    # FlashInfer's workspace raised on all three servers (the 384 MiB default overflowed at 273 running)
+    assert seen["workspace"] == {v: str(2 << 30) for v in bs.VARIANTS} and res["meta"]["flashinfer_workspace"] == \
+        str(2 << 30)
     assert res["meta"]["equal_memory"]["replay_spec"]["max_running"] == 273
     assert res["meta"]["equal_memory"]["startup_check"]["fits"] is True
     assert res["equal_memory_check"]["equal"] is True and res["equal_memory_check"]["ratio"] == round(273 / 60, 4)
