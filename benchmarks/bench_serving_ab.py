@@ -908,6 +908,21 @@ def _stop_all(procs: dict) -> None:
         t.join(timeout=70)
 
 
+def ignore_term_signals(sigs=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)) -> None:
+    """Ignore ``sigs`` from here on, so that a teardown already under way finishes (servers stopped)."""
+    for sig in sigs:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def teardown(procs: dict, log=None) -> None:
+    """Stop every server in ``procs`` (a ``finally`` block's teardown): signals ignored, errors swallowed."""
+    ignore_term_signals()
+    with contextlib.suppress(BaseException):
+        (log or _log)("stopping servers")
+        _stop_all(procs)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     dl = _Deadline(args.time_budget)
@@ -1086,12 +1101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log(f"aborted: {type(e).__name__}: {e}")
         status = 1
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # let the teardown finish
-            with contextlib.suppress(ValueError, OSError):
-                signal.signal(sig, signal.SIG_IGN)
-        with contextlib.suppress(BaseException):
-            _log("stopping servers")
-            _stop_all(procs)
+        teardown(procs)
     timings["total"] = dl.elapsed()
     table = write_results()
     print("\n" + table, flush=True)

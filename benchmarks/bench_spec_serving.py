@@ -1596,9 +1596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         session.warn(f"aborted: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
         session.status = 1
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # let the teardown finish
-            with contextlib.suppress(ValueError, OSError):
-                signal.signal(sig, signal.SIG_IGN)
+        ab.ignore_term_signals()  # let the teardown finish
         session.stop()
     session.refresh_logs()
     session.timings["total"] = session.dl.elapsed()

@@ -671,12 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log(f"aborted: {type(e).__name__}: {e}")
         status = 1
     finally:
-        for sig in old_signals:  # let the teardown finish
-            with contextlib.suppress(ValueError, OSError):
-                signal.signal(sig, signal.SIG_IGN)
-        with contextlib.suppress(BaseException):
-            _log("stopping servers")
-            ab._stop_all(procs)
+        ab.teardown(procs, _log)
         _restore_signals(old_signals)
         if own_work:
             shutil.rmtree(work, ignore_errors=True)

@@ -950,12 +950,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log(f"aborted: {type(e).__name__}: {e}")
         status = 1
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            with contextlib.suppress(ValueError, OSError):
-                signal.signal(sig, signal.SIG_IGN)
-        with contextlib.suppress(BaseException):
-            _log("stopping servers")
-            ab._stop_all(procs)
+        ab.teardown(procs, _log)
     if any(not servers[v].get("bench") for v in ab.VARIANTS) and status == 0:
         status = 1
     timings["total"] = dl.elapsed()
