@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,8 +25,21 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+#: Test folders whose files start SGLang servers (or fake ones: subprocesses on real ports). Under
+#: pytest-xdist (``-n 2 --dist loadgroup``, pyproject's ``addopts``) they form one group, so their
+#: servers never compete with each other for the CI machine's two cores and 24 GiB; every other file
+#: is a group of its own, so its module fixtures are built once.
+SERVER_DIRS = ("benchmarks", "e2e", "models")
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``@pytest.mark.gpu`` tests, with a reason, when no CUDA device is present."""
+    """Put each test in its pytest-xdist group; skip ``@pytest.mark.gpu`` tests, with a reason, when
+    no CUDA device is present."""
+    for item in items:
+        rel = Path(item.path).resolve().relative_to(TESTS)
+        item.add_marker(pytest.mark.xdist_group("servers" if rel.parts[0] in SERVER_DIRS else rel.as_posix()))
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none here (see benchmarks/device/README.md for the H200)")
