@@ -19,6 +19,9 @@ if [ ! -f "$archive" ]; then
 fi
 export PYTHONPATH=/tmp/sgl/site${PYTHONPATH:+:$PYTHONPATH}
 export SGLANG_PLUGINS=replayssm
+# pytest in one process here (pyproject's `-n 2` is for the two-core CI machine; the payload may
+# lack pytest-xdist): no xdist, and the ini's addopts dropped.
+export PYTEST_ADDOPTS="-p no:xdist -o addopts= ${PYTEST_ADDOPTS:-}"
 # Unpack and install under a lock: several on_device.sh may start at once in one call.
 (
   flock 9
