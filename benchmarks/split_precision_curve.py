@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from replayssm_kernels import (
-    decode_cursor_step,
+    decode_cursor_step_ref,
     mamba2_conventional_f64,
     mamba2_replay_decode_ref,
 )
@@ -80,7 +80,7 @@ def _run(inp: dict, state_dtype: torch.dtype, read_dtype: torch.dtype | None, L:
     fl = torch.empty(1, dtype=torch.bool)
     ys = torch.empty(steps, H, P)
     for t in range(steps):
-        decode_cursor_step(cursors, slot_idx, no_force, L, R, rs, rl, fl)
+        decode_cursor_step_ref(cursors, slot_idx, no_force, L, R, rs, rl, fl)
         mamba2_replay_decode_ref(
             state, ring_x, ring_dt, ring_B, inp["x"][t : t + 1], inp["dt"][t : t + 1], inp["A"],
             inp["B"][t : t + 1], inp["C"][t : t + 1], ys[t : t + 1], slot_idx, rs, rl, fl,

@@ -7,8 +7,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# One thread per process for torch's OpenMP pool and numpy's BLAS (the Triton interpreter's tl.dot),
+# in the test processes and the servers they start: two pytest-xdist workers share the CI machine's
+# two cores, and two pools of spinning threads each would fight over them. Set before torch (and
+# numpy) are imported; `torch.set_num_threads` below covers a torch that a plug-in imported first.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -24,22 +33,29 @@ os.environ.pop("SGLANG_REPLAYSSM_CONFIG", None)
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import interpreter_speed  # noqa: E402  (tests/, on sys.path as the root conftest's folder)
+
+interpreter_speed.apply()
+
 
 #: Test folders whose files start SGLang servers (or fake ones: subprocesses on real ports). Under
 #: pytest-xdist (``-n 2 --dist loadgroup``, pyproject's ``addopts``) they form one group, so their
-#: servers never compete with each other for the CI machine's two cores and 24 GiB; every other file
-#: is a group of its own, so its module fixtures are built once.
+#: servers never compete with each other for the CI machine's two cores and 24 GiB. Every other test
+#: is scheduled on its own (the interpreter-heavy kernel files spread over both workers), except
+#: where a test file names a group itself (``pytest.mark.xdist_group``) for tests that share a cached
+#: build or a module fixture.
 SERVER_DIRS = ("benchmarks", "e2e", "models")
 TESTS = Path(__file__).resolve().parent
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put each test in its pytest-xdist group; skip ``@pytest.mark.gpu`` tests, with a reason, when
-    no CUDA device is present."""
+    """Put the server tests in one pytest-xdist group; skip ``@pytest.mark.gpu`` tests, with a
+    reason, when no CUDA device is present."""
     for item in items:
         rel = Path(item.path).resolve().relative_to(TESTS)
-        item.add_marker(pytest.mark.xdist_group("servers" if rel.parts[0] in SERVER_DIRS else rel.as_posix()))
+        if rel.parts[0] in SERVER_DIRS:
+            item.add_marker(pytest.mark.xdist_group("servers"))
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none here (see benchmarks/device/README.md for the H200)")

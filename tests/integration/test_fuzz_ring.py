@@ -18,9 +18,12 @@ driver. ``pytest -s`` prints sequences (hypothesis also runs a few hundred it di
 operations by kind and sequences/s. CI time on 2 cores: 50-80 s (depending on other load; 2,945 +
 733 hypothesis sequences at ~60-95 / ~75-115 per second, 400 seeded at ~110-150 per second).
 
+``test_fuzz_ring_shapes`` runs 30-operation sequences on three more shapes per family (2 layers with
+L=5, T<=4, 5 slots; T > L (L=2, T=3); L=1): 50 hypothesis and 40 seeded ones each in CI.
+
 More: ``FUZZ_RING_EXAMPLES=20000``, ``FUZZ_RING_SEED=<n>`` (a different, non-derandomised
-hypothesis run, and the driver's base seed), or ``-m slow`` (30-operation sequences on three more
-shapes per family: 2 layers with L=5, T<=4, 5 slots; T > L (L=2, T=3); L=1).
+hypothesis run, and the driver's base seed), or ``-m slow`` (the three shapes at 400 + 300
+sequences each; ``slow`` tests are deselected unless ``-m`` names them, see ``pyproject.toml``).
 """
 
 from __future__ import annotations
@@ -289,13 +292,24 @@ def test_fuzz_ring_seeded(family: str):
                 layers=1)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family", ["mamba2", "gdn"])
-@pytest.mark.parametrize("shape", [
+SHAPES = pytest.mark.parametrize("shape", [
     dict(slots=5, window=5, max_tokens=4, layers=2),
     dict(slots=3, window=2, max_tokens=3, layers=1),  # T > L: R = max(L, T) + T
     dict(slots=3, window=1, max_tokens=2, layers=1),  # L = 1: every decode step flushes
 ], ids=["L5T4x2", "L2T3", "L1T2"])
+
+
+@SHAPES
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_fuzz_ring_shapes(family, shape):
+    """The three other shapes at an eighth of the slow run's sequences (CI)."""
+    _run(_machine(family, **shape), max(EXAMPLES // 40, 50), 30)
+    _drive_many(int(SEED or 0) * 100_000 + 2_000_000, 40, family=family, n_ops=30, **shape)
+
+
+@pytest.mark.slow
+@SHAPES
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
 def test_fuzz_ring_slow(family, shape):
     _run(_machine(family, **shape), max(EXAMPLES // 5, 400), 30)
     _drive_many(int(SEED or 0) * 100_000 + 1_000_000, 300, family=family, n_ops=30, **shape)

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 import make_model  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+# One worker for the file: the module fixture (the materialised model) is built once.
+pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.xdist_group("spec-memory")]
 
 BUDGET_GB = 10.0  # what the caller would pass as total_rest_memory
 SPEC = {"speculative_algorithm": "STANDALONE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,

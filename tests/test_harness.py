@@ -1,0 +1,68 @@
+"""The test harness itself (``tests/conftest.py``): pytest-xdist groups, threads per process, and the
+Triton-interpreter speed-ups of ``tests/interpreter_speed.py``."""
+
+import os
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import interpreter_speed
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _axpy(a, x, y):
+    return a * x + y
+
+
+@triton.jit
+def _kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = tl.load(y_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, _axpy(2.0, x, y), mask=mask)
+
+
+@triton.jit
+def _bad(x_ptr, BLOCK: tl.constexpr):
+    tl.static_assert(BLOCK < 0, "raised on purpose")
+
+
+@pytest.mark.xdist_group("xdist-check")
+@pytest.mark.skipif("PYTEST_XDIST_WORKER" not in os.environ, reason="run without pytest-xdist (-n 0)")
+def test_a_named_group_is_in_effect(request: pytest.FixtureRequest) -> None:
+    """The groups (``servers``, a file's own ``pytest.mark.xdist_group``) fail silently otherwise:
+    pytest-xdist 3.8 under pytest 9 drops them and scatters module fixtures and servers."""
+    assert request.node.nodeid.endswith("@xdist-check"), request.node.nodeid
+
+
+def test_one_thread_per_test_process() -> None:
+    """One OpenMP / BLAS thread per process (two workers on two cores) unless the shell chose."""
+    assert os.environ["OMP_NUM_THREADS"] and os.environ["OPENBLAS_NUM_THREADS"]
+    assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"])
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the Triton interpreter is not in use (TRITON_INTERPRET != 1)")
+def test_interpreter_speedups_apply_and_keep_results() -> None:
+    """Both speed-ups are in effect on the pinned Triton; a kernel with a jitted helper computes the
+    same values as torch, twice in a row, and ``triton.language`` is restored after each launch,
+    also after a launch that raised."""
+    assert interpreter_speed.apply() == ["no-overflow-sanitizer", "one-language-patch-per-launch"]
+
+    before = tl.load
+    x, y = torch.randn(37), torch.randn(37)
+    for _ in range(2):
+        out = torch.full_like(x, float("nan"))
+        _kernel[(3,)](x, y, out, 37, BLOCK=16)
+        torch.testing.assert_close(out, 2.0 * x + y, rtol=0, atol=1e-6)
+        assert tl.load is before
+    with pytest.raises(Exception, match="raised on purpose"):
+        _bad[(1,)](x, BLOCK=16)
+    assert tl.load is before
+    out = torch.full_like(x, float("nan"))
+    _kernel[(3,)](x, y, out, 37, BLOCK=16)
+    torch.testing.assert_close(out, 2.0 * x + y, rtol=0, atol=1e-6)
