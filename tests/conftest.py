@@ -7,17 +7,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# One thread per process for torch's OpenMP pool and numpy's BLAS (the Triton interpreter's tl.dot),
-# in the test processes and the servers they start: two pytest-xdist workers share the CI machine's
-# two cores, and two pools of spinning threads each would fight over them. Set before torch (and
-# numpy) are imported; `torch.set_num_threads` below covers a torch that a plug-in imported first.
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+# Under pytest-xdist, one thread per process for torch's OpenMP pool and numpy's BLAS (the Triton
+# interpreter's tl.dot), in the workers and the servers they start: two workers share the CI
+# machine's two cores, and two pools of spinning threads each would fight over them. Set before
+# torch (and numpy) are imported; `torch.set_num_threads` covers a torch a plug-in imported first.
+# One-process runs (`-n 0`, `-p no:xdist` on the H200) keep the machine's threads.
+XDIST_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+if XDIST_WORKER:
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+if XDIST_WORKER:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -40,8 +40,9 @@ def test_a_named_group_is_in_effect(request: pytest.FixtureRequest) -> None:
     assert request.node.nodeid.endswith("@xdist-check"), request.node.nodeid
 
 
+@pytest.mark.skipif("PYTEST_XDIST_WORKER" not in os.environ, reason="run without pytest-xdist (-n 0)")
 def test_one_thread_per_test_process() -> None:
-    """One OpenMP / BLAS thread per process (two workers on two cores) unless the shell chose."""
+    """One OpenMP / BLAS thread per worker (two workers on two cores) unless the shell chose."""
     assert os.environ["OMP_NUM_THREADS"] and os.environ["OPENBLAS_NUM_THREADS"]
     assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"])
 
