@@ -15,11 +15,12 @@ CI: ``test_fuzz_ring_machine`` runs ``FUZZ_RING_EXAMPLES`` (default 2,000) deran
 sequences of up to 12 operations and a quarter as many GDN ones (hypothesis database off, so every
 run draws the same cases), and ``test_fuzz_ring_seeded`` 200 more per family from a plain seeded
 driver. ``pytest -s`` prints sequences (hypothesis also runs a few hundred it discards),
-operations by kind and sequences/s. CI time on 2 cores: 50-80 s (depending on other load; 2,945 +
-733 hypothesis sequences at ~60-95 / ~75-115 per second, 400 seeded at ~110-150 per second).
+operations by kind and sequences/s. Measured on a 2-core VM with both pytest-xdist workers busy
+(2026-11-30, ``304e96b``): machine 153 s (Mamba-2) + 51 s (GDN), seeded 10-12 s per family.
 
 ``test_fuzz_ring_shapes`` runs 30-operation sequences on three more shapes per family (2 layers with
-L=5, T<=4, 5 slots; T > L (L=2, T=3); L=1): 50 hypothesis and 40 seeded ones each in CI.
+L=5, T<=4, 5 slots; T > L (L=2, T=3); L=1): 50 hypothesis and 40 seeded ones each in CI
+(19-81 s per shape and family on that VM).
 
 More: ``FUZZ_RING_EXAMPLES=20000``, ``FUZZ_RING_SEED=<n>`` (a different, non-derandomised
 hypothesis run, and the driver's base seed), or ``-m slow`` (the three shapes at 400 + 300
