@@ -1,5 +1,5 @@
 """The test harness itself (``tests/conftest.py``): pytest-xdist groups, threads per process, and the
-Triton-interpreter speed-ups of ``tests/interpreter_speed.py``."""
+Triton interpreter without its overflow sanitizer (``tests/interpreter_speed.py``)."""
 
 import os
 
@@ -14,22 +14,12 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _axpy(a, x, y):
-    return a * x + y
-
-
-@triton.jit
-def _kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _axpy_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask)
     y = tl.load(y_ptr + offs, mask=mask)
-    tl.store(out_ptr + offs, _axpy(2.0, x, y), mask=mask)
-
-
-@triton.jit
-def _bad(x_ptr, BLOCK: tl.constexpr):
-    tl.static_assert(BLOCK < 0, "raised on purpose")
+    tl.store(out_ptr + offs, 2.0 * x + y, mask=mask)
 
 
 @pytest.mark.xdist_group("xdist-check")
@@ -48,22 +38,14 @@ def test_one_thread_per_test_process() -> None:
 
 
 @pytest.mark.skipif(not INTERPRET, reason="the Triton interpreter is not in use (TRITON_INTERPRET != 1)")
-def test_interpreter_speedups_apply_and_keep_results() -> None:
-    """Both speed-ups are in effect on the pinned Triton; a kernel with a jitted helper computes the
-    same values as torch, twice in a row, and ``triton.language`` is restored after each launch,
-    also after a launch that raised."""
-    assert interpreter_speed.apply() == ["no-overflow-sanitizer", "one-language-patch-per-launch"]
+def test_interpreter_without_overflow_sanitizer() -> None:
+    """The sanitizer is off on the pinned Triton (``apply`` fails to find the option on another
+    one, and this test says so); kernels still compute what torch does."""
+    from triton.runtime import interpreter
 
-    before = tl.load
+    assert interpreter_speed.apply() == ["no-overflow-sanitizer"]
+    assert interpreter.interpreter_builder.options.sanitize_overflow is False
     x, y = torch.randn(37), torch.randn(37)
-    for _ in range(2):
-        out = torch.full_like(x, float("nan"))
-        _kernel[(3,)](x, y, out, 37, BLOCK=16)
-        torch.testing.assert_close(out, 2.0 * x + y, rtol=0, atol=1e-6)
-        assert tl.load is before
-    with pytest.raises(Exception, match="raised on purpose"):
-        _bad[(1,)](x, BLOCK=16)
-    assert tl.load is before
     out = torch.full_like(x, float("nan"))
-    _kernel[(3,)](x, y, out, 37, BLOCK=16)
+    _axpy_kernel[(3,)](x, y, out, 37, BLOCK=16)
     torch.testing.assert_close(out, 2.0 * x + y, rtol=0, atol=1e-6)
