@@ -833,13 +833,14 @@ def write_outputs(cfg: Config, meta: dict, copy: dict, checks: dict, status: dic
 def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str = "dot",
                   reads: Sequence[str | None] = (None, "bf16", "fp8"),
                   num_warps: int | None = None, maxnreg: int | None = None,
-                  keep_ptx: bool = False) -> list[dict]:
+                  keep_ptx: bool = False, launch: dict | None = None) -> list[dict]:
     """Compile the Mamba-2 verify kernel of ``impl`` (``"dot"``:
     ``_mamba2_replay_verify_fwd_kernel``, ``"fma"``: ``fma.py``'s) for sm_90a (no GPU) as the launcher would at the Nano-4B shape
     (L = 16, fp32 state, bf16 activations with the mixer's strides, no z), for each ``P_SPLIT``
     and read copy in ``reads`` (``None`` / ``"bf16"`` / ``"fp8"``), and print ``ptxas -v``'s
     registers and spills (``sweep_mamba2.compile_sm90a`` / ``ptxas_stats``). ``num_warps`` /
-    ``maxnreg`` (``0``: no cap) override the launch configuration (offline sweeps); ``keep_ptx``
+    ``maxnreg`` (``0``: no cap) and ``launch`` (``{field: value}``, as ``--mamba2-verify-launch``;
+    e.g. ``{"n_chunks": 4}``) override the launch configuration (offline sweeps); ``keep_ptx``
     adds each build's PTX to its row (``"ptx"``, codegen tests). Run without ``TRITON_INTERPRET``:
     ``python -c "from benchmarks.bench_verify import offline_sm90a; offline_sm90a(4)"``."""
     import torch
@@ -854,6 +855,8 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
         cfg = cfg._replace(num_warps=num_warps)
     if maxnreg is not None:
         cfg = cfg._replace(maxnreg=maxnreg or None)
+    if launch:
+        cfg = cfg._replace(**launch)
     if impl == "fma":
         from replayssm_kernels.mamba2_verify.fma import mamba2_replay_verify_fma_kernel as kern
     else:
@@ -893,7 +896,8 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
                          BLOCK_T=cfg.block_t, NUM_PT=tiles, FOLD_UNROLL=cfg.fold_unroll,
                          HAS_READ=rd, READ_FP8=f8, SR=False, P_SPLIT=ps)
             if impl == "fma":
-                const.update(BLOCK_N=1 << (N - 1).bit_length(), L2_AHEAD=cfg.l2_ahead, PTX=True)
+                const.update(BLOCK_N=1 << (N - 1).bit_length(), L2_AHEAD=cfg.l2_ahead, PTX=True,
+                             **k.fma_layout(cfg, N))
             else:
                 const.update(NUM_NK=-(-N // cfg.block_k), ACT_TF32_EXACT=cfg.act_tf32_exact)
             opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -902,12 +906,14 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
             ck = compile_sm90a(kern, ptrs, ints, const, opts)
             st = ptxas_stats(ck.asm["ptx"])
             row = dict(T=T, impl=impl, read=read, p_split=ps, num_warps=cfg.num_warps,
-                       maxnreg=cfg.maxnreg, shared=ck.metadata.shared,
+                       maxnreg=cfg.maxnreg, block_p=cfg.block_p, n_chunks=cfg.n_chunks,
+                       kq_dot=cfg.kq_dot, shared=ck.metadata.shared,
                        ctas=ctas_per_sm(st["regs"], cfg.num_warps, ck.metadata.shared), **st)
             if keep_ptx:
                 row["ptx"] = ck.asm["ptx"]
             rows.append(row)
-            print(f"{impl} T={T} read={str(read):4} P_SPLIT={ps} warps {cfg.num_warps} cap "
+            print(f"{impl} T={T} read={str(read):4} P_SPLIT={ps} block_p {cfg.block_p} "
+                  f"n_chunks {cfg.n_chunks} kq_dot {cfg.kq_dot} warps {cfg.num_warps} cap "
                   f"{cfg.maxnreg}: regs {st['regs']} stack {st['stack']} spill st/ld "
                   f"{st['spill_st']}/{st['spill_ld']} shared {row['shared']} B, "
                   f"CTAs/SM {row['ctas']}", flush=True)

@@ -491,6 +491,11 @@ class LaunchConfig(NamedTuple):
     maxnreg: int | None  # register cap per thread (ptxas), None: the compiler's choice
     impl: str = "dot"  # "dot": this file's tensor-core kernel; "fma": fma.py's (see IMPLS)
     l2_ahead: int = 0  # "fma": bulk L2 prefetch of tile t + l2_ahead (0: none; compiled only)
+    # "fma" (fma_layout): the checkpoint tile as n_chunks column chunks per thread (1: the
+    # decode kernel's [block_p, N] tile); kq_dot = 1 (needs n_chunks > 1): KᵀQ on tensor cores.
+    # Layout and output products only: the stored bits are the same for every value.
+    n_chunks: int = 1
+    kq_dot: int = 0
 
 
 #: The two implementations of one contract: ``"fma"`` (fp32 FMA reductions over whole-N tiles,
@@ -556,6 +561,40 @@ def fma_launch_config(P: int, N: int, R: int, T: int) -> LaunchConfig:
                         2, num_warps, False, 1, maxnreg, impl="fma", l2_ahead=1)
 
 
+def fma_layout(cfg: LaunchConfig, N: int) -> dict[str, int]:
+    """Layout constexprs of an FMA launch of ``cfg`` at state dimension ``N``: ``BLOCK_J``,
+    ``BLOCK_K``, ``N_CHUNKS``, ``KQ_DOT`` (``fma.py``'s kernel arguments).
+
+    ``n_chunks = 1`` (the default): ``cfg``'s blocks and the decode kernel's ``[BLOCK_P,
+    BLOCK_N]`` tile. ``n_chunks = c > 1`` (a power of two, at most ``BLOCK_N = next_pow2(N)``):
+    the tile is held as ``[CQ, BLOCK_P, c, VEC]`` (``VEC = min(4, BLOCK_N / c)``, ``CQ = BLOCK_N /
+    (c·VEC)``): each thread keeps ``c`` chunks of ``VEC`` columns of its rows, a sum over N is
+    ``c·VEC`` in-thread adds and ``log2(CQ)`` shuffle levels (``log2(BLOCK_N / 4)`` over 4x the
+    rows per thread in the default tile at ``BLOCK_P = 16``), and the records' term joins each
+    token's sum in the same layout (``BLOCK_J`` rounded up to one chunk, ``CQ·VEC``).
+    ``kq_dot = 1`` (with ``n_chunks > 1``): ``KᵀQ`` as ``tl.dot`` per N-chunk (``BLOCK_J``,
+    ``BLOCK_K`` at least 16; with 16-bit activations the products are exact and the sums fp32,
+    on tensor cores; fp32 activations get ``input_precision="ieee"``, FMA loops, slower) instead
+    of one cross-lane fp32 sum per token and chunk. Either way every checkpoint element is folded by the same expressions in
+    the same order: checkpoints, read copies and rings are bit-identical to the default launch;
+    outputs differ by summation order. Raises ``ValueError`` for other values.
+    """
+    c, kq_dot = cfg.n_chunks, cfg.kq_dot
+    block_n = triton.next_power_of_2(N)
+    if c < 1 or c & (c - 1) or c > block_n:
+        raise ValueError(f"n_chunks: expected a power of two in [1, {block_n}] (BLOCK_N at "
+                         f"N = {N}), got {c}")
+    if kq_dot not in (0, 1) or (kq_dot and c == 1):
+        raise ValueError(f"kq_dot: expected 0, or 1 with n_chunks > 1, got kq_dot={kq_dot} "
+                         f"with n_chunks={c}")
+    block_j, block_k = cfg.block_j, cfg.block_k
+    if c > 1:
+        block_j = max(block_j, block_n // c)
+    if kq_dot:
+        block_j, block_k = max(block_j, MIN_DOT), max(block_k, MIN_DOT)
+    return dict(BLOCK_J=block_j, BLOCK_K=block_k, N_CHUNKS=c, KQ_DOT=kq_dot)
+
+
 #: Register cap of the FMA launch for windows of up to 4 tokens (ptxas ``maxnreg``; longer
 #: windows: the compiler's choice): the H200 sweep's fastest at T = 4 (8 CTAs of 2 warps per SM;
 #: offline, 8-16 B of spill stores, benchmarks/notes/verify.md's table).
@@ -595,6 +634,9 @@ def mamba2_replay_verify_fwd(
     block_p = cfg.block_p if block_p is None else block_p
     if cfg.impl == "dot" and block_p < MIN_DOT:
         raise ValueError(f"block_p: expected >= {MIN_DOT} (tl.dot tile), got {block_p}")
+    if cfg.impl == "dot" and (cfg.n_chunks, cfg.kq_dot) != (1, 0):
+        raise ValueError(f"n_chunks / kq_dot: FMA launch options, expected 1 / 0 with "
+                         f"impl='dot', got {cfg.n_chunks} / {cfg.kq_dot}")
     fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
     z_strides = tuple(z.stride()) if z is not None else (0, 0, 0, 0)
     read_strides = read_state.stride() if read_state is not None else (0, 0, 0, 0)
@@ -668,6 +710,7 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
     from replayssm_kernels.mamba2_verify.fma import mamba2_replay_verify_fma_kernel
 
     block_n = triton.next_power_of_2(N)
+    layout = fma_layout(cfg, N)
     # The L2 prefetch (compiled only) needs whole contiguous tiles of the checkpoint and, if
     # there is one, of the read copy (flush rows prefetch the checkpoint, non-flush the copy).
     l2_ahead = cfg.l2_ahead
@@ -679,8 +722,6 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
         **flags,
         BLOCK_P=block_p,
         BLOCK_N=block_n,
-        BLOCK_K=cfg.block_k,
-        BLOCK_J=cfg.block_j,
         BLOCK_T=cfg.block_t,
         NUM_PT=tiles,
         FOLD_UNROLL=fold_unroll,
@@ -690,6 +731,7 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
         P_SPLIT=p_split,
         L2_AHEAD=l2_ahead,
         PTX=not interpreting(),
+        **layout,
         num_warps=cfg.num_warps,
         **extra,
     )
