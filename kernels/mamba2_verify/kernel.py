@@ -526,7 +526,7 @@ def launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
     tf32x3. The flush fold into the checkpoint never goes through ``tl.dot``.
     """
     if impl == "fma":
-        return fma_launch_config(P, N, R, T)
+        return fma_launch_config(P, N, R, T, act_dtype)
     if impl != "dot":
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     block_k = max(MIN_DOT, min(BLOCK_K_MAX, triton.next_power_of_2(N)))
@@ -537,28 +537,43 @@ def launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
                         1, 128)
 
 
-def fma_launch_config(P: int, N: int, R: int, T: int) -> LaunchConfig:
-    """Fixed launch parameters of the FMA implementation (``fma.py``; no autotune), chosen by an
-    H200 launch sweep at the Nano-4B shape without a read copy (benchmarks/RESULTS.md, eighth
-    session; offline ptxas counts in benchmarks/notes/verify.md, "FMA implementation").
+def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype) -> LaunchConfig:
+    """Fixed launch parameters of the FMA implementation (``fma.py``; no autotune), chosen by H200
+    launch sweeps at the Nano-4B shape without a read copy (benchmarks/RESULTS.md, eighth and
+    twelfth sessions; offline ptxas counts in benchmarks/notes/verify.md, "FMA implementation").
 
-    The decode kernel's layout: ``BLOCK_P``-row tiles of the whole N (``BLOCK_N =
-    next_pow2(N)``), two warps for tiles of up to 2,048 elements (four above), two records per
-    unrolled fold step, a bulk L2 prefetch one tile ahead; ``block_j`` and ``block_t`` without
-    the tensor cores' 16 minimum (``next_pow2(R)``, ``next_pow2(T)``); ``block_k`` is the N-chunk
-    of the once-per-head ``KᵀQ`` sums (at most 32 columns). Windows of up to 4 tokens: 16-row
-    tiles at a 128-register cap (T = 4, batch 256: 660.7 us; the offline choice, cap 160, 710.9
-    us; no cap 711.3; 4 warps 1125.9; 8-row tiles 842.7 / 746.6 at cap 128). Longer windows:
-    8-row tiles, no cap (T = 8, batch 256: 1210.5 us against 1437.2 for 16-row tiles; cap 160
-    1243.9; 4 warps 1752.8): the ``[BLOCK_P, BLOCK_J, BLOCK_T]`` record broadcast grows with T.
+    ``BLOCK_P``-row tiles of the whole N (``BLOCK_N = next_pow2(N)``), two warps for tiles of up
+    to 2,048 elements (four above), two records per unrolled fold step, a bulk L2 prefetch one
+    tile ahead; ``block_j`` and ``block_t`` without the tensor cores' 16 minimum
+    (``next_pow2(R)``, ``next_pow2(T)``); ``block_k`` is the N-chunk of the once-per-head ``KᵀQ``
+    sums (at most 32 columns). By window (``fma_layout`` for ``n_chunks`` / ``kq_dot``; cycle
+    means at batch 256, a = T / 2 accepted, L = 16, twelfth session):
+
+    - up to 4 tokens: 16-row tiles held as 4 N-chunks per thread, 128-register cap (T = 4:
+      486.1 us; the decode kernel's whole-N tile 662.3, with ``KᵀQ`` on tensor cores 494.7, at a
+      160 cap 571.0);
+    - 8 tokens, 16-bit activations: 16-row tiles, 4 N-chunks, ``KᵀQ`` on tensor cores, no cap
+      (T = 8: 1111.5 us; the whole-N 8-row tile 1218.0, 8-row chunked 1474.8, a 168 cap
+      1125.1);
+    - otherwise (longer windows, or fp32 activations at 8 tokens: not timed in this form) the
+      decode kernel's whole-N tile in 8-row tiles, no cap (T = 8, eighth session: 1210.5 us
+      against 1437.2 for 16-row tiles).
     """
     block_n = triton.next_power_of_2(N)
     block_t = triton.next_power_of_2(T)
-    block_p = min(16 if block_t <= 4 else 8, triton.next_power_of_2(P))
+    chunked = block_t <= 4 or (block_t == 8 and act_dtype in (torch.bfloat16, torch.float16))
+    block_p = min(16 if chunked else 8, triton.next_power_of_2(P))
     num_warps = 2 if block_n * block_p <= 2048 else 4
     maxnreg = FMA_MAXNREG_SHORT if block_t <= 4 else None
+    n_chunks = min(FMA_N_CHUNKS, block_n) if chunked else 1
+    kq_dot = int(chunked and block_t == 8 and n_chunks > 1)
     return LaunchConfig(block_p, triton.next_power_of_2(R), block_t, min(BLOCK_K_MAX, block_n),
-                        2, num_warps, False, 1, maxnreg, impl="fma", l2_ahead=1)
+                        2, num_warps, False, 1, maxnreg, impl="fma", l2_ahead=1,
+                        n_chunks=n_chunks, kq_dot=kq_dot)
+
+
+#: N-chunks per thread of the FMA launch's checkpoint tile (``fma_layout``) where it is chunked.
+FMA_N_CHUNKS = 4
 
 
 def fma_layout(cfg: LaunchConfig, N: int) -> dict[str, int]:

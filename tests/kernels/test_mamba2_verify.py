@@ -1170,12 +1170,12 @@ def test_fma_impl_selection():
 
     assert k.launch_config(80, 128, 24, 4, torch.bfloat16).impl == "fma"
     cfg = k.launch_config(80, 128, 24, 4, torch.bfloat16, impl="fma")
-    assert cfg == k.fma_launch_config(80, 128, 24, 4)
+    assert cfg == k.fma_launch_config(80, 128, 24, 4, torch.bfloat16)
     assert (cfg.impl, cfg.block_p, cfg.block_j, cfg.block_t, cfg.num_warps) == (
         "fma", 16, 32, 4, 2)
-    assert cfg.maxnreg == 128
+    assert (cfg.maxnreg, cfg.n_chunks, cfg.kq_dot) == (128, 4, 0)
     cfg8 = k.launch_config(80, 128, 24, 8, torch.bfloat16)
-    assert (cfg8.block_p, cfg8.block_t, cfg8.maxnreg) == (8, 8, None)
+    assert (cfg8.block_p, cfg8.block_t, cfg8.maxnreg, cfg8.n_chunks, cfg8.kq_dot) == (16, 8, None, 4, 1)
     with pytest.raises(ValueError, match=r"impl: expected one of \('dot', 'fma'\), got 'mma'"):
         k.launch_config(80, 128, 24, 4, torch.bfloat16, impl="mma")
 
@@ -1225,9 +1225,9 @@ def test_fma_codegen_fold_and_registers():
         pytest.skip(rows)
     with open(inspect.getsourcefile(f)) as fh:
         src = fh.read().splitlines()
-    # The default launch's fold (_fold_tile; the N-chunked option's _fold_tile4 is checked in
-    # test_mamba2_verify_layout.py).
-    start = src.index(next(line for line in src if line.startswith("def _fold_tile(")))
+    # The default launch's fold at T = 4 (_fold_tile4, the N-chunked tile; the whole-N tile's
+    # _fold_tile, for longer windows, is held bitwise to it by test_mamba2_verify_layout.py).
+    start = src.index(next(line for line in src if line.startswith("def _fold_tile4(")))
     end = next(i for i in range(start + 1, len(src)) if src[i].startswith("def "))
     lines = {i + 1 for i in range(start, end) if "tl.fma(b_s, dA, dB" in src[i]}
     assert len(lines) == 2
