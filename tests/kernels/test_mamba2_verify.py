@@ -1180,23 +1180,21 @@ def test_fma_impl_selection():
         k.launch_config(80, 128, 24, 4, torch.bfloat16, impl="mma")
 
 
-@functools.lru_cache(maxsize=None)
-def _fma_codegen() -> list[dict] | str:
-    """Offline sm_90a builds of the FMA kernel at Nano-4B, T = 4 (no copy, bf16, fp8 copy):
-    ``bench_verify.offline_sm90a`` rows with their PTX, or why not."""
+def offline_rows(expr: str):
+    """``expr`` evaluated (JSON-able) in a fresh process without the Triton interpreter, with
+    ``bench_verify.offline_sm90a`` in scope (offline sm_90a builds, no GPU), or why not (a string)
+    when this Triton has no NVIDIA backend."""
     import json
     import os
     import subprocess
     import sys
+    import tempfile
 
     script = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
               "from benchmarks.bench_verify import offline_sm90a; "
-              "rows = offline_sm90a(4, (1,), impl='fma', keep_ptx=True); "
-              "json.dump(rows, open(sys.argv[2], 'w'))")
+              f"rows = {expr}; json.dump(rows, open(sys.argv[2], 'w'))")
     root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    import tempfile
-
     with tempfile.TemporaryDirectory() as d:
         dst = os.path.join(d, "rows.json")
         proc = subprocess.run([sys.executable, "-c", script, root, dst], env=env,
@@ -1207,6 +1205,13 @@ def _fma_codegen() -> list[dict] | str:
         assert proc.returncode == 0, proc.stderr[-3000:]
         with open(dst) as f:
             return json.load(f)
+
+
+@functools.lru_cache(maxsize=None)
+def _fma_codegen() -> list[dict] | str:
+    """Offline sm_90a builds of the FMA kernel at Nano-4B, T = 4 (no copy, bf16, fp8 copy):
+    ``bench_verify.offline_sm90a`` rows with their PTX, or why not."""
+    return offline_rows("offline_sm90a(4, (1,), impl='fma', keep_ptx=True)")
 
 
 def test_fma_codegen_fold_and_registers():

@@ -210,30 +210,9 @@ CODEGEN_LAUNCHES = {"base": dict(n_chunks=1), "default": {}, "nc4kq": dict(n_chu
 def _layout_codegen() -> dict | str:
     """Offline sm_90a builds (``bench_verify.offline_sm90a``) of ``CODEGEN_LAUNCHES`` at
     Nano-4B, T = 4, no copy: rows with PTX by key, or why not."""
-    import json
-    import os
-    import subprocess
-    import sys
-    import tempfile
-
-    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
-              "from benchmarks.bench_verify import offline_sm90a; "
-              "rows = {k: offline_sm90a(4, (1,), impl='fma', reads=(None,), keep_ptx=True, "
-              "launch=v or None)[0] for k, v in json.loads(sys.argv[3]).items()}; "
-              "json.dump(rows, open(sys.argv[2], 'w'))")
-    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    with tempfile.TemporaryDirectory() as d:
-        dst = os.path.join(d, "rows.json")
-        proc = subprocess.run([sys.executable, "-c", script, root, dst,
-                               json.dumps(CODEGEN_LAUNCHES)], env=env, capture_output=True,
-                              text=True, timeout=900)
-        err = proc.stderr.lower()
-        if proc.returncode != 0 and "nvidia" in err and "backend" in err:
-            return f"no NVIDIA Triton backend: {proc.stderr[-300:]}"
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        with open(dst) as f:
-            return json.load(f)
+    return tmv.offline_rows(
+        "{k: offline_sm90a(4, (1,), impl='fma', reads=(None,), keep_ptx=True, launch=v or None)[0] "
+        f"for k, v in {CODEGEN_LAUNCHES!r}.items()}}")
 
 
 def test_layout_codegen_fold_and_reductions():
