@@ -572,10 +572,6 @@ def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype) ->
                         n_chunks=n_chunks, kq_dot=kq_dot)
 
 
-#: N-chunks per thread of the FMA launch's checkpoint tile (``fma_layout``) where it is chunked.
-FMA_N_CHUNKS = 4
-
-
 def fma_layout(cfg: LaunchConfig, N: int) -> dict[str, int]:
     """Layout constexprs of an FMA launch of ``cfg`` at state dimension ``N``: ``BLOCK_J``,
     ``BLOCK_K``, ``N_CHUNKS``, ``KQ_DOT`` (``fma.py``'s kernel arguments).
@@ -614,6 +610,11 @@ def fma_layout(cfg: LaunchConfig, N: int) -> dict[str, int]:
 #: windows: the compiler's choice): the H200 sweep's fastest at T = 4 (8 CTAs of 2 warps per SM;
 #: offline, 8-16 B of spill stores, benchmarks/notes/verify.md's table).
 FMA_MAXNREG_SHORT = 128
+
+#: N-chunks per thread of the FMA launch's checkpoint tile (``fma_layout``) where it is chunked
+#: (the H200 sweep's fastest at T = 4 and, with ``kq_dot``, at T = 8; benchmarks/RESULTS.md,
+#: twelfth session).
+FMA_N_CHUNKS = 4
 
 
 def mamba2_replay_verify_fwd(
