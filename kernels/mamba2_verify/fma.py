@@ -6,7 +6,8 @@ computes (same arguments, same contract, same in-place writes; the launcher
 ``kernel.mamba2_replay_verify_fwd`` runs it when the launch configuration's ``impl`` is
 ``"fma"``, the default), laid out as the decode kernel
 (``mamba2_decode/kernel.py``) instead: every product is an fp32 FMA / ``tl.sum`` in registers
-(no ``tl.dot``, no tf32), and the checkpoint is walked in whole-N ``[BLOCK_P, BLOCK_N]`` tiles.
+(no ``tl.dot``, no tf32), and the checkpoint is walked in ``BLOCK_P``-row tiles of the whole N
+(held as N-chunks per thread by the default launch, "Layout options" below).
 
 Launch layout: grid ``(H·P_SPLIT, batch)``; program ``(h·P_SPLIT + i_s, b)`` owns row ``b``,
 head ``h`` and P-tiles ``[i_s·NUM_PT, (i_s+1)·NUM_PT)`` (``P_SPLIT`` from ``mamba2_decode``'s
@@ -49,8 +50,10 @@ registers and barriers offline, benchmarks/notes/verify.md.)
   ``(ring_start + ring_len + t) % R``: x per tile, ``Δ`` once per head and ``B`` by the group's
   first head, by the first P-split program only.
 
-Launch options (``LaunchConfig`` fields, ``kernel.fma_layout``; the default launch uses neither,
-and its compiled code is unchanged by them), for an H200 sweep (benchmarks/notes/verify.md):
+Layout options (``LaunchConfig`` fields, ``kernel.fma_layout``; the default launch,
+``kernel.fma_launch_config``, takes ``n_chunks = 4`` for windows of up to 4 tokens and adds
+``kq_dot = 1`` at 8 tokens with 16-bit activations, by the H200 sweep of benchmarks/RESULTS.md,
+twelfth session; longer windows keep the whole-N ``[BLOCK_P, BLOCK_N]`` tile):
 
 - ``n_chunks = NC > 1`` (``N_CHUNKS``): the tile is held as ``[CQ, BLOCK_P, NC, VEC]`` (column
   ``n = c·CQ·VEC + q·VEC + v``) instead of ``[BLOCK_P, BLOCK_N]``. Triton lays a load out by
