@@ -1,4 +1,4 @@
-"""Mamba-2 verify, FMA implementation: the N-chunked tile layout (``n_chunks``, ``kq_dot``) of the default launch.
+"""Mamba-2 verify, FMA: the N-chunked tile (``n_chunks``, ``kq_dot``) of the default launch.
 
 ``kernel.fma_layout`` / ``fma.py``: with ``n_chunks = NC > 1`` the checkpoint tile is held as
 ``[CQ, BLOCK_P, NC, VEC]`` so each thread keeps ``NC`` column chunks of its rows; a sum over N is
