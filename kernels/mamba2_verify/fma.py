@@ -245,38 +245,40 @@ def _st_rec(ptrs, vals, mask):
 
 
 @triton.jit
+def _record_factors4(p_rx, p_rdt, p_rB, row, A, N, m_x, stride_rx_row, stride_rdt_row,
+                     stride_rB_row, stride_rB_n, CQ: tl.constexpr, NC: tl.constexpr,
+                     VEC: tl.constexpr, PTX: tl.constexpr):
+    """``record_factors_lean`` for the N-chunked tile: physical ring row ``row``'s x
+    ``[1, BLOCK_P, 1, 1]`` (``p_rx`` / ``m_x``; compiled: ``ld_rec``), ``dA = exp(A·Δ)`` and
+    ``dB = B·Δ`` with B ``[CQ, 1, NC, VEC]`` by ``_ld_cols`` from the group's ring ``p_rB``."""
+    if PTX:
+        b_xj = ld_rec(p_rx + row * stride_rx_row, m_x)
+    else:
+        b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_x, other=0.0)
+    dtj = tl.load(p_rdt + row * stride_rdt_row)
+    b_Bj = _ld_cols(p_rB + row * stride_rB_row, stride_rB_n, N, True, CQ, NC, VEC, PTX)
+    return b_xj, tl.exp(A * dtj), b_Bj * dtj
+
+
+@triton.jit
 def _fold_tile4(b_s, p_rx, p_rdt, p_rB, s0, n_full, length, R, A, N, m_x, stride_rx_row,
                 stride_rdt_row, stride_rB_row, stride_rB_n, FOLD_UNROLL: tl.constexpr,
                 CQ: tl.constexpr, NC: tl.constexpr, VEC: tl.constexpr, PTX: tl.constexpr):
-    """``_fold_tile`` on the N-chunked tile: x rows ``p_rx`` / ``m_x`` ``[1, BLOCK_P, 1, 1]``
-    (compiled: ``ld_rec``), B columns ``[CQ, 1, NC, VEC]`` by ``_ld_cols`` from the group's ring
-    ``p_rB``; ``record_factors_lean``'s expressions (``dA = exp(A·Δ)``, ``dB = B·Δ``) and the
-    update ``fma(S, dA, dB·x)`` per element, oldest record first: the ``[BLOCK_P, BLOCK_N]``
-    tile's bits."""
+    """``_fold_tile`` on the N-chunked tile (records by ``_record_factors4``): the update
+    ``fma(S, dA, dB·x)`` per element, oldest record first: the ``[BLOCK_P, BLOCK_N]`` tile's
+    bits."""
     for c in range(0, n_full, FOLD_UNROLL):
         for jj in tl.static_range(FOLD_UNROLL):
             row = s0 + c + jj
-            row = tl.where(row >= R, row - R, row)
-            if PTX:
-                b_xj = ld_rec(p_rx + row * stride_rx_row, m_x)
-            else:
-                b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_x, other=0.0)
-            dtj = tl.load(p_rdt + row * stride_rdt_row)
-            b_Bj = _ld_cols(p_rB + row * stride_rB_row, stride_rB_n, N, True, CQ, NC, VEC, PTX)
-            dA = tl.exp(A * dtj)
-            dB = b_Bj * dtj
+            b_xj, dA, dB = _record_factors4(
+                p_rx, p_rdt, p_rB, tl.where(row >= R, row - R, row), A, N, m_x, stride_rx_row,
+                stride_rdt_row, stride_rB_row, stride_rB_n, CQ, NC, VEC, PTX)
             b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32))
     for j in range(n_full, length):
         row = s0 + j
-        row = tl.where(row >= R, row - R, row)
-        if PTX:
-            b_xj = ld_rec(p_rx + row * stride_rx_row, m_x)
-        else:
-            b_xj = tl.load(p_rx + row * stride_rx_row, mask=m_x, other=0.0)
-        dtj = tl.load(p_rdt + row * stride_rdt_row)
-        b_Bj = _ld_cols(p_rB + row * stride_rB_row, stride_rB_n, N, True, CQ, NC, VEC, PTX)
-        dA = tl.exp(A * dtj)
-        dB = b_Bj * dtj
+        b_xj, dA, dB = _record_factors4(
+            p_rx, p_rdt, p_rB, tl.where(row >= R, row - R, row), A, N, m_x, stride_rx_row,
+            stride_rdt_row, stride_rB_row, stride_rB_n, CQ, NC, VEC, PTX)
         b_s = tl.fma(b_s, dA, dB * b_xj.to(tl.float32))
     return b_s
 

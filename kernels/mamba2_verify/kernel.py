@@ -576,19 +576,19 @@ def fma_layout(cfg: LaunchConfig, N: int) -> dict[str, int]:
     """Layout constexprs of an FMA launch of ``cfg`` at state dimension ``N``: ``BLOCK_J``,
     ``BLOCK_K``, ``N_CHUNKS``, ``KQ_DOT`` (``fma.py``'s kernel arguments).
 
-    ``n_chunks = 1`` (the default): ``cfg``'s blocks and the decode kernel's ``[BLOCK_P,
+    ``n_chunks = 1`` (the whole-N tile): ``cfg``'s blocks and the decode kernel's ``[BLOCK_P,
     BLOCK_N]`` tile. ``n_chunks = c > 1`` (a power of two, at most ``BLOCK_N = next_pow2(N)``):
     the tile is held as ``[CQ, BLOCK_P, c, VEC]`` (``VEC = min(4, BLOCK_N / c)``, ``CQ = BLOCK_N /
     (c·VEC)``): each thread keeps ``c`` chunks of ``VEC`` columns of its rows, a sum over N is
     ``c·VEC`` in-thread adds and ``log2(CQ)`` shuffle levels (``log2(BLOCK_N / 4)`` over 4x the
-    rows per thread in the default tile at ``BLOCK_P = 16``), and the records' term joins each
+    rows per thread in the whole-N tile at ``BLOCK_P = 16``), and the records' term joins each
     token's sum in the same layout (``BLOCK_J`` rounded up to one chunk, ``CQ·VEC``).
     ``kq_dot = 1`` (with ``n_chunks > 1``): ``KᵀQ`` as ``tl.dot`` per N-chunk (``BLOCK_J``,
     ``BLOCK_K`` at least 16; with 16-bit activations the products are exact and the sums fp32,
     on tensor cores; fp32 activations get ``input_precision="ieee"``, FMA loops, slower) instead
-    of one cross-lane fp32 sum per token and chunk. Either way every checkpoint element is folded by the same expressions in
-    the same order: checkpoints, read copies and rings are bit-identical to the default launch;
-    outputs differ by summation order. Raises ``ValueError`` for other values.
+    of one cross-lane fp32 sum per token and chunk. Either way every checkpoint element is folded
+    by the same expressions in the same order: checkpoints, read copies and rings are
+    bit-identical to the whole-N tile's; outputs differ by summation order. Raises ``ValueError`` for other values.
     """
     c, kq_dot = cfg.n_chunks, cfg.kq_dot
     block_n = triton.next_power_of_2(N)

@@ -17,9 +17,9 @@ a moment at start-up.  Checked here:
 - ``auto`` keeps SGLang's construction (its ``intermediate_ssm`` is there, and was recorded);
 - a CPU pool takes SGLang's CPU layout (dense conv windows), with ``intermediate_ssm`` only when the
   snapshot verify may read it;
-- on a GPU (``gpu``): the peak of ``torch.cuda.max_memory_allocated`` while a replay-only pool is built
-  is what the pool holds afterwards, far below SGLang's pool with ``intermediate_ssm``, and the layout
-  equals SGLang's real CUDA pool.
+- on a GPU (``gpu``): the peak of the bytes requested from the CUDA allocator while a replay-only pool
+  is built is what the pool holds afterwards, exactly its ``mem_usage``, far below SGLang's pool with
+  ``intermediate_ssm``, and the layout equals SGLang's real CUDA pool.
 """
 
 from __future__ import annotations
