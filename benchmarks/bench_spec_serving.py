@@ -1,4 +1,4 @@
-"""Speculative serving on two GPUs: stock spec vs replay spec vs stock without spec (issue 6).
+"""Speculative serving on two GPUs (or one): stock spec vs replay spec vs stock without spec (issue 6).
 
 One command, bounded in time end to end (``--time-budget``), for one device call on
 ``nvidia-h200-x2``:
@@ -162,6 +162,14 @@ larger ``B`` pass the check now.)  All three servers get FlashInfer's workspace 
 ``stock_nospec`` is unchanged in this mode (radix off, the largest concurrency, its own memory
 fraction): a throughput reference, not part of the memory comparison.
 
+**(6) One GPU: ``--gpus G --radix off-equal-memory``.**  When only one GPU is lent, every server runs
+on it: each starts once the previous one logged its pools, with ``--max-total-tokens`` for the requests
+it can hold and a ``--mem-fraction-static`` computed from the free memory just before its launch so that
+SGLang's budget covers its planned mamba rows and that KV (``spec_one_gpu.py``; refused before anything
+starts when the three cannot fit: ``--skip-nospec`` or a smaller largest concurrency then).  The
+equal-memory comparison is the mamba rows', as in (5); the runs take the GPU one server at a time, the
+spec pair's order alternating with the concurrency, so no run shares the GPU's compute with another.
+
 No CPU mode: STANDALONE has no CPU path in SGLang 0.5.17 (no ``torch_native`` draft attention
 backend) and ``--ssm-backend replay`` refuses it on a CPU (``spec_plan.startup_refusals``,
 ``benchmarks/notes/spec_algorithms.md``).  CPU tests cover the arguments, the commands
@@ -190,6 +198,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks import bench_serving_ab as ab
+from benchmarks import spec_one_gpu as one_gpu
 from benchmarks.bench_serving_ab import run_bench_serving  # noqa: E402  (shared bench_serving runner)
 
 import make_model  # tests/models/make_model.py (bench_serving_ab put tests/models on sys.path)
@@ -280,7 +289,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="where the target is written (default /tmp/replayssm_bench_models/<model>); reused if complete")
     p.add_argument("--gpus", default="0,1",
                    help="two GPU indices (of CUDA_VISIBLE_DEVICES when set): stock spec and stock without "
-                        "spec on the first, replay spec on the second")
+                        "spec on the first, replay spec on the second; or one index with --radix "
+                        "off-equal-memory: every server on it, started and run one at a time")
+    p.add_argument("--skip-nospec", action="store_true",
+                   help="do not start stock without spec (its rows of the table stay empty)")
     p.add_argument("--concurrency", type=ab._int_list, default=[256, 512, 1, 64],
                    help="comma list, run in this order (default 256,512,1,64: the targets first)")
     p.add_argument("--num-prompts", type=ab._int_list, default=None,
@@ -331,10 +343,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def _complete(args: argparse.Namespace) -> None:
     """Fill the derived defaults in ``args``; ValueError (expected vs actual) on bad values."""
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()]
-    if len(gpus) != 2 or len(set(gpus)) != 2 or not all(g.isdigit() for g in gpus):
+    one = len(gpus) == 1 and args.radix == "off-equal-memory"
+    if not (one or len(gpus) == 2 and len(set(gpus)) == 2) or not all(g.isdigit() for g in gpus):
         raise ValueError(f"--gpus: expected two different GPU indices (one per spec server, so each budgets "
-                         f"from the same free memory), got {args.gpus!r}")
+                         f"from the same free memory), or one with --radix off-equal-memory (every server "
+                         f"budgeted by arithmetic: spec_one_gpu.py), got {args.gpus!r}")
     args.gpus = [int(g) for g in gpus]
+    args.one_gpu = one
     if args.num_prompts is None:
         args.num_prompts = [max(8, c) for c in args.concurrency]
     if len(args.num_prompts) != len(args.concurrency):
@@ -1057,6 +1072,18 @@ def _equal_memory_rows(meta: dict, memory: dict) -> list[str]:
     lines.append(
         f"Start-up: at most {plan['startup_gib']:.1f} GiB of mamba state per spec server (each allocates only its "
         f"planned rows; the replay pool allocates no per-draft SSM buffer); {checked}.")
+    budgets = meta.get("one_gpu_budgets")
+    if budgets:
+        per = "; ".join(
+            f"{v} {b['running']} requests, {b['mamba_bytes'] / gib:.2f} GiB mamba + {b['kv_tokens']} KV tokens "
+            f"({b['kv_bytes'] / gib:.2f} GiB), --mem-fraction-static "
+            f"{(meta.get('mem_fraction') or {}).get(v, '—')} of {b.get('free_at_launch_gib', '—')} GiB free at its launch"
+            for v, b in budgets["servers"].items())
+        lines.append(
+            f"One GPU (spec_one_gpu.py): every server on it, each started once the previous one sized its pools and "
+            f"budgeted by arithmetic ({budgets['kv_bytes_per_token']} KV bytes per token): {per}; "
+            f"{budgets['need_gib']:.1f} GiB needed in all vs {budgets['free_gib']:.1f} GiB free; the runs took the GPU "
+            "one server at a time (the spec pair's order alternating with the concurrency).")
     return lines
 
 
@@ -1242,12 +1269,14 @@ class _Session:
         self.dl = ab._Deadline(args.time_budget)
         self.target_cfg = json.loads((ab.ROOT / "tests" / "models" / args.model / "config.json").read_text())
         self.draft_dir = Path(f"{args.model_dir}_draft")
-        gpu_a, gpu_b = gpu_env_ids(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        ids = gpu_env_ids(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        gpu_a, gpu_b = ids * 2 if args.one_gpu else ids
         self.base_flags = common_flags(args)
         self.servers = {
             v: _Server(v, gpu, ab.srv.free_port(), out / f"server_{v}.log", variant_flags(v, args, self.draft_dir))
-            for v, gpu in zip(VARIANTS, (gpu_a, gpu_b, gpu_a))
+            for v, gpu in zip(VARIANTS, (gpu_a, gpu_b, gpu_a)) if not (args.skip_nospec and v == "stock_nospec")
         }
+        self.budgets: dict[str, dict] = {}
         self.runs: dict[int, dict] = {c: {"num_prompts": n} for c, n in zip(args.concurrency, args.num_prompts)}
         self.memory: dict[str, dict] = {}
         self.decisions: list[dict] = []
@@ -1268,7 +1297,7 @@ class _Session:
             "window": a.window, "replay_verify": a.replay_verify, "draft": a.draft, "wrong_rate": a.wrong_rate,
             "radix": a.radix, "equal_memory": a.equal_memory,
             "flashinfer_workspace": flashinfer_workspace() if a.radix == "off-equal-memory" else None,
-            "gpu_of": {v: s.gpu for v, s in self.servers.items()},
+            "gpu_of": {v: s.gpu for v, s in self.servers.items()}, "one_gpu": a.one_gpu,
             "mem_fraction": {v: a.nospec_mem_fraction if v == "stock_nospec" else a.spec_mem_fraction
                              for v in VARIANTS},
             "flags": {v: " ".join(self.base_flags + s.flags) for v, s in self.servers.items()},
@@ -1388,6 +1417,9 @@ class _Session:
         free = None if None in readings else min(readings)
         fit = startup_fit(plan, free, weights)
         self.meta["equal_memory"] = {**plan, "startup_check": fit}
+        if self.args.one_gpu:
+            self._check_one_gpu_fits(plan, free, weights)
+            return
         if free is None:
             self.warn("the spec servers' start-up not checked (no nvidia-smi reading of the free memory of GPUs "
                       f"{','.join(gpus)}): each needs up to {fit['need_gib']:.1f} GiB with the weights")
@@ -1398,8 +1430,59 @@ class _Session:
                 f"GiB free on GPUs {','.join(gpus)} (the smaller reading); "
                 f"expected --equal-mamba-gib <= {fit['max_budget_gib']:.2f}")
 
+    def _check_one_gpu_fits(self, plan: dict, free: int | None, weights: int) -> None:
+        """One GPU: every server's budget (``spec_one_gpu.server_budgets``) must fit it together."""
+        kv = one_gpu.kv_bytes_per_token(self.target_cfg)
+        self.budgets = one_gpu.server_budgets(self.args, plan, kv, weights, tuple(self.servers))
+        fit = one_gpu.one_gpu_fit(self.budgets, free)
+        self.meta["one_gpu_budgets"] = {"kv_bytes_per_token": kv, **fit,
+                                        "servers": {v: dict(b) for v, b in self.budgets.items()}}
+        if free is None:
+            raise RuntimeError(f"--gpus {self.servers['stock_spec'].gpu} (one GPU): no nvidia-smi reading of its free "
+                               "memory: the servers' fractions need one")
+        if not fit["fits"]:
+            raise RuntimeError(
+                f"one GPU: the servers need {fit['need_gib']:.1f} GiB (per server {fit['per_server_gib']} + "
+                f"{one_gpu.FRACTION_SLACK_GIB + one_gpu.PER_SERVER_RESERVE_GIB:g} GiB each) > {fit['free_gib']:.1f} "
+                "GiB free; expected fewer: --skip-nospec, a smaller largest --concurrency or --equal-mamba-gib")
+
+    def _launch_on_shared_gpu(self, s: _Server) -> None:
+        """One GPU: this server's fraction and KV tokens from what is free now, then its launch."""
+        free = _gpu_free_bytes(s.gpu)
+        if free is None:
+            raise RuntimeError(f"{s.name}: no nvidia-smi reading of GPU {s.gpu}'s free memory")
+        extra = one_gpu.server_flags(self.budgets[s.name], free)
+        drop = {"--mem-fraction-static", "--max-total-tokens"}
+        kept, skip = [], False
+        for t in s.flags:
+            if skip:
+                skip = False
+            elif t in drop:
+                skip = True
+            else:
+                kept.append(t)
+        s.flags = [*kept, *extra]
+        self.meta["flags"][s.name] = " ".join(self.base_flags + s.flags)
+        self.meta["mem_fraction"][s.name] = float(extra[1])
+        self.meta["one_gpu_budgets"]["servers"][s.name]["free_at_launch_gib"] = round(free / (1 << 30), 3)
+        self._launch(s)
+
+    def _start_one_gpu(self) -> None:
+        """One GPU: each server after the previous one logged its pools (so it budgets from what is left)."""
+        for i, v in enumerate(self.servers):
+            s = self.servers[v]
+            if i:
+                prev = self.servers[list(self.servers)[i - 1]]
+                self._wait_mark(prev, POOL_MARK, timeout=min(300.0, max(self.dl.left() - 60.0, 1.0)))
+                self.timings[f"{prev.name}_pools_sized"] = self.dl.elapsed()
+            self._launch_on_shared_gpu(s)
+
     def start(self) -> None:
-        """The spec servers at once, each alone on its GPU; stock without spec once stock spec sized its pools."""
+        """The spec servers at once, each alone on its GPU; stock without spec once stock spec sized its pools.
+        One GPU: one after another (``_start_one_gpu``)."""
+        if self.args.one_gpu:
+            self._start_one_gpu()
+            return
         for v in SPEC_VARIANTS:
             self._launch(self.servers[v])
         first = self.servers["stock_spec"]
@@ -1409,7 +1492,8 @@ class _Session:
         except (RuntimeError, TimeoutError) as e:
             self.warn(f"stock_nospec started without stock_spec's pools sized ({e}): stock_spec's budget may "
                       "include stock_nospec's allocations")
-        self._launch(self.servers["stock_nospec"])
+        if "stock_nospec" in self.servers:
+            self._launch(self.servers["stock_nospec"])
 
     def prepare(self, names: Sequence[str], reserve_s: float) -> None:
         """Wait for these servers, keeping ``reserve_s`` of the budget (one that fails or is late is stopped,
@@ -1474,7 +1558,8 @@ class _Session:
         if replay.exists():
             self.decisions = parse_heuristic_log(replay.read_text(errors="replace"))
         before = [self.memory.get(v, {}).get("avail_before_weights_gb") for v in SPEC_VARIANTS]
-        if None not in before and abs(before[0] - before[1]) > 1.0 and not self.unequal_warned:
+        if (None not in before and abs(before[0] - before[1]) > 1.0 and not self.unequal_warned
+                and not self.args.one_gpu):
             self.unequal_warned = True
             self.warn(f"the spec servers found {before[0]:.2f} vs {before[1]:.2f} GB free before their weights: "
                       "their memory budgets are not equal")
@@ -1507,14 +1592,23 @@ class _Session:
         return res, text
 
     def phase(self, names: Sequence[str], c: int, n: int) -> None:
-        """bench_serving against these servers at once (they are on different GPUs)."""
-        names = [v for v in names if self.servers[v].ready]
+        """bench_serving against these servers at once (they are on different GPUs); on one GPU one after
+        another, in the order given."""
+        names = [v for v in names if v in self.servers and self.servers[v].ready]
         if not names:
             return
         if self.dl.left() - ab.TEARDOWN_RESERVE_S < MIN_RUN_S:
             for v in names:
                 self.runs[c][v] = {"skipped": "time budget"}
             self.warn(f"c={c} {'+'.join(names)}: skipped (time budget)")
+            return
+        if self.args.one_gpu:
+            for v in names:
+                if self.dl.left() - ab.TEARDOWN_RESERVE_S < MIN_RUN_S:
+                    self.runs[c][v] = {"skipped": "time budget"}
+                    self.warn(f"c={c} {v}: skipped (time budget)")
+                    continue
+                self._record(v, c, n, *self.bench_one(self.servers[v], c, n))
             return
         ex = cf.ThreadPoolExecutor(len(names))
         try:
@@ -1564,12 +1658,15 @@ def _run(session: _Session) -> None:
     session.check_startup_fits()
     session.start()
     session.prepare(SPEC_VARIANTS, SPEC_READY_RESERVE_S)
-    session.prepare(("stock_nospec",), NOSPEC_READY_RESERVE_S)
+    if "stock_nospec" not in session.servers:
+        session.warn("stock without spec not started (--skip-nospec)")
+    session.prepare(tuple(v for v in ("stock_nospec",) if v in session.servers), NOSPEC_READY_RESERVE_S)
     prompts = dict(zip(session.args.concurrency, session.args.num_prompts))
-    for c in session.args.concurrency:
-        session.phase(SPEC_VARIANTS, c, prompts[c])
+    for i, c in enumerate(session.args.concurrency):
+        # one GPU: the pair one after the other, which one first alternating with the concurrency
+        session.phase(SPEC_VARIANTS[::-1] if i % 2 else SPEC_VARIANTS, c, prompts[c])
         session.write()
-    for c in nospec_order(session.args.concurrency):
+    for c in nospec_order(session.args.concurrency) if "stock_nospec" in session.servers else ():
         session.phase(("stock_nospec",), c, prompts[c])
         session.write()
 

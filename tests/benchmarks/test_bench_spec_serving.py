@@ -54,8 +54,9 @@ def test_defaults():
 
 
 @pytest.mark.parametrize("argv", [
-    ["--gpus", "0"],
+    ["--gpus", "0"],  # one GPU only with --radix off-equal-memory
     ["--gpus", "0,0"],
+    ["--gpus", "0,0", "--radix", "off-equal-memory"],
     ["--gpus", "a,b"],
     ["--gpus", "0,1,2"],
     ["--concurrency", "1,64", "--num-prompts", "4"],
@@ -1129,3 +1130,84 @@ def test_main_equal_memory_refuses_a_startup_that_cannot_fit(monkeypatch, tmp_pa
     (w,) = res["meta"]["warnings"]
     assert w.startswith("aborted: RuntimeError: --equal-mamba-gib 24: a spec server's mamba state") and \
         "GiB free on GPUs 0,1 (the smaller reading); expected --equal-mamba-gib <=" in w
+
+
+def test_one_gpu_budgets_and_flags():
+    """One GPU: KV bytes per token from SGLang's config, per-server budgets, the fit and the fraction."""
+    from benchmarks import spec_one_gpu as one
+
+    a = _off("--gpus", "0", "--concurrency", "256,1", "--num-prompts", "256,8")
+    assert a.one_gpu and a.gpus == [0] and not _off().one_gpu
+    cfg = json.loads((ab.ROOT / "tests" / "models" / "nemotron_h_nano4b" / "config.json").read_text())
+    kv = one.kv_bytes_per_token(cfg)
+    assert kv == 4 * 2 * 8 * 128 * 2  # 4 attention layers, 8 KV heads of 128, bf16 K and V
+    b = one.server_budgets(a, a.equal_memory, kv, 7 * GIB, bs.VARIANTS)
+    per = 512 + 128 + 4 + 64
+    assert b["stock_spec"]["running"] == 60 and b["replay_spec"]["running"] == 256
+    assert b["stock_nospec"]["running"] == 256
+    assert b["replay_spec"]["kv_tokens"] == 256 * per + 8192 and b["stock_spec"]["kv_tokens"] == 60 * per + 8192
+    assert b["stock_nospec"]["mamba_bytes"] == 257 * a.equal_memory["row_bytes"]["state_conv"]
+    assert b["stock_spec"]["need_bytes"] == 7 * GIB + a.equal_memory["stock_spec"]["bytes"] + \
+        b["stock_spec"]["kv_bytes"]
+    fit = one.one_gpu_fit(b, 139 * GIB)
+    assert fit["fits"] and one.one_gpu_fit(b, 60 * GIB)["fits"] is False and one.one_gpu_fit(b, None)["fits"] is None
+    flags = one.server_flags(b["stock_spec"], 139 * GIB)
+    f = float(flags[1])
+    assert flags[0] == "--mem-fraction-static" and flags[2:] == ["--max-total-tokens", str(60 * per + 8192)]
+    # SGLang's rest = f x free - weights covers the mamba rows and the KV
+    assert f * 139 * GIB - 7 * GIB >= a.equal_memory["stock_spec"]["bytes"] + b["stock_spec"]["kv_bytes"]
+    with pytest.raises(ValueError, match="GiB free, got fraction"):
+        one.server_flags(b["stock_spec"], 30 * GIB)
+
+
+def test_main_one_gpu_with_fakes(monkeypatch, tmp_path: Path):
+    """One GPU: the servers start one after another on it, each with its own fraction; the runs one at a time."""
+    from benchmarks import spec_one_gpu as one
+
+    plan = _off().equal_memory
+    seen = _fake_world(monkeypatch, tmp_path, server_logs={**_pool_logs(plan), "stock_nospec": MEMORY_LOG_NOSPEC})
+    free = iter([139 * GIB, 139 * GIB, 100 * GIB, 60 * GIB, 60 * GIB])  # less before each launch
+    monkeypatch.setattr(bs, "_gpu_free_bytes", lambda gpu: next(free))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model-00001.safetensors").write_bytes(b"x" * 1000)
+    out = tmp_path / "out"
+    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4,1", "--input-len", "64",
+                  "--output-len", "16", "--model-dir", str(tmp_path / "m"), "--time-budget", "300",
+                  "--radix", "off-equal-memory", "--gpus", "0"])
+    assert rc == 0
+    assert [x[:2] for x in seen["launch"]] == [("stock_spec", "0"), ("replay_spec", "0"), ("stock_nospec", "0")]
+    fractions = [float(v[v.index("--mem-fraction-static") + 1]) for *_, v in seen["launch"]]
+    assert all(v.count("--mem-fraction-static") == 1 and v.count("--max-total-tokens") == 1
+               for *_, v in seen["launch"])
+    res = json.loads((out / "results.json").read_text())
+    budgets = res["meta"]["one_gpu_budgets"]["servers"]
+    # each fraction from the free memory read just before its launch
+    assert fractions == [float(one.server_flags(budgets[v], int(budgets[v]["free_at_launch_gib"] * GIB))[1])
+                         for v in bs.VARIANTS]
+    assert [budgets[v]["free_at_launch_gib"] for v in bs.VARIANTS][1:] == [100.0, 60.0]
+    # sequential runs, the pair's order alternating with the concurrency
+    assert seen["bench"] == ["stock_spec-c4", "replay_spec-c4", "replay_spec-c1", "stock_spec-c1",
+                             "stock_nospec-c1", "stock_nospec-c4"]
+    assert res["meta"]["one_gpu"] and res["meta"]["gpu_of"] == {v: "0" for v in bs.VARIANTS}
+    assert res["meta"]["warnings"] == []
+    assert "One GPU (spec_one_gpu.py): every server on it" in (out / "results.md").read_text()
+
+
+def test_main_one_gpu_skip_nospec_and_refusal(monkeypatch, tmp_path: Path):
+    plan = _off().equal_memory
+    seen = _fake_world(monkeypatch, tmp_path, server_logs=_pool_logs(plan))
+    monkeypatch.setattr(bs, "_gpu_free_bytes", lambda gpu: 139 * GIB)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model-00001.safetensors").write_bytes(b"x" * 1000)
+    argv = ["--commit", "abc", "--concurrency", "4", "--input-len", "64", "--output-len", "16",
+            "--model-dir", str(tmp_path / "m"), "--time-budget", "300", "--radix", "off-equal-memory", "--gpus", "0"]
+    assert bs.main(["--out", str(tmp_path / "out"), *argv, "--skip-nospec"]) == 0
+    assert [x[0] for x in seen["launch"]] == ["stock_spec", "replay_spec"]
+    assert sorted(seen["bench"]) == ["replay_spec-c4", "stock_spec-c4"]
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert res["meta"]["warnings"] == ["stock without spec not started (--skip-nospec)"]
+    seen["launch"].clear()
+    monkeypatch.setattr(bs, "_gpu_free_bytes", lambda gpu: 50 * GIB)
+    assert bs.main(["--out", str(tmp_path / "o2"), *argv]) == 1 and seen["launch"] == []
+    (w,) = json.loads((tmp_path / "o2" / "results.json").read_text())["meta"]["warnings"]
+    assert w.startswith("aborted: RuntimeError: one GPU: the servers need") and "--skip-nospec" in w

@@ -1,0 +1,102 @@
+"""``bench_spec_serving --gpus G`` (one index): all servers on one GPU, each budgeted by arithmetic.
+
+SGLang 0.5.17 budgets a server from the memory free when it profiles: ``rest = free after its weights -
+(1 - --mem-fraction-static) x free before them`` (``KVCacheConfigurator._profile_available_bytes``), i.e.
+``f x free - weights``.  With the radix cache off the mamba pool comes from ``--max-running-requests``
+(the equal-memory plan), and the KV pool is the rest, capped by ``--max-total-tokens``.  So on one GPU
+each server is started only after the previous one sized its pools, with ``--max-total-tokens`` for the
+requests it can hold and the fraction that makes ``rest`` cover its mamba rows and that KV
+(``server_budget``), read against ``nvidia-smi``'s free memory just before its launch; the CUDA-graph,
+activation and context memory of every server comes out of the part none of them budgets
+(``PER_SERVER_RESERVE_GIB`` each, checked before anything starts: ``one_gpu_fit``).  Equal memory is
+still the mamba rows' (the plan's); the KV pools differ and are each large enough for the server's own
+requests, so KV never limits a run.  The runs then take the GPU one server at a time.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+GIB = 1 << 30
+#: added to the fraction's need (SGLang's own small allocations inside ``rest``)
+FRACTION_SLACK_GIB = 1.5
+#: per server, outside every fraction: CUDA context, CUDA graphs, activations, cuBLAS / FlashInfer workspaces
+PER_SERVER_RESERVE_GIB = 5.0
+#: the largest fraction given to a server (SGLang's activations need the rest of what it saw free)
+MAX_FRACTION = 0.95
+
+
+def kv_bytes_per_token(target_cfg: dict) -> int:
+    """KV-cache bytes per token of the model (bf16 K and V of every full-attention layer, one rank).
+
+    Raises
+    ------
+    ValueError
+        A config without SGLang's ``full_attention_layer_ids`` (not a hybrid SGLang sizes).
+    """
+    import sglang.srt.configs as configs
+    from sglang.srt.runtime_context import get_parallel
+
+    mt = target_cfg.get("model_type")
+    cls = next((c for c in vars(configs).values() if isinstance(c, type) and getattr(c, "model_type", None) == mt),
+               None)
+    if cls is None:
+        raise ValueError(f"--gpus (one GPU): expected a model_type SGLang has a config class for, got {mt!r}")
+    with get_parallel().override(attn_tp_size=1):
+        cfg = cls(**target_cfg)
+    layers = getattr(cfg, "full_attention_layer_ids", None)
+    if layers is None:
+        raise ValueError(f"--gpus (one GPU): expected {cls.__name__} to have full_attention_layer_ids, got none")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return len(layers) * 2 * int(cfg.num_key_value_heads) * int(head_dim) * 2
+
+
+def kv_tokens(running: int, args: argparse.Namespace) -> int:
+    """``--max-total-tokens`` for a server holding ``running`` requests (``max_total_tokens``'s rule)."""
+    return running * (args.input_len + args.output_len + args.draft_tokens + 64) + 8192
+
+
+def server_budgets(args: argparse.Namespace, plan: dict, kv_per_token: int, weights_bytes: int,
+                   variants) -> dict:
+    """Per variant: running requests, mamba bytes, KV tokens and bytes, and ``need`` (weights + both pools).
+
+    Spec servers hold ``min(M, max concurrency)`` requests (``M`` from ``plan``); stock without spec
+    the largest concurrency, one mamba row each (``plan["row_bytes"]["state_conv"]``) plus the padding row.
+    """
+    top = max(args.concurrency)
+    out = {}
+    for v in variants:
+        if v == "stock_nospec":
+            running, mamba = top, (top + 1) * plan["row_bytes"]["state_conv"]
+        else:
+            running, mamba = min(plan[v]["max_running"], top), plan[v]["bytes"]
+        tokens = kv_tokens(running, args)
+        kv = tokens * kv_per_token
+        out[v] = {"running": running, "mamba_bytes": mamba, "kv_tokens": tokens, "kv_bytes": kv,
+                  "need_bytes": weights_bytes + mamba + kv}
+    return out
+
+
+def one_gpu_fit(budgets: dict, free_bytes: int | None) -> dict:
+    """Whether every server fits one GPU: the sum of ``need + FRACTION_SLACK_GIB + PER_SERVER_RESERVE_GIB``."""
+    need = sum(b["need_bytes"] for b in budgets.values()) + len(budgets) * (FRACTION_SLACK_GIB +
+                                                                            PER_SERVER_RESERVE_GIB) * GIB
+    return {"need_gib": round(need / GIB, 3), "free_gib": None if free_bytes is None else round(free_bytes / GIB, 3),
+            "fits": None if free_bytes is None else need <= free_bytes,
+            "per_server_gib": {v: round(b["need_bytes"] / GIB, 3) for v, b in budgets.items()}}
+
+
+def server_flags(budget: dict, free_bytes: int) -> list[str]:
+    """``--mem-fraction-static`` and ``--max-total-tokens`` of one server launched when ``free_bytes`` are free.
+
+    Raises
+    ------
+    ValueError
+        When the fraction would exceed ``MAX_FRACTION`` (what is free cannot hold this server).
+    """
+    f = (budget["need_bytes"] + FRACTION_SLACK_GIB * GIB) / free_bytes
+    if f > MAX_FRACTION:
+        raise ValueError(f"one GPU: expected {budget['need_bytes'] / GIB + FRACTION_SLACK_GIB:.1f} GiB to be at most "
+                         f"{MAX_FRACTION} of the {free_bytes / GIB:.1f} GiB free, got fraction {f:.3f}")
+    return ["--mem-fraction-static", f"{math.ceil(f * 1000) / 1000:.3f}", "--max-total-tokens",
+            str(budget["kv_tokens"])]
