@@ -125,58 +125,55 @@ def _gdn_verify_program(
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
 
+    hist_len = r_len
     if is_flush:
         # The exact fold of the committed records (decode's tree form, RL_FOLD rows on lanes),
         # stored once; the window then runs from the checkpoint as stored, with no history.
         RH_F: tl.constexpr = BV // RL_FOLD
-        row2 = (i_v * BV + tl.arange(0, RH_F)[None, :] * RL_FOLD
-                + tl.arange(0, RL_FOLD)[:, None])  # fmt: skip
-        row8 = _r8(row2)
-        mask_h = (row8 < V) & (col8 < K)
-        p_s = p_s_head + row8 * stride_s_v + col8 * stride_s_k
-        b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
-        b_h = fold_tree_records(
-            b_h, p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, row2, row2 < V, o_k, mask_k,
+        row2_f = (i_v * BV + tl.arange(0, RH_F)[None, :] * RL_FOLD
+                  + tl.arange(0, RL_FOLD)[:, None])  # fmt: skip
+        row8_f = _r8(row2_f)
+        mask_hf = (row8_f < V) & (col8 < K)
+        p_sf = p_s_head + row8_f * stride_s_v + col8 * stride_s_k
+        b_hf = tl.load(p_sf, mask=mask_hf, other=0).to(tl.float32)
+        b_hf = fold_tree_records(
+            b_hf, p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, row2_f, row2_f < V, o_k, mask_k,
             stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r,
             BK, USE_QK_L2NORM,
         )  # fmt: skip
-        b_st = store_tile(
-            b_h, state, p_s, p_rd, p_rs, sr_seed, sr_layer, i_s, i_hv, row2, row8, col8,
-            mask_h, row2 < V, stride_rd_v, stride_rd_k, stride_rs_v, K, V, HAS_READ, READ_FP8, SR,
+        store_tile(
+            b_hf, state, p_sf, p_rd, p_rs, sr_seed, sr_layer, i_s, i_hv, row2_f, row8_f, col8,
+            mask_hf, row2_f < V, stride_rd_v, stride_rd_k, stride_rs_v, K, V, HAS_READ, READ_FP8,
+            SR,
         )  # fmt: skip
-        verify_window(
-            b_st.to(tl.float32), row2, p_ru, p_rk, p_rv, p_rg, p_rb, p_q, p_k, p_v, p_a, p_b,
-            p_o, i_hv, i_v, r_start, 0, r_len, R, A_log_val, dt_bias_val, scale,
-            stride_u_r, stride_u_v, stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v,
-            stride_g_r, stride_beta_r, stride_q_t, stride_q_k, stride_k_t, stride_k_k,
-            stride_v_t, stride_v_v, stride_a_t, stride_b_t, stride_o_t, stride_o_v,
-            H, HV, K, V, T, TW, BK, BR, RL_FOLD, SOFTPLUS_THRESHOLD, USE_QK_L2NORM,
-        )  # fmt: skip
+        # The window reads the stored tile back in its own layout (other lanes own other rows).
+        tl.debug_barrier()
+        hist_len = 0
+
+    # The window's tile, RL_OUT rows on lanes (a lane's rows contiguous): the checkpoint (as just
+    # stored, after a flush), or with a copy on non-flush rows the copy (the checkpoint is then
+    # not read); the committed history on top of it.
+    RH_O: tl.constexpr = BV // RL_OUT
+    row2 = i_v * BV + tl.arange(0, RL_OUT)[:, None] * RH_O + tl.arange(0, RH_O)[None, :]
+    row8 = _r8(row2)
+    mask_h = (row8 < V) & (col8 < K)
+    if HAS_READ and not is_flush:
+        b_h0 = tl.load(p_rd + row8 * stride_rd_v + col8 * stride_rd_k, mask=mask_h,
+                       other=0.0).to(tl.float32)
+        if READ_FP8:
+            # power-of-two scales: the products are exact (dequantize_rows' values)
+            b_h0 = b_h0 * _r8(tl.load(p_rs + row2 * stride_rs_v, mask=row2 < V, other=0.0))
     else:
-        # S0 (the checkpoint, or with a copy the copy; the checkpoint is then not read) under the
-        # committed history, RL_OUT rows on lanes (a lane's rows contiguous).
-        RH_O: tl.constexpr = BV // RL_OUT
-        row2 = (i_v * BV + tl.arange(0, RL_OUT)[:, None] * RH_O
-                + tl.arange(0, RH_O)[None, :])  # fmt: skip
-        row8 = _r8(row2)
-        mask_h = (row8 < V) & (col8 < K)
-        if HAS_READ:
-            b_h0 = tl.load(p_rd + row8 * stride_rd_v + col8 * stride_rd_k, mask=mask_h,
-                           other=0.0).to(tl.float32)
-            if READ_FP8:
-                # power-of-two scales: the products are exact (dequantize_rows' values)
-                b_h0 = b_h0 * _r8(tl.load(p_rs + row2 * stride_rs_v, mask=row2 < V, other=0.0))
-        else:
-            b_h0 = tl.load(p_s_head + row8 * stride_s_v + col8 * stride_s_k, mask=mask_h,
-                           other=0).to(tl.float32)
-        verify_window(
-            b_h0, row2, p_ru, p_rk, p_rv, p_rg, p_rb, p_q, p_k, p_v, p_a, p_b,
-            p_o, i_hv, i_v, r_start, r_len, r_len, R, A_log_val, dt_bias_val, scale,
-            stride_u_r, stride_u_v, stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v,
-            stride_g_r, stride_beta_r, stride_q_t, stride_q_k, stride_k_t, stride_k_k,
-            stride_v_t, stride_v_v, stride_a_t, stride_b_t, stride_o_t, stride_o_v,
-            H, HV, K, V, T, TW, BK, BR, RL_OUT, SOFTPLUS_THRESHOLD, USE_QK_L2NORM,
-        )  # fmt: skip
+        b_h0 = tl.load(p_s_head + row8 * stride_s_v + col8 * stride_s_k, mask=mask_h,
+                       other=0).to(tl.float32)
+    verify_window(
+        b_h0, row2, p_ru, p_rk, p_rv, p_rg, p_rb, p_q, p_k, p_v, p_a, p_b,
+        p_o, i_hv, i_v, r_start, hist_len, r_len, R, A_log_val, dt_bias_val, scale,
+        stride_u_r, stride_u_v, stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v,
+        stride_g_r, stride_beta_r, stride_q_t, stride_q_k, stride_k_t, stride_k_k,
+        stride_v_t, stride_v_v, stride_a_t, stride_b_t, stride_o_t, stride_o_v,
+        H, HV, K, V, T, TW, BK, BR, RL_OUT, SOFTPLUS_THRESHOLD, USE_QK_L2NORM,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["sr_layer"])
