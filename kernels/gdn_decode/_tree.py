@@ -128,113 +128,6 @@ def _row_max(x):
 
 
 @triton.jit
-def fold_tree_records(
-    b_h,
-    p_rk,
-    p_rv,
-    p_rg,
-    p_rb,
-    r_start,
-    r_len,
-    R,
-    row2,
-    mask_v2,
-    o_k,
-    mask_k,
-    stride_rk_r,
-    stride_rk_k,
-    stride_rv_r,
-    stride_rv_v,
-    stride_g_r,
-    stride_beta_r,
-    BK: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr,
-):
-    """The exact fold of records ``[0, r_len)`` (physical ``(r_start + j) % R``) into the fp32 tile
-    ``b_h`` (``[RL, b0, b1, RH, b2, b3, b4, 4]`` view, value rows ``row2``): SGLang's packed-decode
-    step per record without q and the output, its reduction tree written out; returns the tile."""
-    # Raw rows prefetched two ahead; the next record's k is normalised (and pinned) one
-    # iteration early, off the state's critical path.
-    row = r_start % R
-    pf = r_len > 0
-    n0_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
-    n0_v = tl.load(p_rv + row * stride_rv_r + row2 * stride_rv_v, mask=mask_v2 & pf, other=0)
-    n0_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
-    n0_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
-    row = (r_start + 1) % R
-    pf = r_len > 1
-    n1_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
-    n1_v = tl.load(p_rv + row * stride_rv_r + row2 * stride_rv_v, mask=mask_v2 & pf, other=0)
-    n1_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
-    n1_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
-    n0_kn = pin(_norm(n0_k.to(tl.float32), USE_QK_L2NORM))
-    for i_r in range(0, r_len):
-        b_k = _cols(n0_kn, BK)
-        b_v = n0_v.to(tl.float32)
-        b_g = n0_g
-        b_beta = n0_b
-        n0_v, n0_g, n0_b = n1_v, n1_g, n1_b
-        n0_kn = pin(_norm(n1_k.to(tl.float32), USE_QK_L2NORM))
-        row = (r_start + i_r + 2) % R
-        pf = i_r + 2 < r_len
-        n1_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
-        n1_v = tl.load(p_rv + row * stride_rv_r + row2 * stride_rv_v, mask=mask_v2 & pf, other=0)
-        n1_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
-        n1_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
-        b_h *= tl.exp(b_g)
-        b_v -= _rows(b_h * b_k)
-        b_v *= b_beta
-        b_h += _r8(b_v) * b_k
-    return b_h
-
-
-@triton.jit
-def store_tile(
-    b_h,
-    state,
-    p_s,
-    p_rd_head,
-    p_rs_head,
-    sr_seed,
-    sr_layer,
-    i_s,
-    i_hv,
-    row2,
-    row8,
-    col8,
-    mask_h,
-    mask_v2,
-    stride_rd_v,
-    stride_rd_k,
-    stride_rs_v,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    HAS_READ: tl.constexpr,
-    READ_FP8: tl.constexpr,
-    SR: tl.constexpr,
-):
-    """Store the folded fp32 tile into the checkpoint once (rounded to nearest, or with ``SR``
-    stochastically to fp16) and, with ``HAS_READ``, refresh the read copy from it as stored;
-    returns the tile as stored (in ``state``'s dtype)."""
-    if SR:
-        b_st = sr_round_fp16(b_h, sr_key(sr_seed, sr_layer, i_s), (i_hv * V + row8) * K + col8)
-    else:
-        b_st = b_h.to(state.dtype.element_ty)
-    tl.store(p_s, b_st, mask=mask_h)
-    if HAS_READ:
-        # The copy from the checkpoint as stored (``quantize_rows``): masked entries are zeros,
-        # so they do not enter an fp8 row's max.
-        b_c = b_st.to(tl.float32)
-        if READ_FP8:
-            rscale, inv = fp8_row_scale(_row_max(tl.abs(b_c)))
-            tl.store(p_rs_head + row2 * stride_rs_v, rscale, mask=mask_v2)
-            b_c = b_c * _r8(inv)
-        p_rd = p_rd_head + row8 * stride_rd_v + col8 * stride_rd_k
-        tl.store(p_rd, b_c.to(p_rd.dtype.element_ty), mask=mask_h)
-    return b_st
-
-
-@triton.jit
 def flush_tree(
     state,
     p_s_head,
@@ -305,11 +198,38 @@ def flush_tree(
     # Always the checkpoint (never the read copy): the fold must start from the stored bits.
     b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
 
-    b_h = fold_tree_records(
-        b_h, p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, row2, mask_v2, o_k, mask_k,
-        stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r,
-        BK, USE_QK_L2NORM,
-    )  # fmt: skip
+    # ---- Records [0, r_len): raw rows prefetched two ahead; the next record's k is normalised
+    # (and pinned) one iteration early, off the state's critical path.
+    row = r_start % R
+    pf = r_len > 0
+    n0_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
+    n0_v = tl.load(p_rv + row * stride_rv_r + row2 * stride_rv_v, mask=mask_v2 & pf, other=0)
+    n0_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
+    n0_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
+    row = (r_start + 1) % R
+    pf = r_len > 1
+    n1_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
+    n1_v = tl.load(p_rv + row * stride_rv_r + row2 * stride_rv_v, mask=mask_v2 & pf, other=0)
+    n1_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
+    n1_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
+    n0_kn = pin(_norm(n0_k.to(tl.float32), USE_QK_L2NORM))
+    for i_r in range(0, r_len):
+        b_k = _cols(n0_kn, BK)
+        b_v = n0_v.to(tl.float32)
+        b_g = n0_g
+        b_beta = n0_b
+        n0_v, n0_g, n0_b = n1_v, n1_g, n1_b
+        n0_kn = pin(_norm(n1_k.to(tl.float32), USE_QK_L2NORM))
+        row = (r_start + i_r + 2) % R
+        pf = i_r + 2 < r_len
+        n1_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & pf, other=0)
+        n1_v = tl.load(p_rv + row * stride_rv_r + row2 * stride_rv_v, mask=mask_v2 & pf, other=0)
+        n1_g = tl.load(p_rg + row * stride_g_r, mask=pf, other=0.0)
+        n1_b = tl.load(p_rb + row * stride_beta_r, mask=pf, other=0.0)
+        b_h *= tl.exp(b_g)
+        b_v -= _rows(b_h * b_k)
+        b_v *= b_beta
+        b_h += _r8(b_v) * b_k
 
     # ---- The current token, then the output from the folded state (SGLang's step).
     b_q = tl.load(p_q + o_k * stride_q_k, mask=mask_k, other=0).to(tl.float32)
@@ -324,10 +244,21 @@ def flush_tree(
     b_h += _r8(b_v) * b_k
     b_o = _rows(b_h * b_q)
     tl.store(p_o_head + row2 * stride_o_v, b_o.to(o_dtype), mask=mask_v2)
-    store_tile(
-        b_h, state, p_s, p_rd_head, p_rs_head, sr_seed, sr_layer, i_s, i_hv, row2, row8, col8,
-        mask_h, mask_v2, stride_rd_v, stride_rd_k, stride_rs_v, K, V, HAS_READ, READ_FP8, SR,
-    )  # fmt: skip
+    if SR:
+        b_st = sr_round_fp16(b_h, sr_key(sr_seed, sr_layer, i_s), (i_hv * V + row8) * K + col8)
+    else:
+        b_st = b_h.to(state.dtype.element_ty)
+    tl.store(p_s, b_st, mask=mask_h)
+    if HAS_READ:
+        # The copy from the checkpoint as stored (``quantize_rows``): masked entries are zeros,
+        # so they do not enter an fp8 row's max.
+        b_c = b_st.to(tl.float32)
+        if READ_FP8:
+            rscale, inv = fp8_row_scale(_row_max(tl.abs(b_c)))
+            tl.store(p_rs_head + row2 * stride_rs_v, rscale, mask=mask_v2)
+            b_c = b_c * _r8(inv)
+        p_rd = p_rd_head + row8 * stride_rd_v + col8 * stride_rd_k
+        tl.store(p_rd, b_c.to(p_rd.dtype.element_ty), mask=mask_h)
 
 
 @triton.jit
@@ -335,87 +266,6 @@ def _ring_row(x, R):
     # (start + j) % R for a live record (start < R, j < len <= R, so x < 2R): one compare
     # instead of an integer division; rows of masked records (never loaded) may be anything.
     return tl.where(x >= R, x - R, x)
-
-
-@triton.jit
-def history_terms(
-    k8,
-    q8,
-    p_rk,
-    p_ru,
-    p_rg,
-    r_start,
-    r_len,
-    R,
-    row2,
-    mask_v2,
-    col8,
-    mask_c8,
-    stride_rk_r,
-    stride_rk_k,
-    stride_u_r,
-    stride_u_v,
-    stride_g_r,
-    BR: tl.constexpr,
-    RL: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr,
-):
-    """The committed records' part of ``S_w·k̂`` and ``S_w·q̃`` (math.md §4): returns
-    ``(Σ_j ω_j (k̂_j·k̂) u_j, Σ_j ω_j (k̂_j·q̃) u_j, Σ_j g_j)`` for records ``[0, r_len)``, ``ω_j =
-    exp(Σ_{i>j} g_i)``; ``k8`` / ``q8`` in the ``_cols`` view, value rows ``row2 = rl·RH + rh``
-    (a lane's rows contiguous).  Records in chunks of ``BR``, newest chunk first."""
-    RH: tl.constexpr = row2.shape[1]
-    # records of a chunk: dots on [8 lanes, BR // 8 regs]; the u sum on [4 lanes, BR // 4 regs]
-    QL: tl.constexpr = BR // 8 if BR >= 8 else 1
-    PL: tl.constexpr = BR // QL
-    UL: tl.constexpr = 4 if BR >= 4 else BR
-    UH: tl.constexpr = BR // UL
-    ql = tl.arange(0, PL)
-    qh = tl.arange(0, QL)
-    rec2 = qh[None, :] * PL + ql[:, None]  # [PL, QL]: record of a chunk, dots layout
-    ul = tl.arange(0, UL)
-    uh = tl.arange(0, UH)
-    rec_u = (uh[None, None, None, :] * UL + ul[None, :, None, None])  # [1, UL, 1, UH]
-    o_r = tl.arange(0, BR)
-    n_chunks = tl.cdiv(r_len, BR)
-    b_acc_k = tl.zeros([RL, RH], dtype=tl.float32)
-    b_acc_q = tl.zeros([RL, RH], dtype=tl.float32)
-    b_gsum = tl.sum(tl.zeros([BR], dtype=tl.float32), 0)
-    for i_c in range(0, n_chunks):
-        base = (n_chunks - 1 - i_c) * BR
-        # 1-D: the gates and their suffix sums
-        o_rc = base + o_r
-        mask_r = o_rc < r_len
-        c_g = tl.load(p_rg + _ring_row(r_start + o_rc, R) * stride_g_r, mask=mask_r, other=0.0)
-        b_w = tl.where(mask_r, tl.exp(tl.cumsum(c_g, 0, reverse=True) - c_g + b_gsum), 0.0)
-        b_gsum += tl.sum(c_g, 0)
-        # dots: records on lanes, K chunks as the state tile's
-        r8 = _r8(base + rec2)
-        c_k = tl.load(p_rk + _ring_row(r_start + r8, R) * stride_rk_r + col8 * stride_rk_k,
-                      mask=(r8 < r_len) & mask_c8, other=0).to(tl.float32)
-        b_kk = _rows(c_k * k8)
-        b_kq = _rows(c_k * q8)
-        if USE_QK_L2NORM:
-            b_rn = 1.0 / tl.sqrt(_rows(c_k * c_k) + 1e-6)
-            b_kk = b_kk * b_rn
-            b_kq = b_kq * b_rn
-        # the weights, per record of the dots layout -> 1-D chunk order -> the u layout
-        w2 = tl.reshape(tl.permute(tl.reshape(b_w, (QL, PL)), (1, 0)), (PL, QL))
-        ck = tl.reshape(tl.permute(w2 * b_kk, (1, 0)), (BR,))
-        cq = tl.reshape(tl.permute(w2 * b_kq, (1, 0)), (BR,))
-        ck = tl.permute(tl.reshape(ck, (UH, UL)), (1, 0))[None, :, None, :]
-        cq = tl.permute(tl.reshape(cq, (UH, UL)), (1, 0))[None, :, None, :]
-        # Σ_j c_j u_j: value rows on lanes (a lane's RH rows contiguous), records in registers
-        rr = base + rec_u
-        c_u = tl.load(
-            p_ru + _ring_row(r_start + rr, R) * stride_u_r
-            + row2[:, None, :, None] * stride_u_v,
-            mask=(rr < r_len) & mask_v2[:, None, :, None], other=0,
-        ).to(tl.float32)
-        b_acc_k += tl.sum(tl.sum(c_u * ck, 3), 1)
-        b_acc_q += tl.sum(tl.sum(c_u * cq, 3), 1)
-
-    return b_acc_k, b_acc_q, b_gsum
 
 
 @triton.jit
@@ -489,6 +339,11 @@ def nonflush_rows(
     ``(u_c, raw k_c, raw v_c, g_c, β_c)`` is appended at logical row ``len`` (k by one program per
     key head, g and β by the first V tile)."""
     RH: tl.constexpr = BV // RL
+    # records of a chunk: dots on [8 lanes, BR // 8 regs]; the u sum on [4 lanes, BR // 4 regs]
+    QL: tl.constexpr = BR // 8 if BR >= 8 else 1
+    PL: tl.constexpr = BR // QL
+    UL: tl.constexpr = 4 if BR >= 4 else BR
+    UH: tl.constexpr = BR // UL
     rl = tl.arange(0, RL)
     rh = tl.arange(0, RH)
     row2 = i_v * BV + rl[:, None] * RH + rh[None, :]  # [RL, RH]
@@ -521,10 +376,52 @@ def nonflush_rows(
         b_hk = b_hk * b_rs
         b_hq = b_hq * b_rs
 
-    b_acc_k, b_acc_q, b_gsum = history_terms(
-        k8, q8, p_rk, p_ru, p_rg, r_start, r_len, R, row2, mask_v2, col8, mask_c8,
-        stride_rk_r, stride_rk_k, stride_u_r, stride_u_v, stride_g_r, BR, RL, USE_QK_L2NORM,
-    )  # fmt: skip
+    # Records, newest chunk first (ω_j = exp(Σ_{i>j} g_i) as a suffix sum).
+    ql = tl.arange(0, PL)
+    qh = tl.arange(0, QL)
+    rec2 = qh[None, :] * PL + ql[:, None]  # [PL, QL]: record of a chunk, dots layout
+    ul = tl.arange(0, UL)
+    uh = tl.arange(0, UH)
+    rec_u = (uh[None, None, None, :] * UL + ul[None, :, None, None])  # [1, UL, 1, UH]
+    o_r = tl.arange(0, BR)
+    n_chunks = tl.cdiv(r_len, BR)
+    b_acc_k = tl.zeros([RL, RH], dtype=tl.float32)
+    b_acc_q = tl.zeros([RL, RH], dtype=tl.float32)
+    b_gsum = tl.sum(tl.zeros([BR], dtype=tl.float32), 0)
+    for i_c in range(0, n_chunks):
+        base = (n_chunks - 1 - i_c) * BR
+        # 1-D: the gates and their suffix sums
+        o_rc = base + o_r
+        mask_r = o_rc < r_len
+        c_g = tl.load(p_rg + _ring_row(r_start + o_rc, R) * stride_g_r, mask=mask_r, other=0.0)
+        b_w = tl.where(mask_r, tl.exp(tl.cumsum(c_g, 0, reverse=True) - c_g + b_gsum), 0.0)
+        b_gsum += tl.sum(c_g, 0)
+        # dots: records on lanes, K chunks as the state tile's
+        r8 = _r8(base + rec2)
+        c_k = tl.load(p_rk + _ring_row(r_start + r8, R) * stride_rk_r + col8 * stride_rk_k,
+                      mask=(r8 < r_len) & mask_c8, other=0).to(tl.float32)
+        b_kk = _rows(c_k * k8)
+        b_kq = _rows(c_k * q8)
+        if USE_QK_L2NORM:
+            b_rn = 1.0 / tl.sqrt(_rows(c_k * c_k) + 1e-6)
+            b_kk = b_kk * b_rn
+            b_kq = b_kq * b_rn
+        # the weights, per record of the dots layout -> 1-D chunk order -> the u layout
+        w2 = tl.reshape(tl.permute(tl.reshape(b_w, (QL, PL)), (1, 0)), (PL, QL))
+        ck = tl.reshape(tl.permute(w2 * b_kk, (1, 0)), (BR,))
+        cq = tl.reshape(tl.permute(w2 * b_kq, (1, 0)), (BR,))
+        ck = tl.permute(tl.reshape(ck, (UH, UL)), (1, 0))[None, :, None, :]
+        cq = tl.permute(tl.reshape(cq, (UH, UL)), (1, 0))[None, :, None, :]
+        # Σ_j c_j u_j: value rows on lanes (a lane's RH rows contiguous), records in registers
+        rr = base + rec_u
+        c_u = tl.load(
+            p_ru + _ring_row(r_start + rr, R) * stride_u_r
+            + row2[:, None, :, None] * stride_u_v,
+            mask=(rr < r_len) & mask_v2[:, None, :, None], other=0,
+        ).to(tl.float32)
+        b_acc_k += tl.sum(tl.sum(c_u * ck, 3), 1)
+        b_acc_q += tl.sum(tl.sum(c_u * cq, 3), 1)
+
     b_decay = tl.exp(b_gsum)
     b_hk = b_decay * b_hk + b_acc_k
     b_hq = b_decay * b_hq + b_acc_q

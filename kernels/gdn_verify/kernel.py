@@ -1,9 +1,9 @@
 """Gated DeltaNet ReplaySSM speculative verify: one Triton launch for a mixed flush/non-flush batch.
 
-Layers (fla style): ``gdn_replay_verify_fwd_kernel`` and, with a split-precision read
-copy, ``gdn_replay_verify_read_fwd_kernel`` (Triton jit; both inline one program,
+Layers (fla style): ``gdn_replay_verify_recurrent_fwd_kernel`` and, with a split-precision read
+copy, ``gdn_replay_verify_recurrent_read_fwd_kernel`` (Triton jit; both inline one program,
 ``_gdn_verify_program``, so the launch without a copy compiles as before),
-``gdn_replay_verify_fwd`` (launcher, no checks), ``gdn_replay_verify`` (validated public
+``gdn_replay_verify_recurrent_fwd`` (launcher, no checks), ``gdn_replay_verify`` (validated public
 function).
 
 Each row verifies a linear chain of ``T`` tokens (the last accepted token plus ``T - 1`` drafts) on
@@ -42,18 +42,20 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels.gdn_decode._tree import _col8, _r8, fold_tree_records, store_tile
+from replayssm_kernels.gdn_decode._fold import fold_records, replay_updates
 from replayssm_kernels.gdn_decode._validate import validate_gdn_verify
-from replayssm_kernels.gdn_decode.kernel import BLOCK_R, BLOCK_V, FOLD_ROWS, NONFLUSH_ROWS
-from replayssm_kernels.gdn_verify._window import verify_window
-from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
-from replayssm_kernels.stochastic_round import validate_stochastic_rounding
+from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
+from replayssm_kernels.stochastic_round import (
+    sr_key,
+    sr_round_fp16,
+    validate_stochastic_rounding,
+)
 
 __all__ = [
     "gdn_replay_verify",
-    "gdn_replay_verify_fwd",
-    "gdn_replay_verify_fwd_kernel",
-    "gdn_replay_verify_read_fwd_kernel",
+    "gdn_replay_verify_recurrent_fwd",
+    "gdn_replay_verify_recurrent_fwd_kernel",
+    "gdn_replay_verify_recurrent_read_fwd_kernel",
 ]
 
 
@@ -81,15 +83,15 @@ def _gdn_verify_program(
     stride_rs_n, stride_rs_h, stride_rs_v,
     # Meta-parameters
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
-    TW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
-    RL_FOLD: tl.constexpr, RL_OUT: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr, READ_FP8: tl.constexpr,
     SR: tl.constexpr,
 ):  # fmt: skip
     """One program of the verify launch (kernels below); ``HAS_READ``: split precision, non-flush
-    rows start from the read copy (``read_ptr``, fp8: times ``read_scale_ptr``'s per-row scale)
-    and flush rows refresh it from the checkpoint as stored.  ``SR``: flush rows store the fp16
-    checkpoint with stochastic rounding (``sr_seed`` counter, ``sr_layer`` stream)."""
+    rows start the history replay from the read copy (``read_ptr``, fp8: times ``read_scale_ptr``'s
+    per-row scale) and flush rows refresh it from the checkpoint as stored.  ``SR``: flush rows
+    store the fp16 checkpoint with stochastic rounding (``sr_seed`` counter, ``sr_layer``
+    stream)."""
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
 
@@ -103,81 +105,115 @@ def _gdn_verify_program(
     if i_s < 0:
         return
 
-    p_s_head = state + i_s * stride_s_n + i_hv * stride_s_h
-    p_q = q + i_n * stride_q_b + i_h * stride_q_h
-    p_k = k + i_n * stride_k_b + i_h * stride_k_h
-    p_v = v + i_n * stride_v_b + i_hv * stride_v_h
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_h = mask_v[:, None] & mask_k[None, :]
+
+    p_s = (state + i_s * stride_s_n + i_hv * stride_s_h + o_v[:, None] * stride_s_v
+           + o_k[None, :] * stride_s_k)
+    p_q = q + i_n * stride_q_b + i_h * stride_q_h + o_k * stride_q_k
+    p_k = k + i_n * stride_k_b + i_h * stride_k_h + o_k * stride_k_k
+    p_v = v + i_n * stride_v_b + i_hv * stride_v_h + o_v * stride_v_v
     p_a = a + i_n * stride_a_b + i_hv * stride_a_h
     p_b = b + i_n * stride_b_b + i_hv * stride_b_h
-    p_o = o + i_n * stride_o_b + i_hv * stride_o_h
+    p_o = o + i_n * stride_o_b + i_hv * stride_o_h + o_v * stride_o_v
     p_rk = ring_k + i_s * stride_rk_n + i_h * stride_rk_h
     p_rv = ring_v + i_s * stride_rv_n + i_hv * stride_rv_h
     p_ru = ring_u + i_s * stride_u_n + i_hv * stride_u_h
     p_rg = ring_g + i_s * stride_g_n + i_hv * stride_g_h
     p_rb = ring_beta + i_s * stride_beta_n + i_hv * stride_beta_h
-    p_rd = read_ptr
-    p_rs = read_scale_ptr
+
     if HAS_READ:
-        p_rd = read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h
-        if READ_FP8:
-            p_rs = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
-    col8 = _col8(BK)
-    o_k = tl.arange(0, BK)
-    mask_k = o_k < K
-
-    hist_len = r_len
-    if is_flush:
-        # The exact fold of the committed records (decode's tree form, RL_FOLD rows on lanes),
-        # stored once; the window then runs from the checkpoint as stored, with no history.
-        RH_F: tl.constexpr = BV // RL_FOLD
-        row2_f = (i_v * BV + tl.arange(0, RH_F)[None, :] * RL_FOLD
-                  + tl.arange(0, RL_FOLD)[:, None])  # fmt: skip
-        row8_f = _r8(row2_f)
-        mask_hf = (row8_f < V) & (col8 < K)
-        p_sf = p_s_head + row8_f * stride_s_v + col8 * stride_s_k
-        b_hf = tl.load(p_sf, mask=mask_hf, other=0).to(tl.float32)
-        b_hf = fold_tree_records(
-            b_hf, p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, row2_f, row2_f < V, o_k, mask_k,
-            stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r,
-            BK, USE_QK_L2NORM,
-        )  # fmt: skip
-        store_tile(
-            b_hf, state, p_sf, p_rd, p_rs, sr_seed, sr_layer, i_s, i_hv, row2_f, row8_f, col8,
-            mask_hf, row2_f < V, stride_rd_v, stride_rd_k, stride_rs_v, K, V, HAS_READ, READ_FP8,
-            SR,
-        )  # fmt: skip
-        # The window reads the stored tile back in its own layout (other lanes own other rows).
-        tl.debug_barrier()
-        hist_len = 0
-
-    # The window's tile, RL_OUT rows on lanes (a lane's rows contiguous): the checkpoint (as just
-    # stored, after a flush), or with a copy on non-flush rows the copy (the checkpoint is then
-    # not read); the committed history on top of it.
-    RH_O: tl.constexpr = BV // RL_OUT
-    row2 = i_v * BV + tl.arange(0, RL_OUT)[:, None] * RH_O + tl.arange(0, RH_O)[None, :]
-    row8 = _r8(row2)
-    mask_h = (row8 < V) & (col8 < K)
-    if HAS_READ and not is_flush:
-        b_h0 = tl.load(p_rd + row8 * stride_rd_v + col8 * stride_rd_k, mask=mask_h,
-                       other=0.0).to(tl.float32)
-        if READ_FP8:
-            # power-of-two scales: the products are exact (dequantize_rows' values)
-            b_h0 = b_h0 * _r8(tl.load(p_rs + row2 * stride_rs_v, mask=row2 < V, other=0.0))
+        # Copy accesses are declared contiguous only in runs of the checkpoint's 16-byte vector
+        # (4 fp32), so Triton gives the copy's loads and stores the checkpoint tile's layout
+        # ([1, 4] x [1, 32] per warp for fp32) instead of a wider one of its own (bf16: [1, 8] x
+        # [2, 16]), which would spread to the fold and change its reduction trees: the fold must
+        # compile as without a copy (test_fold_codegen_matches_decode).
+        o_kr = tl.max_contiguous(o_k, 128 // state.dtype.element_ty.primitive_bitwidth)
     else:
-        b_h0 = tl.load(p_s_head + row8 * stride_s_v + col8 * stride_s_k, mask=mask_h,
-                       other=0).to(tl.float32)
-    verify_window(
-        b_h0, row2, p_ru, p_rk, p_rv, p_rg, p_rb, p_q, p_k, p_v, p_a, p_b,
-        p_o, i_hv, i_v, r_start, hist_len, r_len, R, A_log_val, dt_bias_val, scale,
-        stride_u_r, stride_u_v, stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v,
-        stride_g_r, stride_beta_r, stride_q_t, stride_q_k, stride_k_t, stride_k_k,
-        stride_v_t, stride_v_v, stride_a_t, stride_b_t, stride_o_t, stride_o_v,
-        H, HV, K, V, T, TW, BK, BR, RL_OUT, SOFTPLUS_THRESHOLD, USE_QK_L2NORM,
-    )  # fmt: skip
+        b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
+    if is_flush:
+        if HAS_READ:
+            b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
+        b_h = fold_records(
+            b_h, p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
+            stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r,
+            USE_QK_L2NORM,
+        )
+        if SR:
+            b_h = sr_round_fp16(b_h, sr_key(sr_seed, sr_layer, i_s),
+                                (i_hv * V + o_v[:, None]) * K + o_k[None, :])
+        else:
+            b_h = b_h.to(state.dtype.element_ty)
+        tl.store(p_s, b_h, mask=mask_h)
+        if HAS_READ:
+            # Refresh the copy from the checkpoint as stored (masked lanes of b_h are zeros).
+            p_rs_head = read_scale_ptr
+            if READ_FP8:
+                p_rs_head = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
+            store_read_tile(
+                b_h, read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h, p_rs_head, o_v, o_kr,
+                mask_v, mask_k, stride_rd_v, stride_rd_k, stride_rs_v, READ_FP8,
+            )
+        # The window runs from the stored (possibly 16-bit) checkpoint: what later steps read.
+        b_h = b_h.to(tl.float32)
+    else:
+        if HAS_READ:
+            # Split precision: S0 is the read copy; the checkpoint is not read.  The fp8 scale is
+            # a power of two, so q·scale is exact (dequantize_rows' values).
+            b_h = tl.load(read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h
+                          + o_v[:, None] * stride_rd_v + o_kr[None, :] * stride_rd_k,
+                          mask=mask_h, other=0.0).to(tl.float32)
+            if READ_FP8:
+                b_rs = tl.load(read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
+                               + o_v * stride_rs_v, mask=mask_v, other=0.0)
+                b_h = b_h * b_rs[:, None]
+        b_h = replay_updates(
+            b_h, p_rk, p_ru, p_rg, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
+            stride_rk_r, stride_rk_k, stride_u_r, stride_u_v, stride_g_r, USE_QK_L2NORM,
+        )
+
+    for s in tl.static_range(T):
+        # Gates: the decode kernel's expressions, so the ring's g and β carry the bits a later
+        # fold replays.
+        x_g = tl.load(p_a + s * stride_a_t).to(tl.float32) + dt_bias_val
+        softplus_x = tl.where(x_g <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(x_g)), x_g)
+        g_val = -tl.exp(A_log_val) * softplus_x
+        b_in = tl.load(p_b + s * stride_b_t)
+        beta_val = tl.sigmoid(b_in.to(tl.float32)).to(b.dtype.element_ty).to(tl.float32)
+        b_q = tl.load(p_q + s * stride_q_t, mask=mask_k, other=0).to(tl.float32)
+        b_k_raw = tl.load(p_k + s * stride_k_t, mask=mask_k, other=0)
+        b_v_raw = tl.load(p_v + s * stride_v_t, mask=mask_v, other=0)
+        b_k = b_k_raw.to(tl.float32)
+        b_v = b_v_raw.to(tl.float32)
+        if USE_QK_L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * scale
+        b_h *= tl.exp(g_val)
+        b_v -= tl.sum(b_h * b_k[None, :], 1)
+        b_v *= beta_val
+        b_h += b_v[:, None] * b_k[None, :]
+        b_o = tl.sum(b_h * b_q[None, :], 1)
+        tl.store(p_o + s * stride_o_t, b_o.to(o.dtype.element_ty), mask=mask_v)
+        # The window record at logical row len + s.
+        w_row = (r_start + r_len + s) % R
+        tl.store(p_ru + w_row * stride_u_r + o_v * stride_u_v, b_v.to(ring_u.dtype.element_ty),
+                 mask=mask_v)
+        tl.store(p_rv + w_row * stride_rv_r + o_v * stride_rv_v,
+                 b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)
+        if i_v == 0:
+            tl.store(p_rg + w_row * stride_g_r, g_val)
+            tl.store(p_rb + w_row * stride_beta_r, beta_val)
+            if i_hv % (HV // H) == 0:
+                tl.store(p_rk + w_row * stride_rk_r + o_k * stride_rk_k,
+                         b_k_raw.to(ring_k.dtype.element_ty), mask=mask_k)
 
 
 @triton.jit(do_not_specialize=["sr_layer"])
-def gdn_replay_verify_fwd_kernel(
+def gdn_replay_verify_recurrent_fwd_kernel(
     state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
     slot_idx, ring_start, ring_len, flush, scale, sr_seed,
     R, sr_layer,
@@ -194,8 +230,7 @@ def gdn_replay_verify_fwd_kernel(
     stride_b_b, stride_b_t, stride_b_h,
     stride_o_b, stride_o_t, stride_o_h, stride_o_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
-    TW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
-    RL_FOLD: tl.constexpr, RL_OUT: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, SR: tl.constexpr = False,
 ):  # fmt: skip
     """The verify launch without a read copy (see the module docstring)."""
@@ -215,13 +250,12 @@ def gdn_replay_verify_fwd_kernel(
         stride_b_b, stride_b_t, stride_b_h,
         stride_o_b, stride_o_t, stride_o_h, stride_o_v,
         0, 0, 0, 0, 0, 0, 0,
-        H, HV, K, V, T, TW, BK, BV, BR, RL_FOLD, RL_OUT, SOFTPLUS_THRESHOLD, USE_QK_L2NORM,
-        False, False, SR,
+        H, HV, K, V, T, BK, BV, SOFTPLUS_THRESHOLD, USE_QK_L2NORM, False, False, SR,
     )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["sr_layer"])
-def gdn_replay_verify_read_fwd_kernel(
+def gdn_replay_verify_recurrent_read_fwd_kernel(
     state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, o,
     slot_idx, ring_start, ring_len, flush, scale, read_ptr, read_scale_ptr, sr_seed,
     R, sr_layer,
@@ -240,8 +274,7 @@ def gdn_replay_verify_read_fwd_kernel(
     stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
     stride_rs_n, stride_rs_h, stride_rs_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, T: tl.constexpr,
-    TW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
-    RL_FOLD: tl.constexpr, RL_OUT: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, READ_FP8: tl.constexpr, SR: tl.constexpr = False,
 ):  # fmt: skip
     """The verify launch with a split-precision read copy (``read_ptr``, fp8 scales
@@ -264,12 +297,11 @@ def gdn_replay_verify_read_fwd_kernel(
         stride_o_b, stride_o_t, stride_o_h, stride_o_v,
         stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
         stride_rs_n, stride_rs_h, stride_rs_v,
-        H, HV, K, V, T, TW, BK, BV, BR, RL_FOLD, RL_OUT, SOFTPLUS_THRESHOLD, USE_QK_L2NORM,
-        True, READ_FP8, SR,
+        H, HV, K, V, T, BK, BV, SOFTPLUS_THRESHOLD, USE_QK_L2NORM, True, READ_FP8, SR,
     )  # fmt: skip
 
 
-def gdn_replay_verify_fwd(
+def gdn_replay_verify_recurrent_fwd(
     state: torch.Tensor,
     ring_u: torch.Tensor,
     ring_k: torch.Tensor,
@@ -291,6 +323,8 @@ def gdn_replay_verify_fwd(
     *,
     scale: float,
     use_qk_l2norm: bool = True,
+    block_v: int = 32,
+    num_warps: int = 1,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
     sr_seed: torch.Tensor | None = None,
@@ -298,13 +332,12 @@ def gdn_replay_verify_fwd(
 ) -> None:
     """Launch the kernel without checks (caller: ``gdn_replay_verify``).
 
-    ``gdn_replay_decode``'s launch configuration (``BLOCK_V`` rows, one warp, ``FOLD_ROWS`` /
-    ``NONFLUSH_ROWS`` rows on lanes, ``BLOCK_R`` records per chunk): the flush rows' fold is that
-    kernel's, bit for bit, in that configuration only.
+    ``block_v=32, num_warps=1`` is the tile and warp count of ``gdn_replay_decode``'s fold and of
+    SGLang's packed decode; the bitwise checkpoint claim is made for this configuration only.
 
     ``read_state`` (and ``read_scale`` for fp8): split precision, launched as
-    ``gdn_replay_verify_read_fwd_kernel`` (same program, read-copy code compiled in);
-    without it the launch is ``gdn_replay_verify_fwd_kernel``, compiled as before.
+    ``gdn_replay_verify_recurrent_read_fwd_kernel`` (same program, read-copy code compiled in);
+    without it the launch is ``gdn_replay_verify_recurrent_fwd_kernel``, compiled as before.
     ``sr_seed`` (fp16 ``state``): stochastic rounding of the flush store (``SR`` compiled in).
     """
     batch, T, Hk, K = q.shape
@@ -312,19 +345,17 @@ def gdn_replay_verify_fwd(
     R = ring_k.shape[2]
     if batch == 0:
         return
-    BK = max(triton.next_power_of_2(K), 4)  # whole 4-column chunks (``_tree._cols``)
-    BV = min(triton.next_power_of_2(V), BLOCK_V)
+    BK = triton.next_power_of_2(K)
+    BV = min(triton.next_power_of_2(V), block_v)
     grid = (triton.cdiv(V, BV), HV, batch)
-    kernel = gdn_replay_verify_fwd_kernel
+    kernel = gdn_replay_verify_recurrent_fwd_kernel
     read_args: tuple = ()
     read_strides: tuple = ()
-    meta = dict(H=Hk, HV=HV, K=K, V=V, T=T, TW=max(triton.next_power_of_2(T), 2), BK=BK, BV=BV,
-                BR=min(triton.next_power_of_2(R), BLOCK_R), RL_FOLD=min(FOLD_ROWS, BV),
-                RL_OUT=min(NONFLUSH_ROWS, BV), SOFTPLUS_THRESHOLD=20.0,
-                USE_QK_L2NORM=use_qk_l2norm, SR=sr_seed is not None, num_warps=1,
+    meta = dict(H=Hk, HV=HV, K=K, V=V, T=T, BK=BK, BV=BV, SOFTPLUS_THRESHOLD=20.0,
+                USE_QK_L2NORM=use_qk_l2norm, SR=sr_seed is not None, num_warps=num_warps,
                 num_stages=1)  # fmt: skip
     if read_state is not None:
-        kernel = gdn_replay_verify_read_fwd_kernel
+        kernel = gdn_replay_verify_recurrent_read_fwd_kernel
         read_args = (read_state, read_scale)
         read_strides = (*read_state.stride(),
                         *(read_scale.stride() if read_scale is not None else (0, 0, 0)))
@@ -451,7 +482,7 @@ def gdn_replay_verify(
     )  # fmt: skip
     validate_read_copy(state, read_state, read_scale)
     validate_stochastic_rounding(state, sr_seed, sr_layer)
-    gdn_replay_verify_fwd(
+    gdn_replay_verify_recurrent_fwd(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
         read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,

@@ -987,12 +987,12 @@ def test_gpu_qwen35_split_vs_ref_and_no_copy(T, rd):
 # Codegen: the verify kernel's fold compiles (for sm_90, no GPU needed) to SGLang's update.
 
 _CODEGEN_SCRIPT = r'''
-import inspect, json, os, re, sys
+import inspect, json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from replayssm_kernels.gdn_verify.kernel import (
-    gdn_replay_verify_fwd_kernel, gdn_replay_verify_read_fwd_kernel)
+    gdn_replay_verify_recurrent_fwd_kernel, gdn_replay_verify_recurrent_read_fwd_kernel)
 H, HV, K, V, R, T = 16, 32, 128, 128, 24, int(sys.argv[1])
 TARGET = GPUTarget("cuda", 90, 32)
 def build(kern, ptrs, ints, const, num_stages, nw=1):
@@ -1027,19 +1027,17 @@ strides = dict(
     stride_b_b=T * 2 * HV, stride_b_t=2 * HV, stride_b_h=1,
     stride_o_b=T * HV * V, stride_o_t=HV * V, stride_o_h=V, stride_o_v=1,
 )
-from replayssm_kernels.gdn_decode import kernel as K_
-const = dict(H=H, HV=HV, K=K, V=V, T=T, TW=max(triton.next_power_of_2(T), 2), BK=128, BV=int(os.environ.get("CG_BV", K_.BLOCK_V)),
-             BR=int(os.environ.get("CG_BR", K_.BLOCK_R)), RL_FOLD=K_.FOLD_ROWS, RL_OUT=int(os.environ.get("CG_RLO", K_.NONFLUSH_ROWS)), SOFTPLUS_THRESHOLD=20.0,
-             USE_QK_L2NORM=True, sr_seed=None, SR=False)
+const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True,
+             sr_seed=None, SR=False)
 ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
             ring_len="*i32", flush="*i1", scale="fp32")
-k = build(gdn_replay_verify_fwd_kernel, ptrs, strides, const, 1)
+k = build(gdn_replay_verify_recurrent_fwd_kernel, ptrs, strides, const, 1)
 # With a split-precision read copy (bf16, fp8 + scales): the launch for read_state=...
 rstr = dict(strides, stride_rd_n=HV * V * K, stride_rd_h=V * K, stride_rd_v=K, stride_rd_k=1,
             stride_rs_n=HV * V, stride_rs_h=V, stride_rs_v=1)
-k_read = {rd: build(gdn_replay_verify_read_fwd_kernel,
+k_read = {rd: build(gdn_replay_verify_recurrent_read_fwd_kernel,
                     dict(ptrs, read_ptr=f"*{rd}", read_scale_ptr="*fp32"), rstr,
                     dict(const, READ_FP8=rd == "fp8e4nv"), 1) for rd in ("bf16", "fp8e4nv")}
 
