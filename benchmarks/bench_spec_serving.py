@@ -432,8 +432,8 @@ def graph_buckets(concurrency: Sequence[int]) -> list[int]:
 
 
 def max_total_tokens(args: argparse.Namespace) -> int:
-    """KV tokens of every server: the largest concurrency x (input + output + T + 64) + 8192."""
-    return max(args.concurrency) * (args.input_len + args.output_len + args.draft_tokens + 64) + 8192
+    """KV tokens of every server: ``spec_one_gpu.kv_tokens`` of the largest concurrency."""
+    return one_gpu.kv_tokens(max(args.concurrency), args)
 
 
 def common_flags(args: argparse.Namespace) -> list[str]:
@@ -505,15 +505,10 @@ _CONFIG_FAMILY = {
 }
 
 
-def _cache_params(target_cfg: dict, conv_dtype: str = "bfloat16"):
-    """SGLang's ``mamba2_cache_params`` of a model config (one rank, no TP) and the model's family.
-
-    The config class is SGLang's own for the ``model_type`` (``sglang.srt.configs``); the state dtypes
-    come from SGLang's ``mamba2_state_dtype`` with the servers' ``SGLANG_MAMBA_CONV_DTYPE`` (and whatever
-    ``SGLANG_MAMBA_SSM_DTYPE`` the environment has: the servers inherit it).  CPU only, no server.
-    """
+def _config_class(target_cfg: dict) -> type:
+    """SGLang's own config class (``sglang.srt.configs``) for the config's ``model_type``; ValueError
+    unless it is one of the hybrids ReplaySSM serves."""
     import sglang.srt.configs as configs
-    from sglang.srt.runtime_context import get_parallel
 
     mt = target_cfg.get("model_type")
     cls = next((c for name, c in vars(configs).items() if name in _CONFIG_FAMILY and isinstance(c, type)
@@ -521,6 +516,30 @@ def _cache_params(target_cfg: dict, conv_dtype: str = "bfloat16"):
     if cls is None:
         raise ValueError(f"--radix off-equal-memory: expected a model_type of {sorted(_CONFIG_FAMILY)} "
                          f"(SGLang's hybrid configs ReplaySSM serves), got {mt!r}")
+    return cls
+
+
+def kv_bytes_per_token(target_cfg: dict) -> int:
+    """KV-cache bytes per token (bf16 K and V of every full-attention layer, one rank), from SGLang's
+    config class (``full_attention_layer_ids``)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    with get_parallel().override(attn_tp_size=1):
+        cfg = _config_class(target_cfg)(**target_cfg)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return len(cfg.full_attention_layer_ids) * 2 * int(cfg.num_key_value_heads) * int(head_dim) * 2
+
+
+def _cache_params(target_cfg: dict, conv_dtype: str = "bfloat16"):
+    """SGLang's ``mamba2_cache_params`` of a model config (one rank, no TP) and the model's family.
+
+    The config class is SGLang's own for the ``model_type`` (``_config_class``); the state dtypes
+    come from SGLang's ``mamba2_state_dtype`` with the servers' ``SGLANG_MAMBA_CONV_DTYPE`` (and whatever
+    ``SGLANG_MAMBA_SSM_DTYPE`` the environment has: the servers inherit it).  CPU only, no server.
+    """
+    from sglang.srt.runtime_context import get_parallel
+
+    cls = _config_class(target_cfg)
     saved = os.environ.get("SGLANG_MAMBA_CONV_DTYPE")
     os.environ["SGLANG_MAMBA_CONV_DTYPE"] = conv_dtype
     try:
@@ -1432,7 +1451,7 @@ class _Session:
 
     def _check_one_gpu_fits(self, plan: dict, free: int | None, weights: int) -> None:
         """One GPU: every server's budget (``spec_one_gpu.server_budgets``) must fit it together."""
-        kv = one_gpu.kv_bytes_per_token(self.target_cfg)
+        kv = kv_bytes_per_token(self.target_cfg)
         self.budgets = one_gpu.server_budgets(self.args, plan, kv, weights, tuple(self.servers))
         fit = one_gpu.one_gpu_fit(self.budgets, free)
         self.meta["one_gpu_budgets"] = {"kv_bytes_per_token": kv, **fit,
@@ -1469,13 +1488,13 @@ class _Session:
 
     def _start_one_gpu(self) -> None:
         """One GPU: each server after the previous one logged its pools (so it budgets from what is left)."""
-        for i, v in enumerate(self.servers):
-            s = self.servers[v]
-            if i:
-                prev = self.servers[list(self.servers)[i - 1]]
+        prev = None
+        for s in self.servers.values():
+            if prev is not None:
                 self._wait_mark(prev, POOL_MARK, timeout=min(300.0, max(self.dl.left() - 60.0, 1.0)))
                 self.timings[f"{prev.name}_pools_sized"] = self.dl.elapsed()
             self._launch_on_shared_gpu(s)
+            prev = s
 
     def start(self) -> None:
         """The spec servers at once, each alone on its GPU; stock without spec once stock spec sized its pools.
@@ -1597,18 +1616,14 @@ class _Session:
         names = [v for v in names if v in self.servers and self.servers[v].ready]
         if not names:
             return
+        if self.args.one_gpu and len(names) > 1:
+            for v in names:
+                self.phase((v,), c, n)
+            return
         if self.dl.left() - ab.TEARDOWN_RESERVE_S < MIN_RUN_S:
             for v in names:
                 self.runs[c][v] = {"skipped": "time budget"}
             self.warn(f"c={c} {'+'.join(names)}: skipped (time budget)")
-            return
-        if self.args.one_gpu:
-            for v in names:
-                if self.dl.left() - ab.TEARDOWN_RESERVE_S < MIN_RUN_S:
-                    self.runs[c][v] = {"skipped": "time budget"}
-                    self.warn(f"c={c} {v}: skipped (time budget)")
-                    continue
-                self._record(v, c, n, *self.bench_one(self.servers[v], c, n))
             return
         ex = cf.ThreadPoolExecutor(len(names))
         try:

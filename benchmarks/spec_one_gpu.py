@@ -6,7 +6,7 @@ SGLang 0.5.17 budgets a server from the memory free when it profiles: ``rest = f
 (the equal-memory plan), and the KV pool is the rest, capped by ``--max-total-tokens``.  So on one GPU
 each server is started only after the previous one sized its pools, with ``--max-total-tokens`` for the
 requests it can hold and the fraction that makes ``rest`` cover its mamba rows and that KV
-(``server_budget``), read against ``nvidia-smi``'s free memory just before its launch; the CUDA-graph,
+(``server_budgets``), read against ``nvidia-smi``'s free memory just before its launch; the CUDA-graph,
 activation and context memory of every server comes out of the part none of them budgets
 (``PER_SERVER_RESERVE_GIB`` each, checked before anything starts: ``one_gpu_fit``).  Equal memory is
 still the mamba rows' (the plan's); the KV pools differ and are each large enough for the server's own
@@ -26,33 +26,9 @@ PER_SERVER_RESERVE_GIB = 5.0
 MAX_FRACTION = 0.95
 
 
-def kv_bytes_per_token(target_cfg: dict) -> int:
-    """KV-cache bytes per token of the model (bf16 K and V of every full-attention layer, one rank).
-
-    Raises
-    ------
-    ValueError
-        A config without SGLang's ``full_attention_layer_ids`` (not a hybrid SGLang sizes).
-    """
-    import sglang.srt.configs as configs
-    from sglang.srt.runtime_context import get_parallel
-
-    mt = target_cfg.get("model_type")
-    cls = next((c for c in vars(configs).values() if isinstance(c, type) and getattr(c, "model_type", None) == mt),
-               None)
-    if cls is None:
-        raise ValueError(f"--gpus (one GPU): expected a model_type SGLang has a config class for, got {mt!r}")
-    with get_parallel().override(attn_tp_size=1):
-        cfg = cls(**target_cfg)
-    layers = getattr(cfg, "full_attention_layer_ids", None)
-    if layers is None:
-        raise ValueError(f"--gpus (one GPU): expected {cls.__name__} to have full_attention_layer_ids, got none")
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return len(layers) * 2 * int(cfg.num_key_value_heads) * int(head_dim) * 2
-
-
 def kv_tokens(running: int, args: argparse.Namespace) -> int:
-    """``--max-total-tokens`` for a server holding ``running`` requests (``max_total_tokens``'s rule)."""
+    """``--max-total-tokens`` for a server holding ``running`` requests: each request's input, output,
+    draft tokens and 64 more, plus 8192 (every server of ``bench_spec_serving`` sizes its KV by it)."""
     return running * (args.input_len + args.output_len + args.draft_tokens + 64) + 8192
 
 

@@ -1139,7 +1139,7 @@ def test_one_gpu_budgets_and_flags():
     a = _off("--gpus", "0", "--concurrency", "256,1", "--num-prompts", "256,8")
     assert a.one_gpu and a.gpus == [0] and not _off().one_gpu
     cfg = json.loads((ab.ROOT / "tests" / "models" / "nemotron_h_nano4b" / "config.json").read_text())
-    kv = one.kv_bytes_per_token(cfg)
+    kv = bs.kv_bytes_per_token(cfg)
     assert kv == 4 * 2 * 8 * 128 * 2  # 4 attention layers, 8 KV heads of 128, bf16 K and V
     b = one.server_budgets(a, a.equal_memory, kv, 7 * GIB, bs.VARIANTS)
     per = 512 + 128 + 4 + 64
