@@ -991,8 +991,8 @@ import inspect, json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from replayssm_kernels.gdn_verify.kernel import (
-    gdn_replay_verify_recurrent_fwd_kernel, gdn_replay_verify_recurrent_read_fwd_kernel)
+from replayssm_kernels.gdn_verify.fold import (
+    gdn_verify_fold_kernel, gdn_verify_fold_read_kernel)
 H, HV, K, V, R, T = 16, 32, 128, 128, 24, int(sys.argv[1])
 TARGET = GPUTarget("cuda", 90, 32)
 def build(kern, ptrs, ints, const, num_stages, nw=1):
@@ -1033,11 +1033,11 @@ ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
             ring_len="*i32", flush="*i1", scale="fp32")
-k = build(gdn_replay_verify_recurrent_fwd_kernel, ptrs, strides, const, 1)
+k = build(gdn_verify_fold_kernel, ptrs, strides, const, 1)
 # With a split-precision read copy (bf16, fp8 + scales): the launch for read_state=...
 rstr = dict(strides, stride_rd_n=HV * V * K, stride_rd_h=V * K, stride_rd_v=K, stride_rd_k=1,
             stride_rs_n=HV * V, stride_rs_h=V, stride_rs_v=1)
-k_read = {rd: build(gdn_replay_verify_recurrent_read_fwd_kernel,
+k_read = {rd: build(gdn_verify_fold_read_kernel,
                     dict(ptrs, read_ptr=f"*{rd}", read_scale_ptr="*fp32"), rstr,
                     dict(const, READ_FP8=rd == "fp8e4nv"), 1) for rd in ("bf16", "fp8e4nv")}
 

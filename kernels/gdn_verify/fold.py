@@ -1,0 +1,142 @@
+"""Gated DeltaNet verify, launch 1: the exact fold of the flush rows' committed records.
+
+``gdn_verify_fold_kernel`` (and ``gdn_verify_fold_read_kernel`` with a split-precision read copy;
+both inline ``_fold_program``) runs before the window launch (``window.py``). Grid
+``(cdiv(V, BV), HV, batch)``, one warp, ``BV = 32``: one ``[BV, K]`` tile of one value head's
+checkpoint per program, SGLang's packed-decode tile, so ``fold_records`` compiles to that kernel's
+reduction trees (``tests/kernels/test_gdn_verify.py::test_fold_codegen_matches_sglang``). A flush
+row folds its records ``[0, len)`` from the raw inputs in the packed decode's op order and stores
+the tile once (fp16 with ``SR``: stochastically rounded); with a read copy the stored tile also
+rewrites the copy. Padding and non-flush rows return at once: the launch costs one small program
+per tile when no row flushes. Not autotuned (writes the checkpoint); no host sync.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from replayssm_kernels.gdn_decode._fold import fold_records
+from replayssm_kernels.mamba2_decode.read_copy import store_read_tile
+from replayssm_kernels.stochastic_round import sr_key, sr_round_fp16
+
+
+@triton.jit
+def _fold_program(
+    state, ring_k, ring_v, ring_g, ring_beta, slot_idx, ring_start, ring_len, flush,
+    read_ptr, read_scale_ptr, sr_seed, R, sr_layer,
+    stride_s_n, stride_s_h, stride_s_v, stride_s_k,
+    stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
+    stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+    stride_g_n, stride_g_h, stride_g_r,
+    stride_beta_n, stride_beta_h, stride_beta_r,
+    stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
+    stride_rs_n, stride_rs_h, stride_rs_v,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr,
+    READ_FP8: tl.constexpr, SR: tl.constexpr,
+):  # fmt: skip
+    """One program of the fold launch (kernels below)."""
+    i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    i_s = tl.load(slot_idx + i_n).to(tl.int64)
+    is_flush = tl.load(flush + i_n).to(tl.int32)
+    if (i_s < 0) | (is_flush == 0):
+        return
+    r_start = tl.load(ring_start + i_n).to(tl.int32)
+    r_len = tl.load(ring_len + i_n).to(tl.int32)
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_h = mask_v[:, None] & mask_k[None, :]
+    p_s = (state + i_s * stride_s_n + i_hv * stride_s_h + o_v[:, None] * stride_s_v
+           + o_k[None, :] * stride_s_k)
+    p_rk = ring_k + i_s * stride_rk_n + i_h * stride_rk_h
+    p_rv = ring_v + i_s * stride_rv_n + i_hv * stride_rv_h
+    p_rg = ring_g + i_s * stride_g_n + i_hv * stride_g_h
+    p_rb = ring_beta + i_s * stride_beta_n + i_hv * stride_beta_h
+
+    b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
+    b_h = fold_records(
+        b_h, p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, o_k, o_v, mask_k, mask_v,
+        stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r,
+        USE_QK_L2NORM,
+    )  # fmt: skip
+    if SR:
+        b_h = sr_round_fp16(b_h, sr_key(sr_seed, sr_layer, i_s),
+                            (i_hv * V + o_v[:, None]) * K + o_k[None, :])
+    else:
+        b_h = b_h.to(state.dtype.element_ty)
+    tl.store(p_s, b_h, mask=mask_h)
+    if HAS_READ:
+        # Refresh the copy from the checkpoint as stored (masked lanes of b_h are zeros). Copy
+        # accesses are declared contiguous only in runs of the checkpoint's 16-byte vector, so
+        # the copy's stores take the checkpoint tile's layout instead of a wider one of their own,
+        # which would spread to the fold and change its reduction trees.
+        o_kr = tl.max_contiguous(o_k, 128 // state.dtype.element_ty.primitive_bitwidth)
+        p_rs_head = read_scale_ptr
+        if READ_FP8:
+            p_rs_head = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
+        store_read_tile(
+            b_h, read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h, p_rs_head, o_v, o_kr,
+            mask_v, mask_k, stride_rd_v, stride_rd_k, stride_rs_v, READ_FP8,
+        )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["sr_layer"])
+def gdn_verify_fold_kernel(
+    state, ring_k, ring_v, ring_g, ring_beta, slot_idx, ring_start, ring_len, flush, sr_seed,
+    R, sr_layer,
+    stride_s_n, stride_s_h, stride_s_v, stride_s_k,
+    stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
+    stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+    stride_g_n, stride_g_h, stride_g_r,
+    stride_beta_n, stride_beta_h, stride_beta_r,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, SR: tl.constexpr = False,
+):  # fmt: skip
+    """The fold launch without a read copy (see the module docstring)."""
+    _fold_program(
+        state, ring_k, ring_v, ring_g, ring_beta, slot_idx, ring_start, ring_len, flush,
+        None, None, sr_seed, R, sr_layer,
+        stride_s_n, stride_s_h, stride_s_v, stride_s_k,
+        stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
+        stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+        stride_g_n, stride_g_h, stride_g_r,
+        stride_beta_n, stride_beta_h, stride_beta_r,
+        0, 0, 0, 0, 0, 0, 0,
+        H, HV, K, V, BK, BV, USE_QK_L2NORM, False, False, SR,
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["sr_layer"])
+def gdn_verify_fold_read_kernel(
+    state, ring_k, ring_v, ring_g, ring_beta, slot_idx, ring_start, ring_len, flush,
+    read_ptr, read_scale_ptr, sr_seed, R, sr_layer,
+    stride_s_n, stride_s_h, stride_s_v, stride_s_k,
+    stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
+    stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+    stride_g_n, stride_g_h, stride_g_r,
+    stride_beta_n, stride_beta_h, stride_beta_r,
+    stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
+    stride_rs_n, stride_rs_h, stride_rs_v,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, READ_FP8: tl.constexpr,
+    SR: tl.constexpr = False,
+):  # fmt: skip
+    """The fold launch with a split-precision read copy (``read_ptr``, fp8 scales
+    ``read_scale_ptr``), rewritten from the stored tile."""
+    _fold_program(
+        state, ring_k, ring_v, ring_g, ring_beta, slot_idx, ring_start, ring_len, flush,
+        read_ptr, read_scale_ptr, sr_seed, R, sr_layer,
+        stride_s_n, stride_s_h, stride_s_v, stride_s_k,
+        stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
+        stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+        stride_g_n, stride_g_h, stride_g_r,
+        stride_beta_n, stride_beta_h, stride_beta_r,
+        stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
+        stride_rs_n, stride_rs_h, stride_rs_v,
+        H, HV, K, V, BK, BV, USE_QK_L2NORM, True, READ_FP8, SR,
+    )  # fmt: skip
