@@ -30,12 +30,13 @@ from replayssm_kernels.stochastic_round import validate_stochastic_rounding
 
 __all__ = ["gdn_replay_verify", "gdn_replay_verify_fwd"]
 
-#: Window launch (H200 sweep, ``benchmarks/RESULTS.md``): value rows and key columns per program
-#: and chunk, warps, software-pipelining stages.
-WINDOW_BLOCK_V = 32
+#: Window launch, from an H200 sweep at T = 4, batch 256 (``benchmarks/RESULTS.md``, fourteenth
+#: session): value rows per program, key columns per chunk, warps, software-pipelining stages.
+#: Register-bound occupancy decides it: two warps and a whole value head per program were fastest.
+WINDOW_BLOCK_V = 128
 WINDOW_BLOCK_K = 32
-WINDOW_WARPS = 4
-WINDOW_STAGES = 1
+WINDOW_WARPS = 2
+WINDOW_STAGES = 3
 
 
 def _precision(q: torch.Tensor, k: torch.Tensor) -> str:
