@@ -1083,8 +1083,8 @@ json.dump(dict(verify=ours, sglang=seq(sg_c.asm["ttgir"]), read=read), sys.stdou
 
 
 def test_fold_codegen_matches_sglang():
-    """Compile the verify kernel and SGLang's packed decode for sm_90a on any machine and compare
-    the fold loop's TTGIR.
+    """Compile the verify's fold launch and SGLang's packed decode for sm_90a on any machine and
+    compare the fold loop's TTGIR.
 
     The checkpoint is bitwise SGLang's only if every fp32 op of the fold compiles as in SGLang's
     kernel: the same ops in the same order on tensors of the same layouts (the layout fixes the
@@ -1121,3 +1121,77 @@ def test_fold_codegen_matches_sglang():
     assert got["verify"] == want, "verify fold loop differs from SGLang's packed-decode update"
     for rd, body in got["read"].items():
         assert body == want, f"verify fold loop with a {rd} read copy differs"
+
+
+_WINDOW_CODEGEN_SCRIPT = r'''
+import inspect, os, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from replayssm_kernels.gdn_verify import kernel as gk
+from replayssm_kernels.gdn_verify.window import gdn_verify_window_kernel as kern
+H, HV, K, V, T, read = 16, 32, 128, 128, int(sys.argv[1]), sys.argv[2]
+R = 16 + T
+ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
+            ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
+            A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
+            ring_len="*i32", flush="*i1", scale="fp32")
+const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=K, BKC=gk.WINDOW_BLOCK_K, BV=gk.WINDOW_BLOCK_V,
+             NX=max(16, triton.next_power_of_2(2 * T)), NH=16, LOG2T=(T - 1).bit_length(),
+             SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True, HAS_READ=read != "none",
+             READ_FP8=read == "fp8e4nv", PRECISION="split")
+if read == "none":
+    const.update(read_ptr=None, read_scale_ptr=None)
+else:
+    ptrs.update(read_ptr=f"*{read}", read_scale_ptr="*fp32")
+UNIT = {"stride_s_k", "stride_u_v", "stride_rk_k", "stride_rv_v", "stride_g_r", "stride_beta_r",
+        "stride_q_k", "stride_k_k", "stride_v_v", "stride_a_h", "stride_b_h", "stride_o_v",
+        "stride_rd_k", "stride_rs_v"}
+sig, cx, attrs = {}, {}, {}
+for i, n in enumerate(inspect.signature(kern.fn).parameters):
+    if n in ptrs:
+        sig[n] = ptrs[n]
+        if ptrs[n].startswith("*"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    elif n in const:
+        sig[n], cx[n] = "constexpr", const[n]
+    elif n in UNIT:
+        sig[n], cx[n] = "constexpr", 1
+    else:
+        sig[n] = "i32"
+        attrs[(i,)] = [["tt.divisibility", 16]]
+c = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=cx, attrs=attrs),
+                   target=GPUTarget("cuda", 90, 32),
+                   options=dict(num_warps=gk.WINDOW_WARPS, num_stages=gk.WINDOW_STAGES))
+ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+    f.write(c.asm["ptx"])
+r = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                   capture_output=True, text=True, check=True)
+print(r.stderr)
+'''
+
+
+@pytest.mark.parametrize("T,read", [(4, "none"), (8, "none"), (4, "bf16"), (4, "fp8e4nv")])
+def test_window_codegen_no_spills(T, read):
+    """The window launch at its default configuration (``kernel.WINDOW_*``) compiles for sm_90a
+    without spills (offline ``ptxas -v``; Qwen3.5-4B head shape, bf16 activations, fp32 state,
+    with and without a read copy).  The launch is register-bound (``benchmarks/RESULTS.md``,
+    fourteenth session): a change that spills would undo its speed."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _WINDOW_CODEGEN_SCRIPT, str(T), read], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    err = proc.stderr.lower()
+    if proc.returncode != 0 and "nvidia" in err and "backend" in err:
+        pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    regs = re.search(r"Used (\d+) registers", proc.stdout)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", proc.stdout)
+    assert regs and spills, proc.stdout
+    print(f"[window codegen T{T} {read}] {regs.group(1)} registers, spills {spills.group(0)}")
+    assert spills.group(1) == "0" and spills.group(2) == "0", proc.stdout
