@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override fields of the Mamba-2 verify launch configuration (LaunchConfig "
                         "of kernels/mamba2_verify/kernel.py, e.g. num_warps=4,maxnreg=128; "
                         "maxnreg=0: no cap), for a launch sweep; default: launch_config's")
+    p.add_argument("--gdn-verify-launch", default=None, metavar="KEY=INT,...",
+                   help="override the GDN verify window launch (keywords of "
+                        "gdn_replay_verify_fwd: block_v, block_k, num_warps, num_stages, e.g. "
+                        "block_v=64,num_stages=3), for a launch sweep; default: the kernel's")
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, required=True)
     return p
@@ -137,6 +141,7 @@ class Config:
     mamba2_verify_p_split: int | None = None
     mamba2_verify_impl: str = "fma"
     mamba2_verify_launch: dict[str, int | None] = field(default_factory=dict)
+    gdn_verify_launch: dict[str, int] = field(default_factory=dict)
     dry_run: bool = False  # bench_decode.environment() reads it
     argv: list[str] = field(default_factory=list)
 
@@ -149,14 +154,32 @@ def parse_launch_overrides(text: str | None,
         return {}
     from replayssm_kernels.mamba2_verify.kernel import LaunchConfig
 
-    ints = [f for f in LaunchConfig._fields if f not in ("impl", "act_tf32_exact")]
-    out: dict[str, int | None] = {}
+    fields = [f for f in LaunchConfig._fields if f not in ("impl", "act_tf32_exact")]
+    out = _int_fields(text, fields, "--mamba2-verify-launch", parser)
+    return {k: None if k == "maxnreg" and v == 0 else v for k, v in out.items()}
+
+
+#: ``gdn_replay_verify_fwd``'s window-launch keywords that ``--gdn-verify-launch`` may set.
+GDN_LAUNCH_FIELDS = ("block_v", "block_k", "num_warps", "num_stages")
+
+
+def parse_gdn_launch(text: str | None, parser: argparse.ArgumentParser) -> dict[str, int]:
+    """``--gdn-verify-launch`` as ``{keyword: value}`` for ``gdn_replay_verify_fwd``; unknown
+    keywords or non-positive / non-integer values end the parse with the keywords that exist."""
+    out = _int_fields(text, GDN_LAUNCH_FIELDS, "--gdn-verify-launch", parser) if text else {}
+    if any(v < 1 for v in out.values()):
+        parser.error(f"--gdn-verify-launch: expected positive values, got {text!r}")
+    return out
+
+
+def _int_fields(text: str, fields: Sequence[str], flag: str,
+                parser: argparse.ArgumentParser) -> dict[str, int]:
+    out: dict[str, int] = {}
     for item in text.split(","):
         name, _, value = item.partition("=")
-        if name not in ints or not value.lstrip("-").isdigit():
-            parser.error(f"--mamba2-verify-launch: expected FIELD=INT with FIELD in {ints}, got "
-                         f"{item!r}")
-        out[name] = None if name == "maxnreg" and int(value) == 0 else int(value)
+        if name not in fields or not value.lstrip("-").isdigit():
+            parser.error(f"{flag}: expected FIELD=INT with FIELD in {list(fields)}, got {item!r}")
+        out[name] = int(value)
     return out
 
 
@@ -182,6 +205,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     if a.passes < 1 or (a.repeats is not None and a.repeats < 1):
         parser.error("--passes and --repeats must be >= 1")
     launch = parse_launch_overrides(a.mamba2_verify_launch, parser)
+    gdn_launch = parse_gdn_launch(a.gdn_verify_launch, parser)
     return Config(
         families=["mamba2", "gdn"] if a.family == "all" else [a.family],
         Ts=list(a.T), accepted=dict(zip(a.T, acc)), batches=list(a.batch), L=a.window,
@@ -199,6 +223,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         mamba2_verify_p_split=a.mamba2_verify_p_split,
         mamba2_verify_impl=a.mamba2_verify_impl,
         mamba2_verify_launch=launch,
+        gdn_verify_launch=gdn_launch,
         argv=list(sys.argv[1:] if argv is None else argv),
     )
 
@@ -689,6 +714,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         mvk.launch_config = lambda *a, **k: chosen(*a, **k)._replace(**over)
         meta["mamba2_verify_launch"] = over
         bd._log(f"Mamba-2 verify: launch fields overridden: {over}")
+    if cfg.gdn_verify_launch:  # window-launch sweep: keywords of gdn_replay_verify_fwd
+        import replayssm_kernels.gdn_verify.kernel as gvk
+
+        gvk.gdn_replay_verify_fwd = functools.partial(gvk.gdn_replay_verify_fwd,
+                                                      **cfg.gdn_verify_launch)
+        meta["gdn_verify_launch"] = dict(cfg.gdn_verify_launch)
+        bd._log(f"GDN verify: window launch overridden: {cfg.gdn_verify_launch}")
     copy = bd.measure_copy_bandwidth(cfg)
     if cfg.device == "cuda":
         bd._log(f"copy bandwidth: {copy['bytes_per_s'] / 1e12:.3f} TB/s (read + write)")

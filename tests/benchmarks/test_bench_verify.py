@@ -36,13 +36,34 @@ def test_parse_launch_overrides(tmp_path):
     cfg = bv.parse_args(["--device", "cpu", "--out", str(tmp_path), "--mamba2-verify-launch",
                          "num_warps=4,maxnreg=0,block_p=8"])
     assert cfg.mamba2_verify_launch == {"num_warps": 4, "maxnreg": None, "block_p": 8}
+    cfg = bv.parse_args(["--device", "cpu", "--out", str(tmp_path), "--gdn-verify-launch",
+                         "block_v=64,num_stages=3"])
+    assert cfg.gdn_verify_launch == {"block_v": 64, "num_stages": 3}
+
+
+def test_gdn_launch_override_reaches_the_kernel(tmp_path, monkeypatch):
+    """``--gdn-verify-launch`` wraps ``gdn_replay_verify_fwd`` (which the public function looks up
+    at call time) with the given keywords, and records them in the run's metadata."""
+    import replayssm_kernels.gdn_verify.kernel as gvk
+
+    seen = {}
+    monkeypatch.setattr(gvk, "gdn_replay_verify_fwd", lambda *a, **k: seen.update(k))
+    monkeypatch.setattr(bv.bd, "measure_copy_bandwidth", lambda cfg: (_ for _ in ()).throw(
+        RuntimeError("stop after the overrides")))
+    with pytest.raises(RuntimeError, match="stop after the overrides"):
+        bv.main(["--device", "cpu", "--family", "gdn", "--out", str(tmp_path),
+                 "--gdn-verify-launch", "block_v=16,num_warps=1"])
+    gvk.gdn_replay_verify_fwd(None, scale=1.0)
+    assert seen == {"block_v": 16, "num_warps": 1, "scale": 1.0}
 
 
 @pytest.mark.parametrize("argv", [["--accepted", "3"], ["--T", "2,4", "--accepted", "1,5"],
                                   ["--T", "17"], ["--window", "0"], ["--slots", "4"],
                                   ["--mamba2-verify-launch", "warps=4"],
                                   ["--mamba2-verify-launch", "impl=1"],
-                                  ["--mamba2-verify-launch", "maxnreg=x"]])
+                                  ["--mamba2-verify-launch", "maxnreg=x"],
+                                  ["--gdn-verify-launch", "block_p=8"],
+                                  ["--gdn-verify-launch", "num_warps=0"]])
 def test_parse_errors(tmp_path, argv):
     with pytest.raises(SystemExit):
         bv.parse_args(["--device", "cpu", "--out", str(tmp_path), *argv])
