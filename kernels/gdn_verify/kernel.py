@@ -162,12 +162,13 @@ def gdn_replay_verify(
     untouched) and cursor snapshot ``(ring_start[b], ring_len[b], flush[b])``:
 
     * non-flush: ``out[b, t]`` for every window token from the checkpoint ``state[s]``, the
-      committed records ``[0, ring_len[b])`` and the window, in registers (the history's stored
-      updates, then the window's delta-rule steps).
-      ``state[s]`` is not written.
+      committed records ``[0, ring_len[b])`` and the window, without forming a state (one pass
+      over ``state[s]`` as ``S0·X``, the history's stored updates, the window's triangular
+      system; ``window.py``).  ``state[s]`` is not written.
     * flush: the committed records ``[0, ring_len[b])`` are folded sequentially into ``state[s]``
       from the raw inputs in the conventional packed-decode op order (``gdn_replay_decode``'s fold)
-      and ``state[s]`` is written once; the window then runs from the folded checkpoint.
+      and ``state[s]`` is written once (``fold.py``); the window then runs from the stored
+      checkpoint with an empty history.
 
     Both write the T window records ``(u, raw k, raw v, g, β)`` at physical ring rows
     ``(ring_start[b] + ring_len[b] + t) % R``, ``t < T``, accepted or not (the commit keeps the
@@ -177,7 +178,7 @@ def gdn_replay_verify(
 
     Split precision (optional ``read_state``, as ``gdn_replay_decode``): non-flush rows start from
     the read copy ``read_state[s]`` (fp8: times ``read_scale[s]``) instead of the checkpoint, which
-    they do not read; the history replay and the window run from those values.  Flush rows fold
+    they do not read; the history and the window run from those values.  Flush rows fold
     into ``state[s]`` exactly as without a copy (same bits), store it, refresh ``read_state[s]``
     (and ``read_scale[s]``) from the checkpoint as stored
     (``replayssm_kernels.mamba2_decode.read_copy``, rows = V, scaled over K), and run the window
