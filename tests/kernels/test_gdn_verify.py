@@ -417,9 +417,10 @@ def test_kernel_long_history():
     print(f"\n[kernel history {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
 
 
-@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("T", [1, 4, 16])
 def test_kernel_vs_ref_lockstep(T):
-    """Kernel and reference on the same inputs step by step: outputs and ring records."""
+    """Kernel and reference on the same inputs step by step: outputs and ring records (T = 16:
+    the longest window, four factors of the window kernel's triangular inverse)."""
     case = Case(HV=2, Hk=1, K=24, V=20, L=6, T=T, act_dtype=FP32, u_dtype=FP32, steps=8)
     sim = Sim(case, seed=3, ops="kernel")
     ref = Sim(case, seed=3, ops="ref")
