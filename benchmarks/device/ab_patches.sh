@@ -11,9 +11,11 @@
 #   COMMAND   a command that takes --out DIR and --commit ID (bench_verify, bench_decode);
 #             each variant gets --out OUT_DIR/NAME and --commit <HEAD>+NAME appended.
 #
-# Only the patches' kernels/ hunks are applied, to a copy of kernels/ in a temporary folder, and
-# that copy is imported as replayssm_kernels ahead of the installed package (PYTHONPATH), so the
-# checkout is never modified; a patch that does not apply stops the script before anything runs.
+# The patches are applied (git apply, or GNU patch where git is missing) to copies of kernels/ and
+# tests/ in a temporary folder, and that kernels/ copy is imported as replayssm_kernels ahead of
+# the installed package (PYTHONPATH; checked before each run), so the checkout is never modified;
+# a patch that does not apply stops the script before anything runs. The commit id recorded is
+# $AB_COMMIT if set (a copy of the tree without .git), else git's HEAD, else "unknown".
 # Example (one device call):
 #   bash benchmarks/device/on_device.sh bash benchmarks/device/ab_patches.sh $OUT/ab \
 #     prep=benchmarks/notes/gdn_verify_prep.patch \
@@ -28,6 +30,18 @@ if [ $# -lt 3 ]; then
 fi
 out=$1
 shift
+
+apply_patch() {  # git apply where git exists (the device image may lack it), else GNU patch
+  if command -v git >/dev/null; then
+    git apply "$1"
+  elif command -v patch >/dev/null; then
+    patch -s -p1 --forward --no-backup-if-mismatch < "$1"
+  else
+    echo "ab_patches.sh: neither git nor patch on this machine" >&2
+    return 1
+  fi
+}
+
 names=(base)
 dirs=("")
 work=$(mktemp -d)
@@ -40,11 +54,11 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do
     exit 2
   fi
   mkdir -p "$work/$name/src" "$work/$name/path"
-  cp -r kernels "$work/$name/src/"
+  cp -r kernels tests "$work/$name/src/"
   IFS=+ read -r -a plist <<< "$patches"
   for p in "${plist[@]}"; do
     case "$p" in /*) ;; *) p="$PWD/$p" ;; esac
-    (cd "$work/$name/src" && git apply --include='kernels/*' "$p") || {
+    (cd "$work/$name/src" && apply_patch "$p") || {
       echo "ab_patches.sh: $p does not apply to this checkout's kernels/" >&2
       exit 1
     }
@@ -59,7 +73,7 @@ if [ $# -lt 2 ] || [ "$1" != "--" ]; then
   exit 2
 fi
 shift
-head=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+head=${AB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 status=0
 for i in "${!names[@]}"; do
   name=${names[$i]}
