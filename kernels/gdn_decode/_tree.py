@@ -177,12 +177,15 @@ def flush_tree(
     READ_FP8: tl.constexpr,
     SR: tl.constexpr,
     o_dtype: tl.constexpr,
+    WITH_TOKEN: tl.constexpr = True,
 ):
     """Flush rows: fold records ``[0, r_len)`` and the current token into the checkpoint tile of
     rows ``i_v·BV ..`` (``RL`` rows on lanes), write the output rows and store the tile once;
     with a read copy (``HAS_READ``), refresh it from the tile as stored.  ``p_s_head`` /
     ``p_o_head`` / ``p_rd_head`` / ``p_rs_head``: the row's state / output / copy / fp8 scales at
-    this value head."""
+    this value head.  ``WITH_TOKEN=False`` (the verify's fold launch): the records only, no
+    current token and no output (``p_q``, ``p_k``, ``p_v``, ``p_o_head``, ``g_val``, ``beta_val``
+    and ``scale`` unused)."""
     RH: tl.constexpr = BV // RL
     rl = tl.arange(0, RL)
     rh = tl.arange(0, RH)
@@ -232,18 +235,19 @@ def flush_tree(
         b_h += _r8(b_v) * b_k
 
     # ---- The current token, then the output from the folded state (SGLang's step).
-    b_q = tl.load(p_q + o_k * stride_q_k, mask=mask_k, other=0).to(tl.float32)
-    b_k = tl.load(p_k + o_k * stride_k_k, mask=mask_k, other=0).to(tl.float32)
-    b_v = tl.load(p_v + row2 * stride_v_v, mask=mask_v2, other=0).to(tl.float32)
-    b_q = _norm(b_q, USE_QK_L2NORM)
-    b_k = _cols(_norm(b_k, USE_QK_L2NORM), BK)
-    b_q = _cols(b_q * scale, BK)
-    b_h *= tl.exp(g_val)
-    b_v -= _rows(b_h * b_k)
-    b_v *= beta_val
-    b_h += _r8(b_v) * b_k
-    b_o = _rows(b_h * b_q)
-    tl.store(p_o_head + row2 * stride_o_v, b_o.to(o_dtype), mask=mask_v2)
+    if WITH_TOKEN:
+        b_q = tl.load(p_q + o_k * stride_q_k, mask=mask_k, other=0).to(tl.float32)
+        b_k = tl.load(p_k + o_k * stride_k_k, mask=mask_k, other=0).to(tl.float32)
+        b_v = tl.load(p_v + row2 * stride_v_v, mask=mask_v2, other=0).to(tl.float32)
+        b_q = _norm(b_q, USE_QK_L2NORM)
+        b_k = _cols(_norm(b_k, USE_QK_L2NORM), BK)
+        b_q = _cols(b_q * scale, BK)
+        b_h *= tl.exp(g_val)
+        b_v -= _rows(b_h * b_k)
+        b_v *= beta_val
+        b_h += _r8(b_v) * b_k
+        b_o = _rows(b_h * b_q)
+        tl.store(p_o_head + row2 * stride_o_v, b_o.to(o_dtype), mask=mask_v2)
     if SR:
         b_st = sr_round_fp16(b_h, sr_key(sr_seed, sr_layer, i_s), (i_hv * V + row8) * K + col8)
     else:

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels.gdn_decode._fold import fold_records
+from replayssm_kernels.gdn_decode._tree import flush_tree
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile
 from replayssm_kernels.stochastic_round import sr_key, sr_round_fp16
 
@@ -33,10 +34,12 @@ def _fold_program(
     stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
     stride_rs_n, stride_rs_h, stride_rs_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr,
+    BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr, SR: tl.constexpr,
 ):  # fmt: skip
-    """One program of the fold launch (kernels below)."""
+    """One program of the fold launch (kernels below). ``RL > 0`` (``K <= 128``): the decode
+    kernel's tree-form fold with ``RL`` rows on lanes (``_tree.flush_tree`` without a current
+    token); ``RL = 0``: the fold on SGLang's tile (``fold_records``)."""
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     i_s = tl.load(slot_idx + i_n).to(tl.int64)
@@ -46,17 +49,51 @@ def _fold_program(
     r_start = tl.load(ring_start + i_n).to(tl.int32)
     r_len = tl.load(ring_len + i_n).to(tl.int32)
 
+    p_s_head = state + i_s * stride_s_n + i_hv * stride_s_h
+    p_rk = ring_k + i_s * stride_rk_n + i_h * stride_rk_h
+    p_rv = ring_v + i_s * stride_rv_n + i_hv * stride_rv_h
+    p_rg = ring_g + i_s * stride_g_n + i_hv * stride_g_h
+    p_rb = ring_beta + i_s * stride_beta_n + i_hv * stride_beta_h
+    p_rd = read_ptr
+    p_rs = read_scale_ptr
+    if HAS_READ:
+        p_rd = read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h
+        if READ_FP8:
+            p_rs = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
+    if RL > 0:
+        flush_tree(
+            state, p_s_head, p_rk, p_rv, p_rg, p_rb, None, None, None, None, p_rd, p_rs, sr_seed,
+            sr_layer, i_s, i_hv, i_v, r_start, r_len, R, 0.0, 0.0, 0.0,
+            stride_s_v, stride_s_k, stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v,
+            stride_g_r, stride_beta_r, 0, 0, 0, 0, stride_rd_v, stride_rd_k, stride_rs_v,
+            K, V, BK, BV, RL, USE_QK_L2NORM, HAS_READ, READ_FP8, SR, tl.float32, False,
+        )  # fmt: skip
+    else:
+        _fold_sglang_tile(
+            state, p_s_head, p_rk, p_rv, p_rg, p_rb, p_rd, p_rs, sr_seed, sr_layer, i_s, i_hv,
+            i_v, r_start, r_len, R, stride_s_v, stride_s_k, stride_rk_r, stride_rk_k,
+            stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r, stride_rd_v, stride_rd_k,
+            stride_rs_v, K, V, BK, BV, USE_QK_L2NORM, HAS_READ, READ_FP8, SR,
+        )  # fmt: skip
+
+
+@triton.jit
+def _fold_sglang_tile(
+    state, p_s_head, p_rk, p_rv, p_rg, p_rb, p_rd, p_rs, sr_seed, sr_layer, i_s, i_hv, i_v,
+    r_start, r_len, R, stride_s_v, stride_s_k, stride_rk_r, stride_rk_k, stride_rv_r,
+    stride_rv_v, stride_g_r, stride_beta_r, stride_rd_v, stride_rd_k, stride_rs_v,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr, READ_FP8: tl.constexpr,
+    SR: tl.constexpr,
+):  # fmt: skip
+    """``K > 128``: fold records ``[0, r_len)`` into the ``[BV, BK]`` tile of rows ``i_v·BV ..``
+    on SGLang's packed-decode tile, store it once and refresh the read copy from it."""
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     mask_k = o_k < K
     mask_v = o_v < V
     mask_h = mask_v[:, None] & mask_k[None, :]
-    p_s = (state + i_s * stride_s_n + i_hv * stride_s_h + o_v[:, None] * stride_s_v
-           + o_k[None, :] * stride_s_k)
-    p_rk = ring_k + i_s * stride_rk_n + i_h * stride_rk_h
-    p_rv = ring_v + i_s * stride_rv_n + i_hv * stride_rv_h
-    p_rg = ring_g + i_s * stride_g_n + i_hv * stride_g_h
-    p_rb = ring_beta + i_s * stride_beta_n + i_hv * stride_beta_h
+    p_s = p_s_head + o_v[:, None] * stride_s_v + o_k[None, :] * stride_s_k
 
     b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
     b_h = fold_records(
@@ -76,13 +113,8 @@ def _fold_program(
         # the copy's stores take the checkpoint tile's layout instead of a wider one of their own,
         # which would spread to the fold and change its reduction trees.
         o_kr = tl.max_contiguous(o_k, 128 // state.dtype.element_ty.primitive_bitwidth)
-        p_rs_head = read_scale_ptr
-        if READ_FP8:
-            p_rs_head = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
-        store_read_tile(
-            b_h, read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h, p_rs_head, o_v, o_kr,
-            mask_v, mask_k, stride_rd_v, stride_rd_k, stride_rs_v, READ_FP8,
-        )  # fmt: skip
+        store_read_tile(b_h, p_rd, p_rs, o_v, o_kr, mask_v, mask_k, stride_rd_v, stride_rd_k,
+                        stride_rs_v, READ_FP8)
 
 
 @triton.jit(do_not_specialize=["sr_layer"])
@@ -95,7 +127,7 @@ def gdn_verify_fold_kernel(
     stride_g_n, stride_g_h, stride_g_r,
     stride_beta_n, stride_beta_h, stride_beta_r,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, SR: tl.constexpr = False,
+    BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, SR: tl.constexpr = False,
 ):  # fmt: skip
     """The fold launch without a read copy (see the module docstring)."""
     _fold_program(
@@ -107,7 +139,7 @@ def gdn_verify_fold_kernel(
         stride_g_n, stride_g_h, stride_g_r,
         stride_beta_n, stride_beta_h, stride_beta_r,
         0, 0, 0, 0, 0, 0, 0,
-        H, HV, K, V, BK, BV, USE_QK_L2NORM, False, False, SR,
+        H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, False, False, SR,
     )  # fmt: skip
 
 
@@ -123,7 +155,7 @@ def gdn_verify_fold_read_kernel(
     stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
     stride_rs_n, stride_rs_h, stride_rs_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, READ_FP8: tl.constexpr,
+    BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, READ_FP8: tl.constexpr,
     SR: tl.constexpr = False,
 ):  # fmt: skip
     """The fold launch with a split-precision read copy (``read_ptr``, fp8 scales
@@ -138,5 +170,5 @@ def gdn_verify_fold_read_kernel(
         stride_beta_n, stride_beta_h, stride_beta_r,
         stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
         stride_rs_n, stride_rs_h, stride_rs_v,
-        H, HV, K, V, BK, BV, USE_QK_L2NORM, True, READ_FP8, SR,
+        H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, True, READ_FP8, SR,
     )  # fmt: skip

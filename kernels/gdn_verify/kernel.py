@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from replayssm_kernels.gdn_decode._validate import validate_gdn_verify
+from replayssm_kernels.gdn_decode._validate import MAX_K_DECODE, validate_gdn_verify
+from replayssm_kernels.gdn_decode.kernel import BLOCK_V, FOLD_ROWS
 from replayssm_kernels.gdn_verify.fold import gdn_verify_fold_kernel, gdn_verify_fold_read_kernel
 from replayssm_kernels.gdn_verify.window import gdn_verify_window_kernel
 from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
@@ -93,9 +94,14 @@ def gdn_replay_verify_fwd(
     ring_strides = (*state.stride(), *ring_k.stride(), *ring_v.stride(), *ring_g.stride(),
                     *ring_beta.stride())  # fmt: skip
     cursors = (slot_idx, ring_start, ring_len, flush)
-    fold_meta = dict(H=Hk, HV=HV, K=K, V=V, BK=BK, BV=32, USE_QK_L2NORM=use_qk_l2norm,
+    # The fold: the decode kernel's tree form for K <= 128 (its launch: FOLD_ROWS rows on lanes),
+    # SGLang's tile (RL = 0) above.
+    fold_bv = min(triton.next_power_of_2(V), BLOCK_V)
+    tree = K <= MAX_K_DECODE
+    fold_meta = dict(H=Hk, HV=HV, K=K, V=V, BK=max(BK, 4) if tree else BK, BV=fold_bv,
+                     RL=min(FOLD_ROWS, fold_bv) if tree else 0, USE_QK_L2NORM=use_qk_l2norm,
                      SR=sr_seed is not None, num_warps=1, num_stages=1)  # fmt: skip
-    grid = (triton.cdiv(V, 32), HV, batch)
+    grid = (triton.cdiv(V, fold_bv), HV, batch)
     if read_state is None:
         gdn_verify_fold_kernel[grid](
             state, ring_k, ring_v, ring_g, ring_beta, *cursors, sr_seed, R, sr_layer,

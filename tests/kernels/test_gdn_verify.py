@@ -39,6 +39,7 @@ from replayssm_kernels.commit import min_ring_size, verify_commit, verify_cursor
 from replayssm_kernels.conventional.gdn import gdn_conventional_f64
 from replayssm_kernels.cursors import decode_cursor_step
 from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
+from replayssm_kernels.gdn_decode._validate import MAX_K_DECODE
 from replayssm_kernels.gdn_verify import gdn_replay_verify, gdn_replay_verify_ref
 from replayssm_kernels.mamba2_decode.read_copy import (
     dequantize_rows,
@@ -121,7 +122,9 @@ class Sim:
         self.c = c = case
         self.dev = device
         self.verify_fn, self.decode_fn = OPS[ops]
-        self.bitwise = ops.startswith("kernel") and c.state_dtype == torch.float32
+        # (the decode kernel, the fold shadow, takes K <= 128)
+        self.bitwise = (ops.startswith("kernel") and c.state_dtype == torch.float32
+                        and c.K <= MAX_K_DECODE)
         self.g = torch.Generator().manual_seed(seed)
         self.slots = 1 + c.requests + c.spare_slots
         self.R = R = c.ring
@@ -415,6 +418,17 @@ def test_kernel_long_history():
                 decode_p=0.3, force_p=0.05, steps=14)  # fmt: skip
     sim = Sim(case, seed=6, ops="kernel").run()
     print(f"\n[kernel history {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
+
+
+def test_kernel_wide_keys():
+    """K > 128: the fold launch takes SGLang's tile (the tree form covers K <= 128); verify steps
+    only (the decode kernel takes K <= 128), outputs and flushed checkpoints vs float64."""
+    case = Case(HV=2, Hk=1, K=160, V=16, L=6, T=2, act_dtype=FP32, tol_out=1e-5, requests=2,
+                decode_p=0.0, force_p=0.2, steps=10)  # fmt: skip
+    sim = Sim(case, seed=9, ops="kernel").run()
+    assert sim.verify_steps == case.steps and sum(sim.flushes) >= 3
+    print(f"\n[kernel wide keys {case.id}] out {sim.max_out_err:.2e} "
+          f"state {sim.max_state_err:.2e} (flushes {sim.flushes})")
 
 
 @pytest.mark.parametrize("T", [1, 4, 16])
@@ -1028,8 +1042,10 @@ strides = dict(
     stride_b_b=T * 2 * HV, stride_b_t=2 * HV, stride_b_h=1,
     stride_o_b=T * HV * V, stride_o_t=HV * V, stride_o_h=V, stride_o_v=1,
 )
-const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True,
-             sr_seed=None, SR=False)
+# RL = 0: the fold on SGLang's tile (the launch takes it for K > 128; K <= 128 folds in the decode
+# kernel's tree form, whose codegen test_gdn_decode.py checks).
+const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, RL=0, SOFTPLUS_THRESHOLD=20.0,
+             USE_QK_L2NORM=True, sr_seed=None, SR=False)
 ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
@@ -1084,8 +1100,8 @@ json.dump(dict(verify=ours, sglang=seq(sg_c.asm["ttgir"]), read=read), sys.stdou
 
 
 def test_fold_codegen_matches_sglang():
-    """Compile the verify's fold launch and SGLang's packed decode for sm_90a on any machine and
-    compare the fold loop's TTGIR.
+    """Compile the verify's fold launch on SGLang's tile (``RL = 0``, taken for ``K > 128``) and
+    SGLang's packed decode for sm_90a on any machine and compare the fold loop's TTGIR.
 
     The checkpoint is bitwise SGLang's only if every fp32 op of the fold compiles as in SGLang's
     kernel: the same ops in the same order on tensors of the same layouts (the layout fixes the
