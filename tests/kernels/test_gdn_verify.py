@@ -1147,7 +1147,7 @@ sys.path.insert(0, sys.argv[3])  # the repository root (benchmarks/ is not an in
 from benchmarks.sweep_mamba2 import compile_sm90a, ptxas_stats
 from replayssm_kernels.gdn_verify import kernel as gk
 from replayssm_kernels.gdn_verify.window import gdn_verify_window_kernel
-H, HV, K, V, T, read = 16, 32, 128, 128, int(sys.argv[1]), sys.argv[2]
+H, HV, K, V, T, read, BV = 16, 32, 128, 128, int(sys.argv[1]), sys.argv[2], int(sys.argv[4])
 R, D = 16 + T, 2 * 16 * 128 + 32 * 128  # ring rows; the mixer's packed q / k / v row
 ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
@@ -1167,7 +1167,7 @@ ints = dict(R=R, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s
             stride_b_h=1, stride_o_b=T * HV * V, stride_o_t=HV * V, stride_o_h=V, stride_o_v=1,
             stride_rd_n=HV * V * K, stride_rd_h=V * K, stride_rd_v=K, stride_rd_k=1,
             stride_rs_n=HV * V, stride_rs_h=V, stride_rs_v=1)
-const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=K, BKC=gk.WINDOW_BLOCK_K, BV=gk.WINDOW_BLOCK_V,
+const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=K, BKC=gk.WINDOW_BLOCK_K, BV=BV,
              NX=max(16, triton.next_power_of_2(2 * T)), NH=16, LOG2T=(T - 1).bit_length(),
              SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True, HAS_READ=read != "none",
              READ_FP8=read == "fp8e4nv", PRECISION="split")
@@ -1177,9 +1177,11 @@ json.dump(ptxas_stats(c.asm["ptx"]), sys.stdout)
 '''
 
 
-@pytest.mark.parametrize("T,read", [(4, "none"), (8, "none"), (4, "bf16"), (4, "fp8e4nv")])
-def test_window_codegen_no_spills(T, read):
-    """The window launch at its default configuration (``kernel.WINDOW_*``) compiles for sm_90a
+@pytest.mark.parametrize("T,read,bv", [(4, "none", 128), (8, "none", 128), (4, "bf16", 128),
+                                       (4, "fp8e4nv", 128), (4, "none", 64), (8, "none", 64)])
+def test_window_codegen_no_spills(T, read, bv):
+    """The window launch at its default configurations (``kernel.WINDOW_*``; ``SMALL_BLOCK_V`` = 64
+    for small batches) compiles for sm_90a
     without spills (offline ``ptxas -v``; Qwen3.5-4B head shape, bf16 activations, fp32 state,
     with and without a read copy).  The launch is register-bound (``benchmarks/RESULTS.md``,
     fourteenth session): a change that spills would undo its speed."""
@@ -1191,12 +1193,12 @@ def test_window_codegen_no_spills(T, read):
 
     root = str(pathlib.Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _WINDOW_CODEGEN_SCRIPT, str(T), read, root],
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    args = [sys.executable, "-c", _WINDOW_CODEGEN_SCRIPT, str(T), read, root, str(bv)]
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     err = proc.stderr.lower()
     if proc.returncode != 0 and "nvidia" in err and "backend" in err:
         pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     px = json.loads(proc.stdout)
-    print(f"[window codegen T{T} {read}] ptxas {px}")
+    print(f"[window codegen T{T} {read} BV{bv}] ptxas {px}")
     assert px["spill_st"] == 0 and px["spill_ld"] == 0, px
