@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run one benchmark command on this checkout's kernels and on copies of them with patches applied,
 # one after another in the same call (same machine, same warm caches), for an A/B of untimed
-# kernel experiments kept as patch files (e.g. benchmarks/notes/gdn_verify_*.patch).
+# kernel experiments kept as patch files (how the sixteenth session timed three GDN patches:
+# benchmarks/RESULTS.md).
 #
 #   usage (from the repository root, on the device under on_device.sh):
 #     bash benchmarks/device/ab_patches.sh OUT_DIR VARIANT... -- COMMAND [ARG ...]
@@ -18,9 +19,7 @@
 # $AB_COMMIT if set (a copy of the tree without .git), else git's HEAD, else "unknown".
 # Example (one device call):
 #   bash benchmarks/device/on_device.sh bash benchmarks/device/ab_patches.sh $OUT/ab \
-#     prep=benchmarks/notes/gdn_verify_prep.patch \
-#     tree=benchmarks/notes/gdn_verify_tree_fold.patch \
-#     both=benchmarks/notes/gdn_verify_prep.patch+benchmarks/notes/gdn_verify_tree_fold.patch \
+#     a=benchmarks/notes/a.patch b=benchmarks/notes/b.patch both=benchmarks/notes/a.patch+benchmarks/notes/b.patch \
 #     -- python3 -m benchmarks.bench_verify --family gdn --T 4,8 --batch 1,64,256 --refcheck
 set -euo pipefail
 cd "$(dirname "$0")/../.."
