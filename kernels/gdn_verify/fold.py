@@ -2,9 +2,12 @@
 
 ``gdn_verify_fold_kernel`` (and ``gdn_verify_fold_read_kernel`` with a split-precision read copy;
 both inline ``_fold_program``) runs before the window launch (``window.py``). Grid
-``(cdiv(V, BV), HV, batch)``, one warp, ``BV = 32``: one ``[BV, K]`` tile of one value head's
-checkpoint per program, SGLang's packed-decode tile, so ``fold_records`` compiles to that kernel's
-reduction trees (``tests/kernels/test_gdn_verify.py::test_fold_codegen_matches_sglang``). A flush
+``(cdiv(V, BV), HV, batch)``, one warp, one ``[BV, K]`` tile of one value head's checkpoint per
+program. For ``K <= 128`` (``RL > 0``) the decode kernel's flush path (``_tree.flush_tree`` without
+a current token: ``RL`` rows on lanes, SGLang's reduction tree written out); above, ``BV = 32``,
+SGLang's packed-decode tile, so ``fold_records`` compiles to that kernel's reduction trees
+(``tests/kernels/test_gdn_verify.py::test_fold_codegen_matches_sglang``). Both give the packed
+decode's bits. A flush
 row folds its records ``[0, len)`` from the raw inputs in the packed decode's op order and stores
 the tile once (fp16 with ``SR``: stochastically rounded); with a read copy the stored tile also
 rewrites the copy. Padding and non-flush rows return at once: the launch costs one small program
