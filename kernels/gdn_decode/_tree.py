@@ -273,6 +273,60 @@ def _ring_row(x, R):
 
 
 @triton.jit
+def _chunk_loads(
+    base, p_rg, p_rk, p_ru, r_start, r_len, R, o_r, rec2, rec_u, row2, mask_v2, col8, mask_c8,
+    stride_g_r, stride_rk_r, stride_rk_k, stride_u_r, stride_u_v,
+):  # fmt: skip
+    """Records ``base .. base + BR − 1`` of a non-flush row (masked past ``r_len``): gates
+    ``[BR]``, raw keys in the dots layout ``[PL, QL]`` × the state tile's K chunks, and ``u`` in
+    the sum layout ``[RL, UL, RH, UH]`` (stored dtypes; ``nonflush_rows``)."""
+    o_rc = base + o_r
+    c_g = tl.load(p_rg + _ring_row(r_start + o_rc, R) * stride_g_r, mask=o_rc < r_len, other=0.0)
+    r8 = _r8(base + rec2)
+    c_k = tl.load(p_rk + _ring_row(r_start + r8, R) * stride_rk_r + col8 * stride_rk_k,
+                  mask=(r8 < r_len) & mask_c8, other=0)
+    rr = base + rec_u
+    c_u = tl.load(
+        p_ru + _ring_row(r_start + rr, R) * stride_u_r + row2[:, None, :, None] * stride_u_v,
+        mask=(rr < r_len) & mask_v2[:, None, :, None], other=0,
+    )
+    return c_g, c_k, c_u
+
+
+@triton.jit
+def _chunk_sums(
+    c_g, c_k, c_u, base, r_len, o_r, k8, q8, b_acc_k, b_acc_q, b_gsum, BR: tl.constexpr,
+    QL: tl.constexpr, PL: tl.constexpr, UL: tl.constexpr, UH: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+):  # fmt: skip
+    """One chunk's ``Σ_j ω_j (k̂_j·k̂_c) u_j`` and ``Σ_j ω_j (k̂_j·q̃_c) u_j`` added to the
+    accumulators, and its gates to the suffix sum (``nonflush_rows``; chunks newest first)."""
+    # 1-D: the gates and their suffix sums
+    mask_r = base + o_r < r_len
+    b_w = tl.where(mask_r, tl.exp(tl.cumsum(c_g, 0, reverse=True) - c_g + b_gsum), 0.0)
+    b_gsum += tl.sum(c_g, 0)
+    # dots: records on lanes, K chunks as the state tile's
+    c_k = c_k.to(tl.float32)
+    b_kk = _rows(c_k * k8)
+    b_kq = _rows(c_k * q8)
+    if USE_QK_L2NORM:
+        b_rn = 1.0 / tl.sqrt(_rows(c_k * c_k) + 1e-6)
+        b_kk = b_kk * b_rn
+        b_kq = b_kq * b_rn
+    # the weights, per record of the dots layout -> 1-D chunk order -> the u layout
+    w2 = tl.reshape(tl.permute(tl.reshape(b_w, (QL, PL)), (1, 0)), (PL, QL))
+    ck = tl.reshape(tl.permute(w2 * b_kk, (1, 0)), (BR,))
+    cq = tl.reshape(tl.permute(w2 * b_kq, (1, 0)), (BR,))
+    ck = tl.permute(tl.reshape(ck, (UH, UL)), (1, 0))[None, :, None, :]
+    cq = tl.permute(tl.reshape(cq, (UH, UL)), (1, 0))[None, :, None, :]
+    # Σ_j c_j u_j: value rows on lanes (a lane's RH rows contiguous), records in registers
+    c_u = c_u.to(tl.float32)
+    b_acc_k += tl.sum(tl.sum(c_u * ck, 3), 1)
+    b_acc_q += tl.sum(tl.sum(c_u * cq, 3), 1)
+    return b_acc_k, b_acc_q, b_gsum
+
+
+@triton.jit
 def nonflush_rows(
     p_s_head,
     p_ru,
@@ -319,6 +373,7 @@ def nonflush_rows(
     BV: tl.constexpr,
     BR: tl.constexpr,
     RL: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr,
@@ -341,7 +396,9 @@ def nonflush_rows(
     registers, so a lane's rows of ``u`` are contiguous); records come in chunks of ``BR``
     (``BR // 8`` per lane), newest chunk first (with ``R <= BR`` exactly one chunk); the record
     ``(u_c, raw k_c, raw v_c, g_c, β_c)`` is appended at logical row ``len`` (k by one program per
-    key head, g and β by the first V tile)."""
+    key head, g and β by the first V tile).  ``ONE_CHUNK`` (``R <= BR``): the one chunk's record
+    loads are issued before the checkpoint tile's, so both arrive in one memory round trip
+    instead of two (the arithmetic is the loop's)."""
     RH: tl.constexpr = BV // RL
     # records of a chunk: dots on [8 lanes, BR // 8 regs]; the u sum on [4 lanes, BR // 4 regs]
     QL: tl.constexpr = BR // 8 if BR >= 8 else 1
@@ -355,6 +412,18 @@ def nonflush_rows(
     col8 = _col8(BK)
     mask_c8 = col8 < K
     row8 = _r8(row2)
+    ql = tl.arange(0, PL)
+    qh = tl.arange(0, QL)
+    rec2 = qh[None, :] * PL + ql[:, None]  # [PL, QL]: record of a chunk, dots layout
+    ul = tl.arange(0, UL)
+    uh = tl.arange(0, UH)
+    rec_u = (uh[None, None, None, :] * UL + ul[None, :, None, None])  # [1, UL, 1, UH]
+    o_r = tl.arange(0, BR)
+    if ONE_CHUNK:
+        c_g0, c_k0, c_u0 = _chunk_loads(
+            0, p_rg, p_rk, p_ru, r_start, r_len, R, o_r, rec2, rec_u, row2, mask_v2, col8,
+            mask_c8, stride_g_r, stride_rk_r, stride_rk_k, stride_u_r, stride_u_v,
+        )  # fmt: skip
     if HAS_READ:
         b_h0 = tl.load(p_rd_head + row8 * stride_rd_v + col8 * stride_rd_k,
                        mask=(row8 < V) & mask_c8, other=0.0).to(tl.float32)
@@ -381,50 +450,26 @@ def nonflush_rows(
         b_hq = b_hq * b_rs
 
     # Records, newest chunk first (ω_j = exp(Σ_{i>j} g_i) as a suffix sum).
-    ql = tl.arange(0, PL)
-    qh = tl.arange(0, QL)
-    rec2 = qh[None, :] * PL + ql[:, None]  # [PL, QL]: record of a chunk, dots layout
-    ul = tl.arange(0, UL)
-    uh = tl.arange(0, UH)
-    rec_u = (uh[None, None, None, :] * UL + ul[None, :, None, None])  # [1, UL, 1, UH]
-    o_r = tl.arange(0, BR)
-    n_chunks = tl.cdiv(r_len, BR)
     b_acc_k = tl.zeros([RL, RH], dtype=tl.float32)
     b_acc_q = tl.zeros([RL, RH], dtype=tl.float32)
     b_gsum = tl.sum(tl.zeros([BR], dtype=tl.float32), 0)
-    for i_c in range(0, n_chunks):
-        base = (n_chunks - 1 - i_c) * BR
-        # 1-D: the gates and their suffix sums
-        o_rc = base + o_r
-        mask_r = o_rc < r_len
-        c_g = tl.load(p_rg + _ring_row(r_start + o_rc, R) * stride_g_r, mask=mask_r, other=0.0)
-        b_w = tl.where(mask_r, tl.exp(tl.cumsum(c_g, 0, reverse=True) - c_g + b_gsum), 0.0)
-        b_gsum += tl.sum(c_g, 0)
-        # dots: records on lanes, K chunks as the state tile's
-        r8 = _r8(base + rec2)
-        c_k = tl.load(p_rk + _ring_row(r_start + r8, R) * stride_rk_r + col8 * stride_rk_k,
-                      mask=(r8 < r_len) & mask_c8, other=0).to(tl.float32)
-        b_kk = _rows(c_k * k8)
-        b_kq = _rows(c_k * q8)
-        if USE_QK_L2NORM:
-            b_rn = 1.0 / tl.sqrt(_rows(c_k * c_k) + 1e-6)
-            b_kk = b_kk * b_rn
-            b_kq = b_kq * b_rn
-        # the weights, per record of the dots layout -> 1-D chunk order -> the u layout
-        w2 = tl.reshape(tl.permute(tl.reshape(b_w, (QL, PL)), (1, 0)), (PL, QL))
-        ck = tl.reshape(tl.permute(w2 * b_kk, (1, 0)), (BR,))
-        cq = tl.reshape(tl.permute(w2 * b_kq, (1, 0)), (BR,))
-        ck = tl.permute(tl.reshape(ck, (UH, UL)), (1, 0))[None, :, None, :]
-        cq = tl.permute(tl.reshape(cq, (UH, UL)), (1, 0))[None, :, None, :]
-        # Σ_j c_j u_j: value rows on lanes (a lane's RH rows contiguous), records in registers
-        rr = base + rec_u
-        c_u = tl.load(
-            p_ru + _ring_row(r_start + rr, R) * stride_u_r
-            + row2[:, None, :, None] * stride_u_v,
-            mask=(rr < r_len) & mask_v2[:, None, :, None], other=0,
-        ).to(tl.float32)
-        b_acc_k += tl.sum(tl.sum(c_u * ck, 3), 1)
-        b_acc_q += tl.sum(tl.sum(c_u * cq, 3), 1)
+    if ONE_CHUNK:
+        b_acc_k, b_acc_q, b_gsum = _chunk_sums(
+            c_g0, c_k0, c_u0, 0, r_len, o_r, k8, q8, b_acc_k, b_acc_q, b_gsum, BR, QL, PL, UL,
+            UH, USE_QK_L2NORM,
+        )  # fmt: skip
+    else:
+        n_chunks = tl.cdiv(r_len, BR)
+        for i_c in range(0, n_chunks):
+            base = (n_chunks - 1 - i_c) * BR
+            c_g, c_k, c_u = _chunk_loads(
+                base, p_rg, p_rk, p_ru, r_start, r_len, R, o_r, rec2, rec_u, row2, mask_v2,
+                col8, mask_c8, stride_g_r, stride_rk_r, stride_rk_k, stride_u_r, stride_u_v,
+            )  # fmt: skip
+            b_acc_k, b_acc_q, b_gsum = _chunk_sums(
+                c_g, c_k, c_u, base, r_len, o_r, k8, q8, b_acc_k, b_acc_q, b_gsum, BR, QL, PL,
+                UL, UH, USE_QK_L2NORM,
+            )  # fmt: skip
 
     b_decay = tl.exp(b_gsum)
     b_hk = b_decay * b_hk + b_acc_k
