@@ -117,7 +117,7 @@ class Config:
     accepted: dict[int, int]
     batches: list[int]
     L: int
-    R: int
+    R: int  # ring rows the timed pools hold: ring_rows(max T)
     builtin_ring: int
     state_dtype: str
     act_dtype: str
@@ -138,6 +138,12 @@ class Config:
     seed: int
     commit: str
     out: Path
+
+    def ring_rows(self, T: int) -> int:
+        """Ring rows a server with ``T`` speculative tokens allocates (``min_ring_size(L, T)``,
+        as ``sglang_replayssm.sizing`` sizes it): each T is timed on the first ``ring_rows(T)``
+        rows of the pools, so a short window is not timed with a longer window's history block."""
+        return max(self.L, T) + T
     mamba2_verify_p_split: int | None = None
     mamba2_verify_impl: str = "fma"
     mamba2_verify_launch: dict[str, int | None] = field(default_factory=dict)
@@ -209,7 +215,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     return Config(
         families=["mamba2", "gdn"] if a.family == "all" else [a.family],
         Ts=list(a.T), accepted=dict(zip(a.T, acc)), batches=list(a.batch), L=a.window,
-        R=max(a.window, tmax) + tmax,  # min_ring_size(L, T) for the largest T serves every T
+        R=max(a.window, tmax) + tmax,  # ring_rows(tmax): the pools hold every T's ring
         builtin_ring=1 << (a.window + tmax - 1).bit_length(),
         state_dtype=a.state_dtype, act_dtype=a.act_dtype, gdn_u_dtype=a.gdn_u_dtype,
         mamba2_shape=MAMBA2_SHAPES[a.mamba2_shape or ("mamba2-tiny" if cpu else "nano-4b")],
@@ -510,8 +516,8 @@ def format_markdown(rows: list[Row], meta: dict) -> str:
     md = [f"# Verify kernel benchmark ({meta.get('device_name', '?')})", "",
           f"- commit `{meta.get('commit')}`, {meta.get('date')}",
           f"- command: `python -m benchmarks.bench_verify {' '.join(meta.get('argv', []))}`",
-          f"- shapes: {meta.get('shapes')}; window L = {meta.get('L')}, our ring rows R = "
-          f"{meta.get('R')}, built-in ring rows {meta.get('builtin_ring')}; state "
+          f"- shapes: {meta.get('shapes')}; window L = {meta.get('L')}, our ring rows R per T "
+          f"{meta.get('R')} (min_ring_size(L, T)), built-in ring rows {meta.get('builtin_ring')}; state "
           f"{meta.get('state_dtype')}, activations {meta.get('act_dtype')}; {meta.get('slots')} "
           "slots per family (one layer), rows on random slots",
           f"- copy bandwidth {f(meta.get('copy_bw', math.nan) / 1e12, '.2f')} TB/s; L2 flush "
@@ -651,7 +657,7 @@ def time_cursors(cfg: Config, timer: bd.Timer) -> dict:
     T = max(cfg.Ts)
     res: dict = {}
     for batch in cfg.batches:
-        cursors = torch.stack([rng.ints((cfg.slots,), cfg.R, torch.int32),
+        cursors = torch.stack([rng.ints((cfg.slots,), cfg.ring_rows(T), torch.int32),
                                rng.ints((cfg.slots,), cfg.L, torch.int32)], 1).contiguous()
         slot_idx = bd._row_slots(rng, cfg.slots, batch)
         acc = torch.ones(batch, dtype=torch.int32, device=cfg.device)
@@ -661,8 +667,8 @@ def time_cursors(cfg: Config, timer: bd.Timer) -> dict:
 
         def fn(c=cursors, s=slot_idx, o=o, acc=acc):
             c[:, 1].clamp_(max=cfg.L)  # keep len within the protocol's bound across repeats
-            step(c, s, None, cfg.L, cfg.R, T, *o)
-            commit(c, s, *o, acc, window=cfg.L, ring_size=cfg.R, num_tokens=T)
+            step(c, s, None, cfg.L, cfg.ring_rows(T), T, *o)
+            commit(c, s, *o, acc, window=cfg.L, ring_size=cfg.ring_rows(T), num_tokens=T)
 
         try:
             fn()
@@ -682,7 +688,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     meta = bd.environment(cfg)
-    meta.update(L=cfg.L, R=cfg.R, builtin_ring=cfg.builtin_ring, Ts=cfg.Ts,
+    meta.update(L=cfg.L, R={str(T): cfg.ring_rows(T) for T in cfg.Ts},
+                builtin_ring=cfg.builtin_ring, Ts=cfg.Ts,
                 accepted=cfg.accepted, state_dtype=cfg.state_dtype, act_dtype=cfg.act_dtype,
                 gdn_u_dtype=cfg.gdn_u_dtype, slots=cfg.slots, batches=cfg.batches,
                 families=cfg.families, impl=cfg.impl, repeats=cfg.repeats, warmup=cfg.warmup,
@@ -692,7 +699,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for f in cfg.families),
                 cycles={str(T): bm.verify_cycle(cfg.L, T, cfg.accepted[T]) for T in cfg.Ts})
     bd._log(f"bench_verify: {meta.get('device_name')} | {cfg.families} | T {cfg.Ts} (a "
-            f"{cfg.accepted}) | batches {cfg.batches} | L={cfg.L} R={cfg.R} | {cfg.state_dtype}")
+            f"{cfg.accepted}) | batches {cfg.batches} | L={cfg.L} R per T "
+            f"{[cfg.ring_rows(T) for T in cfg.Ts]} | {cfg.state_dtype}")
     torch.manual_seed(cfg.seed)
     if cfg.mamba2_verify_p_split is not None:  # A/B of the small-batch split: force one value
         import replayssm_kernels.mamba2_verify.kernel as mvk

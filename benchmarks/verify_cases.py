@@ -101,6 +101,14 @@ class _VerifyCursors:
         self.flush.copy_(self._mixed_fl)
 
 
+def ring_pool(fam, T: int) -> dict:
+    """``fam``'s checkpoint and the first ``cfg.ring_rows(T)`` rows of each of its rings (dim 2):
+    the ring a server with ``T`` speculative tokens has (views, pool strides)."""
+    rows = fam.cfg.ring_rows(T)
+    return {"state": fam.state,
+            **{k: getattr(fam, k).narrow(2, 0, rows) for k in fam.ring_names}}
+
+
 def refcheck_rows(rows: int, slots: int, L: int, T: int) -> list[tuple[int, int, bool]]:
     """``(slot, len, flush)`` per row: empty ring, middle and longest non-flush history, the
     cycle's flush (``len + T > L``), a forced flush of a short ring, a forced flush of an empty
@@ -190,11 +198,13 @@ class Mamba2Verify:
 
         cfg = self.cfg
         inp = self.inputs(batch, T)
-        cur = _VerifyCursors(self.rng, batch, cfg.R, cycle)
+        cur = _VerifyCursors(self.rng, batch, cfg.ring_rows(T), cycle)
         inp.update(ring_start=cur.ring_start, ring_len=cur.ring_len, flush=cur.flush)
+        pool = ring_pool(self, T)
         out: list[VCase] = []
         if self.kernels.get("mamba2") is not None:
-            out.append(VCase("mamba2", "ours", lambda: self.call_ours(self.kernels["mamba2"], inp),
+            out.append(VCase("mamba2", "ours",
+                             lambda: self.call_ours(self.kernels["mamba2"], inp, pool),
                              lambda: inp["out"], cycle, cur.set_phase, cur.set_mixed, cur.mixed))
         ssu = self.peers.get("ssu")
         if ssu is None:
@@ -228,7 +238,7 @@ class Mamba2Verify:
         import torch
 
         cfg, sh, rng = self.cfg, self.sh, self.rng
-        H, P, N, G, R = sh.H, sh.P, sh.N, sh.G, cfg.R
+        H, P, N, G, R = sh.H, sh.P, sh.N, sh.G, cfg.ring_rows(T)
         plan = refcheck_rows(rows, slots, cfg.L, T)
         dev = cfg.device
         args = {
@@ -351,12 +361,13 @@ class GDNVerify:
 
         cfg, sh = self.cfg, self.sh
         inp = self.inputs(batch, T)
-        cur = _VerifyCursors(self.rng, batch, cfg.R, cycle)
+        cur = _VerifyCursors(self.rng, batch, cfg.ring_rows(T), cycle)
         inp.update(ring_start=cur.ring_start, ring_len=cur.ring_len, flush=cur.flush)
         inp["interm_idx"] = torch.arange(batch, dtype=torch.int32, device=cfg.device)
+        pool = ring_pool(self, T)
         out: list[VCase] = []
         if self.kernels.get("gdn") is not None:
-            out.append(VCase("gdn", "ours", lambda: self.call_ours(self.kernels["gdn"], inp),
+            out.append(VCase("gdn", "ours", lambda: self.call_ours(self.kernels["gdn"], inp, pool),
                              lambda: inp["out"], cycle, cur.set_phase, cur.set_mixed, cur.mixed))
         if self.peers.get("sigmoid") is not None:
             buf = torch.empty(batch, T, sh.HV, sh.V, sh.K, dtype=self.sdt, device=cfg.device)
@@ -446,7 +457,7 @@ class GDNVerify:
         import torch
 
         cfg, sh, rng = self.cfg, self.sh, self.rng
-        HV, Hk, K, V, R = sh.HV, sh.Hk, sh.K, sh.V, cfg.R
+        HV, Hk, K, V, R = sh.HV, sh.Hk, sh.K, sh.V, cfg.ring_rows(T)
         plan = refcheck_rows(rows, slots, cfg.L, T)
         dev = cfg.device
         args = {

@@ -57,6 +57,29 @@ def test_gdn_launch_override_reaches_the_kernel(tmp_path, monkeypatch):
     assert seen == {"block_v": 16, "num_warps": 1, "scale": 1.0}
 
 
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_each_T_times_its_own_ring(tmp_path, family):
+    """With T = 2, 8 in one run the pools hold min_ring_size(L, 8) rows, but the T = 2 case hands
+    the kernel the ring a T = 2 server allocates (its history block is sized from it), with
+    cursors inside it; the views share the pool's storage."""
+    from replayssm_kernels import min_ring_size
+
+    cfg = bv.parse_args(["--device", "cpu", "--family", family, "--T", "2,8", "--batch", "2",
+                         "--out", str(tmp_path), "--skip-peers"])
+    seen = []
+    cls = bv.Mamba2Verify if family == "mamba2" else bv.GDNVerify
+    fam = cls(cfg, {family: lambda *a, **k: seen.append(a)}, {})
+    for T in (2, 8):
+        (case,) = fam.cases(2, T, [(0, False)], 1)
+        case.fn()
+        rings = seen[-1][1: 1 + len(fam.ring_names)]
+        assert {r.shape[2] for r in rings} == {cfg.ring_rows(T)} == {min_ring_size(cfg.L, T)}
+        assert all(r.data_ptr() == getattr(fam, n).data_ptr()
+                   for r, n in zip(rings, fam.ring_names))
+        assert int(seen[-1][-3].max()) < cfg.ring_rows(T)  # ring_start
+    assert cfg.R == cfg.ring_rows(8) > cfg.ring_rows(2)
+
+
 @pytest.mark.parametrize("argv", [["--accepted", "3"], ["--T", "2,4", "--accepted", "1,5"],
                                   ["--T", "17"], ["--window", "0"], ["--slots", "4"],
                                   ["--mamba2-verify-launch", "warps=4"],
