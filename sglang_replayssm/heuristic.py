@@ -30,8 +30,9 @@ size ``bs``) and ``T``:
    ``t = layers · launch_s + B / peak`` (the log line says ``source=byte-model`` and why).
 
 Every decision is logged, one line per bucket, with the numbers behind it, and cached in a JSON
-file keyed by device, shape, ``T``, bucket and versions (SGLang, sglang-replayssm, this rule), so a
-restart on the same GPU and model re-uses it without probing.  Overrides and tree drafts are not
+file keyed by device, shape, ``T``, bucket and versions (SGLang, sglang-replayssm, a digest of the
+kernels' source, this rule), so a restart on the same GPU, model and code re-uses it without
+probing.  Overrides and tree drafts are not
 cached (they need no probe).
 
 Nothing here imports SGLang or touches a GPU unless a CUDA probe / ``cuda_device_profile`` is called.
@@ -40,6 +41,7 @@ Nothing here imports SGLang or touches a GPU unless a CUDA probe / ``cuda_device
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -391,7 +393,20 @@ def decide(
 # --------------------------------------------------------------------------------------------------
 
 
+def source_digest(root: str | os.PathLike) -> str:
+    """First 12 hex digits of a SHA-256 over every ``*.py`` file under ``root`` (relative path and
+    bytes, in sorted order): it changes whenever the kernels' code does, even where the package
+    version does not (an editable install between releases)."""
+    h = hashlib.sha256()
+    base = Path(root)
+    for f in sorted(base.rglob("*.py")):
+        h.update(f.relative_to(base).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def _versions() -> str:
+    import replayssm_kernels
+
     from sglang_replayssm import __version__
 
     try:
@@ -400,7 +415,8 @@ def _versions() -> str:
         sglang_version = version("sglang")
     except Exception:  # noqa: BLE001 -- a missing distribution only weakens the key
         sglang_version = "unknown"
-    return f"sglang{sglang_version}:replayssm{__version__}:rule{HEURISTIC_VERSION}"
+    kernels = source_digest(Path(replayssm_kernels.__file__).parent)
+    return f"sglang{sglang_version}:replayssm{__version__}:kernels{kernels}:rule{HEURISTIC_VERSION}"
 
 
 def default_cache_path() -> Path:

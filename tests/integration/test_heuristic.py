@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -195,8 +196,30 @@ def test_decisions_are_cached_per_device_shape_and_version(tmp_path) -> None:
     assert calls[-1] == 8 and len(json.loads(path.read_text())) == 1
 
 
-def test_default_versions_name_sglang_and_the_rule(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_default_versions_name_sglang_the_kernels_and_the_rule(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    import replayssm_kernels
+
     cache = h.DecisionCache(tmp_path / "c.json")
     assert cache.versions.startswith("sglang0.5.17:replayssm") and cache.versions.endswith(":rule1")
+    digest = h.source_digest(Path(replayssm_kernels.__file__).parent)
+    assert f":kernels{digest}:" in cache.versions and len(digest) == 12
     monkeypatch.setenv(h.CACHE_ENV_VAR, str(tmp_path / "x.json"))
     assert h.default_cache_path() == tmp_path / "x.json"
+
+
+def test_source_digest_follows_the_code(tmp_path) -> None:
+    """A cached decision must not outlive the kernel code it was measured with: the digest changes
+    with any source file's bytes or name, and ignores everything but ``*.py``."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    d0 = h.source_digest(tmp_path)
+    (tmp_path / "sub" / "cache.pyc").write_bytes(b"junk")
+    assert h.source_digest(tmp_path) == d0
+    (tmp_path / "sub" / "b.py").write_text("y = 3\n")
+    d1 = h.source_digest(tmp_path)
+    assert d1 != d0
+    (tmp_path / "sub" / "b.py").rename(tmp_path / "sub" / "c.py")
+    assert h.source_digest(tmp_path) not in (d0, d1)
