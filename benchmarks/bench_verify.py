@@ -138,18 +138,20 @@ class Config:
     seed: int
     commit: str
     out: Path
-
-    def ring_rows(self, T: int) -> int:
-        """Ring rows a server with ``T`` speculative tokens allocates (``min_ring_size(L, T)``,
-        as ``sglang_replayssm.sizing`` sizes it): each T is timed on the first ``ring_rows(T)``
-        rows of the pools, so a short window is not timed with a longer window's history block."""
-        return max(self.L, T) + T
     mamba2_verify_p_split: int | None = None
     mamba2_verify_impl: str = "fma"
     mamba2_verify_launch: dict[str, int | None] = field(default_factory=dict)
     gdn_verify_launch: dict[str, int] = field(default_factory=dict)
     dry_run: bool = False  # bench_decode.environment() reads it
     argv: list[str] = field(default_factory=list)
+
+    def ring_rows(self, T: int) -> int:
+        """Ring rows a server with ``T`` speculative tokens allocates (``min_ring_size(L, T)``,
+        as ``sglang_replayssm.sizing`` sizes it): each T is timed on the first ``ring_rows(T)``
+        rows of the pools, so a short window is not timed with a longer window's history block."""
+        from replayssm_kernels import min_ring_size
+
+        return min_ring_size(self.L, T)
 
 
 def parse_launch_overrides(text: str | None,
@@ -212,10 +214,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         parser.error("--passes and --repeats must be >= 1")
     launch = parse_launch_overrides(a.mamba2_verify_launch, parser)
     gdn_launch = parse_gdn_launch(a.gdn_verify_launch, parser)
+    from replayssm_kernels import min_ring_size
+
     return Config(
         families=["mamba2", "gdn"] if a.family == "all" else [a.family],
         Ts=list(a.T), accepted=dict(zip(a.T, acc)), batches=list(a.batch), L=a.window,
-        R=max(a.window, tmax) + tmax,  # ring_rows(tmax): the pools hold every T's ring
+        R=min_ring_size(a.window, tmax),  # ring_rows(tmax): the pools hold every T's ring
         builtin_ring=1 << (a.window + tmax - 1).bit_length(),
         state_dtype=a.state_dtype, act_dtype=a.act_dtype, gdn_u_dtype=a.gdn_u_dtype,
         mamba2_shape=MAMBA2_SHAPES[a.mamba2_shape or ("mamba2-tiny" if cpu else "nano-4b")],

@@ -32,8 +32,7 @@ size ``bs``) and ``T``:
 Every decision is logged, one line per bucket, with the numbers behind it, and cached in a JSON
 file keyed by device, shape, ``T``, bucket and versions (SGLang, sglang-replayssm, a digest of the
 kernels' source, this rule), so a restart on the same GPU, model and code re-uses it without
-probing.  Overrides and tree drafts are not
-cached (they need no probe).
+probing.  Overrides and tree drafts are not cached (they need no probe).
 
 Nothing here imports SGLang or touches a GPU unless a CUDA probe / ``cuda_device_profile`` is called.
 """
