@@ -103,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "maxnreg=0: no cap), for a launch sweep; default: launch_config's")
     p.add_argument("--gdn-verify-launch", default=None, metavar="KEY=INT,...",
                    help="override the GDN verify window launch (keywords of "
-                        "gdn_replay_verify_fwd: block_v, block_k, num_warps, num_stages, e.g. "
-                        "block_v=64,num_stages=3), for a launch sweep; default: the kernel's")
+                        "gdn_replay_verify_fwd: block_v, block_k, num_warps, num_stages, "
+                        "maxnreg, e.g. block_v=64,num_stages=3), for a launch sweep; default: "
+                        "the kernel's")
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, required=True)
     return p
@@ -168,7 +169,7 @@ def parse_launch_overrides(text: str | None,
 
 
 #: ``gdn_replay_verify_fwd``'s window-launch keywords that ``--gdn-verify-launch`` may set.
-GDN_LAUNCH_FIELDS = ("block_v", "block_k", "num_warps", "num_stages")
+GDN_LAUNCH_FIELDS = ("block_v", "block_k", "num_warps", "num_stages", "maxnreg")
 
 
 def parse_gdn_launch(text: str | None, parser: argparse.ArgumentParser) -> dict[str, int]:

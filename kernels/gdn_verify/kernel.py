@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from replayssm_kernels._checks import interpreting
 from replayssm_kernels.gdn_decode._validate import MAX_K_DECODE, validate_gdn_verify
 from replayssm_kernels.gdn_decode.kernel import BLOCK_V, FOLD_ROWS
 from replayssm_kernels.gdn_verify.fold import gdn_verify_fold_kernel, gdn_verify_fold_read_kernel
@@ -82,6 +83,7 @@ def gdn_replay_verify_fwd(
     num_warps: int = WINDOW_WARPS,
     num_stages: int = WINDOW_STAGES,
     precision: str | None = None,
+    maxnreg: int | None = None,
 ) -> None:
     """Both launches without checks (caller: ``gdn_replay_verify``).
 
@@ -90,7 +92,8 @@ def gdn_replay_verify_fwd(
     ``num_warps`` / ``num_stages`` shape the window launch (outputs only; any value is exact in the
     same sense; ``block_v`` defaults to ``SMALL_BLOCK_V`` for at most ``SMALL_BATCH`` rows, else
     ``WINDOW_BLOCK_V``); ``precision`` overrides its product precision (``"split"``, ``"ieee"``,
-    ``"tf32x3"``; default by q / k dtype).
+    ``"tf32x3"``; default by q / k dtype); ``maxnreg`` caps the window launch's registers per
+    thread (ptxas; ``None``: the compiler's choice; ignored by the interpreter).
     """
     batch, T, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -141,6 +144,7 @@ def gdn_replay_verify_fwd(
         SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=use_qk_l2norm, HAS_READ=read_state is not None,
         READ_FP8=read_scale is not None, PRECISION=precision or _precision(q, k),
         num_warps=num_warps, num_stages=num_stages,
+        **({} if maxnreg is None or interpreting() else {"maxnreg": maxnreg}),
     )  # fmt: skip
 
 
