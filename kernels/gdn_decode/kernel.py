@@ -267,8 +267,9 @@ def gdn_replay_decode_fwd(
         sr_layer, *state.stride(), *ring_u.stride(), *ring_k.stride(), *ring_v.stride(),
         *ring_g.stride(), *ring_beta.stride(), *q.stride(), *k.stride(), *v.stride(),
         *a.stride(), *b.stride(), *out.stride(), *read_strides,
-        H=Hk, HV=HV, K=K, V=V, BK=BK, BV=BV, BR=BR, ONE_CHUNK=R <= BR, RL_FOLD=min(FOLD_ROWS, BV),
-        RL_OUT=min(NONFLUSH_ROWS, BV), SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=use_qk_l2norm,
+        H=Hk, HV=HV, K=K, V=V, BK=BK, BV=BV, BR=BR, ONE_CHUNK=R <= BR,
+        RL_FOLD=min(FOLD_ROWS, BV), RL_OUT=min(NONFLUSH_ROWS, BV), SOFTPLUS_THRESHOLD=20.0,
+        USE_QK_L2NORM=use_qk_l2norm,
         HAS_READ=has_read, READ_FP8=read_scale is not None, SR=sr_seed is not None,
         num_warps=1, num_stages=1,
     )  # fmt: skip

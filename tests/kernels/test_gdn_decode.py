@@ -516,8 +516,8 @@ ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
             ring_len="*i32", flush="*i1", scale="fp32")
 # the launcher's configuration (gdn_replay_decode_fwd)
-const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=K_.BLOCK_V, BR=K_.BLOCK_R, ONE_CHUNK=R <= K_.BLOCK_R,
-             RL_FOLD=K_.FOLD_ROWS,
+const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=K_.BLOCK_V, BR=K_.BLOCK_R,
+             ONE_CHUNK=R <= K_.BLOCK_R, RL_FOLD=K_.FOLD_ROWS,
              RL_OUT=K_.NONFLUSH_ROWS, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True,
              HAS_READ=False, READ_FP8=False, SR=False, read_ptr=None, read_scale_ptr=None,
              sr_seed=None)
