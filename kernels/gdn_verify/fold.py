@@ -2,8 +2,9 @@
 
 ``gdn_verify_fold_kernel`` (and ``gdn_verify_fold_read_kernel`` with a split-precision read copy;
 both inline ``_fold_program``) runs before the window launch (``window.py``). Grid
-``(cdiv(V, BV), HV, batch)``, one warp, one ``[BV, K]`` tile of one value head's checkpoint per
-program. For ``K <= 128`` (``RL > 0``) the decode kernel's flush path (``_tree.flush_tree`` without
+``(cdiv(V, BV) / TILES, HV, batch)``, one warp per program, which folds ``TILES`` ``[BV, K]`` tiles
+of one value head's checkpoint one after another (``TILES`` is 1 or all of the head's tiles; the
+arithmetic of each tile does not depend on it). For ``K <= 128`` (``RL > 0``) the decode kernel's flush path (``_tree.flush_tree`` without
 a current token: ``RL`` rows on lanes, SGLang's reduction tree written out); above, ``BV = 32``,
 SGLang's packed-decode tile, so ``fold_records`` compiles to that kernel's reduction trees
 (``tests/kernels/test_gdn_verify.py::test_fold_codegen_matches_sglang``). Both give the packed
@@ -11,7 +12,9 @@ decode's bits. A flush
 row folds its records ``[0, len)`` from the raw inputs in the packed decode's op order and stores
 the tile once (fp16 with ``SR``: stochastically rounded); with a read copy the stored tile also
 rewrites the copy. Padding and non-flush rows return at once: the launch costs one small program
-per tile when no row flushes. Not autotuned (writes the checkpoint); no host sync.
+per program when no row flushes (an early-exit grid of 32,768 one-warp programs took 24.7 us
+on the H200, ``benchmarks/notes/gdn_decode.md``; ``kernel.FOLD_HEAD_GRID`` picks a program per
+value head for large batches). Not autotuned (writes the checkpoint); no host sync.
 """
 
 from __future__ import annotations
@@ -38,12 +41,13 @@ def _fold_program(
     stride_rs_n, stride_rs_h, stride_rs_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr,
-    READ_FP8: tl.constexpr, SR: tl.constexpr,
+    READ_FP8: tl.constexpr, SR: tl.constexpr, TILES: tl.constexpr,
 ):  # fmt: skip
-    """One program of the fold launch (kernels below). ``RL > 0`` (``K <= 128``): the decode
-    kernel's tree-form fold with ``RL`` rows on lanes (``_tree.flush_tree`` without a current
-    token); ``RL = 0``: the fold on SGLang's tile (``fold_records``)."""
-    i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """One program of the fold launch (kernels below): ``TILES`` value tiles of one head in turn.
+    ``RL > 0`` (``K <= 128``): the decode kernel's tree-form fold with ``RL`` rows on lanes
+    (``_tree.flush_tree`` without a current token); ``RL = 0``: the fold on SGLang's tile
+    (``fold_records``)."""
+    i_g, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     i_s = tl.load(slot_idx + i_n).to(tl.int64)
     is_flush = tl.load(flush + i_n).to(tl.int32)
@@ -63,21 +67,23 @@ def _fold_program(
         p_rd = read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h
         if READ_FP8:
             p_rs = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
-    if RL > 0:
-        flush_tree(
-            state, p_s_head, p_rk, p_rv, p_rg, p_rb, None, None, None, None, p_rd, p_rs, sr_seed,
-            sr_layer, i_s, i_hv, i_v, r_start, r_len, R, 0.0, 0.0, 0.0,
-            stride_s_v, stride_s_k, stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v,
-            stride_g_r, stride_beta_r, 0, 0, 0, 0, stride_rd_v, stride_rd_k, stride_rs_v,
-            K, V, BK, BV, RL, USE_QK_L2NORM, HAS_READ, READ_FP8, SR, tl.float32, False,
-        )  # fmt: skip
-    else:
-        _fold_sglang_tile(
-            state, p_s_head, p_rk, p_rv, p_rg, p_rb, p_rd, p_rs, sr_seed, sr_layer, i_s, i_hv,
-            i_v, r_start, r_len, R, stride_s_v, stride_s_k, stride_rk_r, stride_rk_k,
-            stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r, stride_rd_v, stride_rd_k,
-            stride_rs_v, K, V, BK, BV, USE_QK_L2NORM, HAS_READ, READ_FP8, SR,
-        )  # fmt: skip
+    for i_t in range(TILES):
+        i_v = i_g * TILES + i_t
+        if RL > 0:
+            flush_tree(
+                state, p_s_head, p_rk, p_rv, p_rg, p_rb, None, None, None, None, p_rd, p_rs,
+                sr_seed, sr_layer, i_s, i_hv, i_v, r_start, r_len, R, 0.0, 0.0, 0.0,
+                stride_s_v, stride_s_k, stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v,
+                stride_g_r, stride_beta_r, 0, 0, 0, 0, stride_rd_v, stride_rd_k, stride_rs_v,
+                K, V, BK, BV, RL, USE_QK_L2NORM, HAS_READ, READ_FP8, SR, tl.float32, False,
+            )  # fmt: skip
+        else:
+            _fold_sglang_tile(
+                state, p_s_head, p_rk, p_rv, p_rg, p_rb, p_rd, p_rs, sr_seed, sr_layer, i_s, i_hv,
+                i_v, r_start, r_len, R, stride_s_v, stride_s_k, stride_rk_r, stride_rk_k,
+                stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r, stride_rd_v, stride_rd_k,
+                stride_rs_v, K, V, BK, BV, USE_QK_L2NORM, HAS_READ, READ_FP8, SR,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -130,7 +136,8 @@ def gdn_verify_fold_kernel(
     stride_g_n, stride_g_h, stride_g_r,
     stride_beta_n, stride_beta_h, stride_beta_r,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, SR: tl.constexpr = False,
+    BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, TILES: tl.constexpr,
+    SR: tl.constexpr = False,
 ):  # fmt: skip
     """The fold launch without a read copy (see the module docstring)."""
     _fold_program(
@@ -142,7 +149,7 @@ def gdn_verify_fold_kernel(
         stride_g_n, stride_g_h, stride_g_r,
         stride_beta_n, stride_beta_h, stride_beta_r,
         0, 0, 0, 0, 0, 0, 0,
-        H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, False, False, SR,
+        H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, False, False, SR, TILES,
     )  # fmt: skip
 
 
@@ -159,7 +166,7 @@ def gdn_verify_fold_read_kernel(
     stride_rs_n, stride_rs_h, stride_rs_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, READ_FP8: tl.constexpr,
-    SR: tl.constexpr = False,
+    TILES: tl.constexpr, SR: tl.constexpr = False,
 ):  # fmt: skip
     """The fold launch with a split-precision read copy (``read_ptr``, fp8 scales
     ``read_scale_ptr``), rewritten from the stored tile."""
@@ -173,5 +180,5 @@ def gdn_verify_fold_read_kernel(
         stride_beta_n, stride_beta_h, stride_beta_r,
         stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
         stride_rs_n, stride_rs_h, stride_rs_v,
-        H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, True, READ_FP8, SR,
+        H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, True, READ_FP8, SR, TILES,
     )  # fmt: skip

@@ -44,6 +44,11 @@ WINDOW_STAGES = 3
 #: batch 1 16.1 vs 22.3 us, batch 4 18.5 vs 23.4; batch 16 keeps the default, 34.5 vs 43.1).
 SMALL_BATCH = 4
 SMALL_BLOCK_V = 64
+#: Fold launch: one program per (row, value head), folding the head's value tiles in turn, once the
+#: grid has at least this many (row, head) programs; below, one program per tile, so a few rows'
+#: folds spread over the SMs (H200, eighteenth session, T = 4: batch 256 322.9 vs 335.9 us, batch 1
+#: 19.4 vs 15.4 us with a program per head; ``benchmarks/RESULTS.md``).
+FOLD_HEAD_GRID = 1024
 
 
 def _precision(q: torch.Tensor, k: torch.Tensor) -> str:
@@ -111,7 +116,9 @@ def gdn_replay_verify_fwd(
     fold_meta = dict(H=Hk, HV=HV, K=K, V=V, BK=max(BK, 4) if tree else BK, BV=fold_bv,
                      RL=min(FOLD_ROWS, fold_bv) if tree else 0, USE_QK_L2NORM=use_qk_l2norm,
                      SR=sr_seed is not None, num_warps=1, num_stages=1)  # fmt: skip
-    grid = (triton.cdiv(V, fold_bv), HV, batch)
+    n_tiles = triton.cdiv(V, fold_bv)
+    fold_meta["TILES"] = n_tiles if batch * HV >= FOLD_HEAD_GRID else 1
+    grid = (n_tiles // fold_meta["TILES"], HV, batch)
     if read_state is None:
         gdn_verify_fold_kernel[grid](
             state, ring_k, ring_v, ring_g, ring_beta, *cursors, sr_seed, R, sr_layer,

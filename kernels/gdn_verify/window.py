@@ -87,6 +87,8 @@ def gdn_verify_window_kernel(
     is_flush = tl.load(flush + i_n).to(tl.int32) != 0
     n_h = tl.where(is_flush, 0, r_len)
     SMALL: tl.constexpr = "tf32" if PRECISION == "split" else PRECISION
+    # The [BV, NX] products of fp32 operands (history update, outputs): three tf32 products.
+    WIDE: tl.constexpr = "tf32x3" if PRECISION == "split" else PRECISION
 
     o_v = i_v * BV + tl.arange(0, BV)
     mask_v = o_v < V
@@ -171,7 +173,7 @@ def gdn_verify_window_kernel(
     b_uh = tl.load(ring_u + i_s * stride_u_n + i_hv * stride_u_h + h_row[None, :] * stride_u_r
                    + o_v[:, None] * stride_u_v, mask=mask_v[:, None] & mask_hr[None, :],
                    other=0).to(tl.float32)  # [BV, NH]
-    b_sx = tl.exp(g_tot) * b_sx + tl.dot(b_uh, b_w[:, None] * b_a, input_precision="ieee")
+    b_sx = tl.exp(g_tot) * b_sx + tl.dot(b_uh, b_w[:, None] * b_a, input_precision=WIDE)
 
     # Window gates: the decode kernel's expressions, element for element.
     valid = is_k | is_q
@@ -203,7 +205,7 @@ def gdn_verify_window_kernel(
         b_p = tl.dot(b_p, b_p, input_precision="ieee")
         b_m = tl.dot(b_m, eye + b_p, input_precision="ieee")
     b_m = b_m + tl.dot(b_m, b_e, input_precision="ieee")
-    b_out = tl.dot(b_z, b_m, input_precision="ieee")  # [BV, NX]: u in k columns, y in q columns
+    b_out = tl.dot(b_z, b_m, input_precision=WIDE)  # [BV, NX]: u in k columns, y in q columns
 
     tl.store(o + i_n * stride_o_b + i_hv * stride_o_h + tok[None, :] * stride_o_t
              + o_v[:, None] * stride_o_v, b_out.to(o.dtype.element_ty),

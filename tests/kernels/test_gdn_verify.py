@@ -41,6 +41,7 @@ from replayssm_kernels.cursors import decode_cursor_step
 from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
 from replayssm_kernels.gdn_decode._validate import MAX_K_DECODE
 from replayssm_kernels.gdn_verify import gdn_replay_verify, gdn_replay_verify_ref
+from replayssm_kernels.gdn_verify import kernel as gdn_verify_kernel
 from replayssm_kernels.mamba2_decode.read_copy import (
     dequantize_rows,
     quantize_rows,
@@ -431,6 +432,21 @@ def test_kernel_wide_keys():
           f"state {sim.max_state_err:.2e} (flushes {sim.flushes})")
 
 
+@pytest.mark.parametrize("K,V", [(24, 72), (160, 40)], ids=["tree", "sglang-tile"])
+def test_kernel_fold_head_grid(monkeypatch, K, V):
+    """The fold launch with a program per (row, value head) (``kernel.FOLD_HEAD_GRID``, taken at
+    large batches) folding several value tiles in turn, the last one partial: outputs and
+    checkpoints vs float64, the fp32 checkpoint bitwise vs the fold (tree form, and SGLang's tile
+    for K > 128)."""
+    monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_GRID", 1)
+    case = Case(HV=2, Hk=1, K=K, V=V, L=4, T=2, act_dtype=FP32, tol_out=1e-5, requests=2,
+                decode_p=0.0, force_p=0.3, steps=8)  # fmt: skip
+    sim = Sim(case, seed=21, ops="kernel").run()
+    assert sum(sim.flushes) >= 3 and (not sim.bitwise or sim.bitwise_checks >= 3)
+    print(f"\n[kernel head-grid fold {case.id}] out {sim.max_out_err:.2e} "
+          f"state {sim.max_state_err:.2e} (flushes {sim.flushes})")
+
+
 @pytest.mark.parametrize("T", [1, 4, 16])
 def test_kernel_vs_ref_lockstep(T):
     """Kernel and reference on the same inputs step by step: outputs and ring records (T = 16:
@@ -463,6 +479,18 @@ def test_kernel_vs_f64_gpu(case):
     fold (compiled code: FMA contraction and the compiler's reduction trees)."""
     sim = Sim(case, seed=4, ops="kernel").run()
     print(f"\n[gpu {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
+
+
+@pytest.mark.gpu
+def test_kernel_fold_head_grid_gpu(monkeypatch):
+    """The Qwen3.5-4B shape with a program per (row, value head) in the fold launch at any batch
+    (``FOLD_HEAD_GRID`` = 1; served batches of 32 rows and more take it)."""
+    monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_GRID", 1)
+    case = GPU_CASES[1]
+    sim = Sim(case, seed=5, ops="kernel").run()
+    assert sum(sim.flushes) >= 3 and (not sim.bitwise or sim.bitwise_checks >= 3)
+    print(f"\n[gpu head-grid fold {case.id}] out {sim.max_out_err:.2e} "
+          f"state {sim.max_state_err:.2e}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -899,6 +927,15 @@ def test_split_kernel_vs_ref_and_no_copy(T, rd):
 
 
 @pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+def test_split_fold_head_grid(monkeypatch):
+    """The read-copy fold launch with a program per (row, value head), three value tiles each."""
+    monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_GRID", 1)
+    case = Case(HV=2, Hk=1, K=24, V=72, L=6, T=2, act_dtype=FP32, u_dtype=FP32, requests=3,
+                steps=6, decode_p=0.0, force_p=0.25)  # fmt: skip
+    split_lockstep(case, F8, seed=14)
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
 @pytest.mark.parametrize("rd", [BF16, F8], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("op", ["kernel", "ref"])
 def test_split_nonflush_rows_never_read_the_checkpoint(op, rd):
@@ -1045,12 +1082,14 @@ strides = dict(
 # RL = 0: the fold on SGLang's tile (the launch takes it for K > 128; K <= 128 folds in the decode
 # kernel's tree form, whose codegen test_gdn_decode.py checks).
 const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, RL=0, SOFTPLUS_THRESHOLD=20.0,
-             USE_QK_L2NORM=True, sr_seed=None, SR=False)
+             USE_QK_L2NORM=True, sr_seed=None, SR=False, TILES=1)
 ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
             ring_len="*i32", flush="*i1", scale="fp32")
 k = build(gdn_verify_fold_kernel, ptrs, strides, const, 1)
+# A program per value head (large batches): the head's V / BV tiles in turn.
+k_head = build(gdn_verify_fold_kernel, ptrs, strides, dict(const, TILES=V // 32), 1)
 # With a split-precision read copy (bf16, fp8 + scales): the launch for read_state=...
 rstr = dict(strides, stride_rd_n=HV * V * K, stride_rd_h=V * K, stride_rd_v=K, stride_rd_k=1,
             stride_rs_n=HV * V, stride_rs_h=V, stride_rs_v=1)
@@ -1095,7 +1134,8 @@ def fold_body(txt):
     return seq(txt, i_for, i_yield), lines[i_for]
 ours, _ = fold_body(k.asm["ttgir"])
 read = {rd: fold_body(kr.asm["ttgir"])[0] for rd, kr in k_read.items()}
-json.dump(dict(verify=ours, sglang=seq(sg_c.asm["ttgir"]), read=read), sys.stdout)
+json.dump(dict(verify=ours, head=fold_body(k_head.asm["ttgir"])[0], sglang=seq(sg_c.asm["ttgir"]),
+               read=read), sys.stdout)
 '''
 
 
@@ -1107,7 +1147,8 @@ def test_fold_codegen_matches_sglang():
     kernel: the same ops in the same order on tensors of the same layouts (the layout fixes the
     reduction tree of every ``tl.sum``).  Each replayed record must be SGLang's step without the
     q / output ops; the same for the launch with a split-precision read copy (bf16, fp8), whose
-    flush rows must fold as without it.  (The decode kernel folds in tree form, checked against
+    flush rows must fold as without it, and for the launch with a program per value head
+    (``TILES`` = V / BV, large batches).  (The decode kernel folds in tree form, checked against
     SGLang's tree by ``test_gdn_decode.py``.)  Qwen3.5-4B head shape, T = 2, bf16 activations, fp32
     state.
     """
@@ -1136,6 +1177,7 @@ def test_fold_codegen_matches_sglang():
     # same step without q and without the output.
     want = sg[3:8] + sg[13:18] + sg[20:33]
     assert got["verify"] == want, "verify fold loop differs from SGLang's packed-decode update"
+    assert got["head"] == want, "fold loop with a program per value head differs"
     for rd, body in got["read"].items():
         assert body == want, f"verify fold loop with a {rd} read copy differs"
 
