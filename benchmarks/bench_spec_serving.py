@@ -293,6 +293,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "off-equal-memory: every server on it, started and run one at a time")
     p.add_argument("--skip-nospec", action="store_true",
                    help="do not start stock without spec (its rows of the table stay empty)")
+    p.add_argument("--replay-first", action="store_true",
+                   help="one GPU: replay spec runs before stock spec at the first concurrency (the order "
+                        "still alternates after it), so a call whose time budget ends after one run of "
+                        "the pair measures replay spec (an H200 call of 600 s holds the start-up, ~300 s, "
+                        "and one c = 512 run of each only just)")
     p.add_argument("--concurrency", type=ab._int_list, default=[256, 512, 1, 64],
                    help="comma list, run in this order (default 256,512,1,64: the targets first)")
     p.add_argument("--num-prompts", type=ab._int_list, default=None,
@@ -1679,7 +1684,9 @@ def _run(session: _Session) -> None:
     prompts = dict(zip(session.args.concurrency, session.args.num_prompts))
     for i, c in enumerate(session.args.concurrency):
         # one GPU: the pair one after the other, which one first alternating with the concurrency
-        session.phase(SPEC_VARIANTS[::-1] if i % 2 else SPEC_VARIANTS, c, prompts[c])
+        # (stock spec first unless --replay-first)
+        session.phase(SPEC_VARIANTS[::-1] if (i + session.args.replay_first) % 2 else SPEC_VARIANTS, c,
+                      prompts[c])
         session.write()
     for c in nospec_order(session.args.concurrency) if "stock_nospec" in session.servers else ():
         session.phase(("stock_nospec",), c, prompts[c])

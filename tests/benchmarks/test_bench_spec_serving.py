@@ -1203,9 +1203,12 @@ def test_main_one_gpu_skip_nospec_and_refusal(monkeypatch, tmp_path: Path):
             "--model-dir", str(tmp_path / "m"), "--time-budget", "300", "--radix", "off-equal-memory", "--gpus", "0"]
     assert bs.main(["--out", str(tmp_path / "out"), *argv, "--skip-nospec"]) == 0
     assert [x[0] for x in seen["launch"]] == ["stock_spec", "replay_spec"]
-    assert sorted(seen["bench"]) == ["replay_spec-c4", "stock_spec-c4"]
+    assert seen["bench"] == ["stock_spec-c4", "replay_spec-c4"]
     res = json.loads((tmp_path / "out" / "results.json").read_text())
     assert res["meta"]["warnings"] == ["stock without spec not started (--skip-nospec)"]
+    seen["bench"].clear()
+    assert bs.main(["--out", str(tmp_path / "o1"), *argv, "--skip-nospec", "--replay-first"]) == 0
+    assert seen["bench"] == ["replay_spec-c4", "stock_spec-c4"]
     seen["launch"].clear()
     monkeypatch.setattr(bs, "_gpu_free_bytes", lambda gpu: 50 * GIB)
     assert bs.main(["--out", str(tmp_path / "o2"), *argv]) == 1 and seen["launch"] == []
