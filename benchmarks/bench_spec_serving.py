@@ -295,9 +295,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="do not start stock without spec (its rows of the table stay empty)")
     p.add_argument("--replay-first", action="store_true",
                    help="one GPU: replay spec runs before stock spec at the first concurrency (the order "
-                        "still alternates after it), so a call whose time budget ends after one run of "
-                        "the pair measures replay spec (an H200 call of 600 s holds the start-up, ~300 s, "
-                        "and one c = 512 run of each only just)")
+                        "still alternates after it), so a call whose time budget ends after one run "
+                        "measures replay spec (GDN on the H200: a 600 s call held the start-up, ~300 s, "
+                        "and stock spec's c = 512 run, not replay spec's)")
     p.add_argument("--concurrency", type=ab._int_list, default=[256, 512, 1, 64],
                    help="comma list, run in this order (default 256,512,1,64: the targets first)")
     p.add_argument("--num-prompts", type=ab._int_list, default=None,

@@ -1,20 +1,20 @@
 """Gated DeltaNet verify, launch 1: the exact fold of the flush rows' committed records.
 
 ``gdn_verify_fold_kernel`` (and ``gdn_verify_fold_read_kernel`` with a split-precision read copy;
-both inline ``_fold_program``) runs before the window launch (``window.py``). Grid
-``(cdiv(V, BV) / TILES, HV, batch)``, one warp per program, which folds ``TILES`` ``[BV, K]`` tiles
-of one value head's checkpoint one after another (``TILES`` is 1 or all of the head's tiles; the
-arithmetic of each tile does not depend on it). For ``K <= 128`` (``RL > 0``) the decode kernel's flush path (``_tree.flush_tree`` without
-a current token: ``RL`` rows on lanes, SGLang's reduction tree written out); above, ``BV = 32``,
-SGLang's packed-decode tile, so ``fold_records`` compiles to that kernel's reduction trees
-(``tests/kernels/test_gdn_verify.py::test_fold_codegen_matches_sglang``). Both give the packed
-decode's bits. A flush
-row folds its records ``[0, len)`` from the raw inputs in the packed decode's op order and stores
-the tile once (fp16 with ``SR``: stochastically rounded); with a read copy the stored tile also
-rewrites the copy. Padding and non-flush rows return at once: the launch costs one small program
-per program when no row flushes (an early-exit grid of 32,768 one-warp programs took 24.7 us
-on the H200, ``benchmarks/notes/gdn_decode.md``; ``kernel.FOLD_HEAD_GRID`` picks a program per
-value head for large batches). Not autotuned (writes the checkpoint); no host sync.
+both inline ``_fold_program``) runs before the window launch (``window.py``). Grid ``(cdiv(V, BV) /
+TILES, HV, batch)``, one warp per program, which folds ``TILES`` ``[BV, K]`` tiles of one value
+head's checkpoint one after another (``TILES`` is 1 or all of the head's tiles; the arithmetic of
+each tile does not depend on it). For ``K <= 128`` (``RL > 0``) the decode kernel's flush path
+(``_tree.flush_tree`` without a current token: ``RL`` rows on lanes, SGLang's reduction tree written
+out); above, ``BV = 32``, SGLang's packed-decode tile, so ``fold_records`` compiles to that kernel's
+reduction trees (``tests/kernels/test_gdn_verify.py::test_fold_codegen_matches_sglang``). Both give
+the packed decode's bits. A flush row folds its records ``[0, len)`` from the raw inputs in the
+packed decode's op order and stores the tile once (fp16 with ``SR``: stochastically rounded); with a
+read copy the stored tile also rewrites the copy. Padding and non-flush rows return at once, so with
+no flush row the launch costs its grid of early-exit programs (32,768 one-warp programs took 24.7 us
+on the H200, ``benchmarks/notes/gdn_decode.md``): ``kernel.FOLD_HEAD_GRID`` takes a program per
+value head, a quarter of the grid at V = 128, for large batches. Not autotuned (writes the
+checkpoint); no host sync.
 """
 
 from __future__ import annotations
