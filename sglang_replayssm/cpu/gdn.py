@@ -1,8 +1,10 @@
-"""Pure-torch Gated DeltaNet pieces for CPU tensors (``--device cpu``, Qwen3-Next).
+"""Pure-torch Gated DeltaNet pieces for CPU tensors (``--device cpu``, Qwen3-Next and Qwen3.5).
 
 Without the CPU build of ``sgl_kernel`` (not on PyPI), SGLang 0.5.17 runs Triton for the Qwen3-Next
 layer's q/k/v/z/b/a split (``fused_qkvzba_split_reshape_cat``), its gated RMSNorm
-(``rms_norm_gated``), its MoE shared-expert gate (``fused_gate_sigmoid_mul_add``) and the whole
+(``rms_norm_gated``), its MoE shared-expert gate (``fused_gate_sigmoid_mul_add``), the dense Qwen3.5
+layer's split (``fused_qkvzba_split_reshape_cat_contiguous``), gated RMSNorm (``layernorm_gated``'s
+``rms_norm_gated``) and attention output gate (``fused_sigmoid_mul``), and the whole
 ``GDNAttnBackend`` (``causal_conv1d_fn`` / ``causal_conv1d_update``, ``fused_gdn_gating``,
 ``chunk_gated_delta_rule``).  This module holds torch replacements: ``hooks/cpu.py`` routes the
 model-layer ones here for CPU tensors only, and ``gdn.ReplayGDNAttnBackend`` calls
@@ -38,8 +40,10 @@ __all__ = [
     "gdn_decode_cpu",
     "gdn_extend_cpu",
     "gdn_verify_conv_cpu",
+    "qkvzba_split_contiguous",
     "qkvzba_split_interleaved",
     "rms_norm_gated",
+    "sigmoid_mul",
 ]
 
 _F32 = torch.float32
@@ -72,12 +76,47 @@ def qkvzba_split_interleaved(
     )
 
 
+def qkvzba_split_contiguous(
+    mixed_qkvz: torch.Tensor, mixed_ba: torch.Tensor, num_heads_qk: int, num_heads_v: int, head_qk: int, head_v: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Torch ``fused_qkvzba_split_reshape_cat_contiguous`` (Qwen3.5's projection).
+
+    ``mixed_qkvz [T, 2*Hk*Dk + 2*HV*Dv]`` as ``[all q | all k | all v | all z]``, ``mixed_ba [T, 2*HV]``
+    as ``[all b | all a]``.  Returns ``mixed_qkv [T, all q | all k | all v]``, ``z [T, HV, Dv]``,
+    ``b [T, HV]``, ``a [T, HV]`` (new contiguous tensors, as the Triton kernel writes them).
+    """
+    t = mixed_qkvz.shape[0]
+    kd, vd = num_heads_qk * head_qk, num_heads_v * head_v
+    qkv, z = torch.split(mixed_qkvz, [2 * kd + vd, vd], dim=-1)
+    b, a = torch.split(mixed_ba, [num_heads_v, num_heads_v], dim=-1)
+    return qkv.contiguous(), z.reshape(t, num_heads_v, head_v).contiguous(), b.contiguous(), a.contiguous()
+
+
+def sigmoid_mul(attn_output: torch.Tensor, gate: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """Torch ``fused_sigmoid_mul`` (Qwen3.5's gated-attention output): ``attn_output * sigmoid(gate)``,
+    fp32 inside, in ``attn_output``'s dtype.  ``gate`` has ``attn_output``'s shape, or is ``[T, H, D]``
+    (any strides) against ``attn_output [T, H*D]``; ``inplace`` writes into ``attn_output`` and returns it."""
+    if gate.ndim == 3 and attn_output.ndim == 2:
+        gate = gate.reshape(gate.shape[0], -1)
+    if gate.shape != attn_output.shape:
+        raise ValueError(
+            f"sigmoid_mul: expected gate of shape {tuple(attn_output.shape)} (or [T, H, D] with H*D = "
+            f"{attn_output.shape[-1]}), got {tuple(gate.shape)}"
+        )
+    res = (attn_output.to(_F32) * torch.sigmoid(gate.to(_F32))).to(attn_output.dtype)
+    if inplace:
+        return attn_output.copy_(res)
+    return res
+
+
 def rms_norm_gated(
     x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
     activation: str, eps: float,
 ) -> torch.Tensor:
-    """Torch ``fla.fused_norm_gate.rms_norm_gated`` without residual: ``rmsnorm(x) * w (+ b)``, then
-    ``* g * sigmoid(g)`` (swish / silu) or ``* sigmoid(g)`` (sigmoid); fp32 inside, output in x's dtype."""
+    """Torch ``fla.fused_norm_gate.rms_norm_gated`` without residual (Qwen3-Next), and
+    ``fla.layernorm_gated.rms_norm_gated`` as an RMS norm before the gate over the whole last axis
+    (Qwen3.5): ``rmsnorm(x) * w (+ b)``, then ``* g * sigmoid(g)`` (swish / silu) or ``* sigmoid(g)``
+    (sigmoid); fp32 inside, output in x's dtype."""
     xf = x.to(_F32)
     y = xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps)
     if weight is not None:

@@ -27,7 +27,7 @@
     drafts; ``--replayssm-verify replay`` with tree drafts), tensor-parallel
     layouts that cannot shard the SSM heads and groups (``tp.startup_refusal``), a Philox round count
     for stochastic rounding (``--mamba-cache-philox-rounds``: our flush hashes its bits), unified memory, PD
-    disaggregation, and for GDN ``--enable-mixed-chunk`` and Qwen3.5 on ``--device cpu``;
+    disaggregation, and for GDN ``--enable-mixed-chunk``;
     draft model configs are not checked.  Runs during ``ServerArgs`` resolution, in the launching process,
     before anything is loaded (and again in each scheduler).
     Removal: never (it is the plug-in's own validation), unless SGLang grows a capability query.
@@ -77,12 +77,6 @@ def _refusals(model_config, server_args) -> list[str]:
     if getattr(server_args, "disaggregation_mode", "null") not in (None, "null"):
         problems.append("prefill/decode disaggregation is not supported with --ssm-backend replay yet")
     if family == "gdn":
-        text_config = type(model_config.hf_config.get_text_config()).__name__
-        if getattr(server_args, "device", None) == "cpu" and text_config != "Qwen3NextConfig":
-            problems.append(
-                f"{text_config} (Qwen3.5) does not run on --device cpu with ReplaySSM (its GDN layer's Triton "
-                "split kernel has no CPU path in the plug-in); on CPU, Qwen3-Next and Mamba-2 hybrids do"
-            )
         if getattr(server_args, "enable_mixed_chunk", False):
             problems.append(
                 "--enable-mixed-chunk is not supported for Gated DeltaNet models with --ssm-backend replay"
@@ -98,7 +92,7 @@ def validate_startup(result, *args, **kwargs):
     for the SSM cache's stochastic rounding, TP layouts that cannot
     shard the SSM heads and groups (``tp.startup_refusal``), unified memory,
     PD disaggregation, and (GDN)
-    ``--enable-mixed-chunk`` or Qwen3.5 on ``--device cpu``.  Draft model configs are not checked.
+    ``--enable-mixed-chunk``.  Draft model configs are not checked.
     """
     if getattr(result, "is_draft_model", False):
         return result

@@ -99,7 +99,9 @@ def _workload(url: str, model: Path, workdir: Path) -> dict:
     return res
 
 
-@pytest.mark.parametrize("model_name,family", [("nemotron_h_tiny", "mamba2"), ("qwen3_next_tiny", "gdn")])
+@pytest.mark.parametrize(
+    "model_name,family", [("nemotron_h_tiny", "mamba2"), ("qwen3_next_tiny", "gdn"), ("qwen3_5_tiny", "gdn")]
+)
 def test_radix_cache_equals_no_cache(model_name: str, family: str, tmp_path: Path, tmp_path_factory):
     model = make_model.materialize(model_name, tmp_path_factory.mktemp("models") / model_name)
     results = {}

@@ -1,7 +1,7 @@
 """End to end on CPU: real ``sglang.launch_server --device cpu --ssm-backend replay`` on the tiny models.
 
-The equality and bench_serving test runs on the tiny Nemotron-H (Mamba-2) and the tiny Qwen3-Next (GDN);
-the refusal tests on the tiny Nemotron-H.
+The equality and bench_serving test runs on the tiny Nemotron-H (Mamba-2), the tiny Qwen3-Next (GDN,
+MoE MLP) and the tiny dense Qwen3.5 (GDN, gated attention output); the refusal tests on the tiny Nemotron-H.
 
 - Greedy outputs (tokens and logprobs) of concurrent requests of different lengths, each decoding
   more than 3 ring cycles at ``L = 16``, equal those of the same server at ``--replayssm-window 1``
@@ -87,7 +87,9 @@ def _bench_serving(url: str, tokenizer: Path, workdir: Path) -> subprocess.Compl
     )
 
 
-@pytest.mark.parametrize("model_name,family", [("nemotron_h_tiny", "mamba2"), ("qwen3_next_tiny", "gdn")])
+@pytest.mark.parametrize(
+    "model_name,family", [("nemotron_h_tiny", "mamba2"), ("qwen3_next_tiny", "gdn"), ("qwen3_5_tiny", "gdn")]
+)
 def test_replay_window16_equals_window1_and_bench_serving(
     model_name: str, family: str, tmp_path: Path, tmp_path_factory
 ):
@@ -140,13 +142,6 @@ def test_unsupported_family_refused(tmp_path: Path, tmp_path_factory):
 def test_builtin_replayssm_flag_refused(nemotron: Path, tmp_path: Path):
     text = _refused(nemotron, ["--ssm-backend", "replay", "--enable-linear-replayssm"], tmp_path)
     assert "--enable-linear-replayssm" in text and "cannot be combined" in text
-
-
-def test_qwen3_5_on_cpu_refused(tmp_path: Path):
-    # Refused while the server arguments are resolved, before any weight or tokenizer is loaded, so
-    # the shape-faithful config alone (no checkpoint) is enough.
-    text = _refused(make_model.HERE / "qwen3_5_4b", ["--ssm-backend", "replay"], tmp_path)
-    assert "does not run on --device cpu" in text and "Qwen3.5" in text
 
 
 def test_tp_layout_that_cannot_shard_refused(nemotron: Path, tmp_path: Path):

@@ -90,7 +90,7 @@ def _oracle_env(path: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("model_name", ["nemotron_h_tiny", "qwen3_next_tiny"])
+@pytest.mark.parametrize("model_name", ["nemotron_h_tiny", "qwen3_next_tiny", "qwen3_5_tiny"])
 def test_spec_tokens_equal_no_spec_at_controlled_acceptance(model_name: str, tmp_path: Path, tmp_path_factory):
     model = make_model.materialize(model_name, tmp_path_factory.mktemp("models") / model_name)
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]

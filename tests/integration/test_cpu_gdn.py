@@ -1,7 +1,8 @@
 """The CPU GDN path (``sglang_replayssm/cpu/gdn.py``, ``hooks/cpu.py``) without a server.
 
 - The torch replacements equal SGLang's Triton kernels (run by the Triton interpreter on CPU, see
-  ``tests/conftest.py``): the q/k/v/z/b/a split, the gated RMSNorm, the MoE shared-expert gate.
+  ``tests/conftest.py``): Qwen3-Next's q/k/v/z/b/a split, gated RMSNorm and MoE shared-expert gate;
+  Qwen3.5's contiguous split, ``layernorm_gated`` RMSNorm and attention output gate.
 - The hooks are transparent for non-CPU calls and route CPU tensors to torch.
 - ``gdn_extend_cpu`` over T tokens equals T one-token decode steps at L = 1 (same outputs, same final
   checkpoint and conv state), also split into two extends with a cached prefix.
@@ -62,6 +63,62 @@ def test_gate_sigmoid_mul_add_equals_the_triton_kernel():
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
+def test_qkvzba_split_contiguous_equals_the_triton_kernel():
+    from sglang.kernels.ops.attention.triton_gdn_fused_proj import fused_qkvzba_split_reshape_cat_contiguous
+
+    g = _gen(6)
+    t = 5
+    qkvz = torch.randn(t, 2 * HK * K + 2 * HV * V, generator=g)
+    ba = torch.randn(t, 2 * HV, generator=g)
+    ours = cpu_gdn.qkvzba_split_contiguous(qkvz, ba, HK, HV, K, V)
+    theirs = fused_qkvzba_split_reshape_cat_contiguous(qkvz, ba, HK, HV, K, V)
+    for x, y in zip(ours, theirs, strict=True):
+        assert x.shape == y.shape and x.is_contiguous()
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+def test_layernorm_gated_equals_the_triton_kernel(activation: str, monkeypatch: pytest.MonkeyPatch):
+    import sglang.kernels.ops.attention.fla.layernorm_gated as lg
+
+    # Under the interpreter the kernel still asks CUDA for the SM count and enters a device context.
+    monkeypatch.setattr(lg, "_get_sm_count", lambda device: 1)
+    monkeypatch.setattr(torch.cpu, "device", lambda index=None: __import__("contextlib").nullcontext(),
+                        raising=False)
+    g = _gen(7)
+    x, z = torch.randn(12, V, generator=g), torch.randn(12, V, generator=g)
+    w = 1 + 0.1 * torch.randn(V, generator=g)
+    ours = cpu_hooks.around_layernorm_gated(None, x=x, weight=w, bias=None, z=z, eps=1e-6, group_size=None,
+                                            norm_before_gate=True, is_rms_norm=True, activation=activation)
+    theirs = lg.rms_norm_gated(x=x, weight=w, bias=None, z=z, eps=1e-6, group_size=None, norm_before_gate=True,
+                               is_rms_norm=True, activation=activation)
+    assert ours.abs().max() > 0.1
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strided", [True, False])
+def test_sigmoid_mul_equals_the_triton_kernel(strided: bool):
+    from sglang.kernels.ops.elementwise.elementwise import fused_sigmoid_mul
+
+    g = _gen(8)
+    t, h, d = 5, 4, 16
+    out0 = torch.randn(t, h * d, generator=g)
+    if strided:  # the gate as Qwen3.5 passes it: a [T, H, D] view of a wider projection
+        gate = torch.randn(t, h, 2 * d, generator=g)[:, :, d:]
+    else:
+        gate = torch.randn(t, h * d, generator=g)
+    ours, theirs = out0.clone(), out0.clone()
+    ret = cpu_gdn.sigmoid_mul(ours, gate, inplace=True)
+    fused_sigmoid_mul(theirs, gate, inplace=True)
+    assert ret.data_ptr() == ours.data_ptr()
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    fresh = cpu_gdn.sigmoid_mul(out0, gate)
+    assert not torch.equal(fresh, out0)
+    torch.testing.assert_close(fresh, theirs, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="expected gate of shape"):
+        cpu_gdn.sigmoid_mul(out0, gate[:, :2])
+
+
 def test_hooks_route_cpu_tensors_to_torch_and_others_to_the_original():
     calls = []
 
@@ -79,6 +136,25 @@ def test_hooks_route_cpu_tensors_to_torch_and_others_to_the_original():
     with pytest.raises(NotImplementedError):
         cpu_hooks.around_rms_norm_gated(original, torch.ones(3, V), torch.ones(3, V), None, None, "silu",
                                         residual=torch.ones(3, V))
+    # Qwen3.5's three: meta tensors go to the original, CPU tensors to torch, other norm modes refused.
+    assert cpu_hooks.around_qkvzba_split_contiguous(
+        original, torch.empty(2, 2 * HK * K + 2 * HV * V, device="meta"), torch.empty(2, 2 * HV, device="meta"),
+        HK, HV, K, V) == "original"
+    out = cpu_hooks.around_qkvzba_split_contiguous(
+        original, torch.randn(2, 2 * HK * K + 2 * HV * V), torch.randn(2, 2 * HV), HK, HV, K, V)
+    assert isinstance(out, tuple) and len(out) == 4
+    assert cpu_hooks.around_sigmoid_mul(original, xm, xm, True) == "original"
+    assert cpu_hooks.around_sigmoid_mul(original, torch.ones(3, V), torch.zeros(3, V)).eq(0.5).all()
+    kw = dict(weight=torch.ones(V), bias=None, eps=1e-6, group_size=None, norm_before_gate=True,
+              is_rms_norm=True, activation="silu")
+    assert cpu_hooks.around_layernorm_gated(original, x=xm, z=xm, **kw) == "original"
+    assert cpu_hooks.around_layernorm_gated(original, x=torch.ones(3, V), z=torch.ones(3, V), **kw).shape == (3, V)
+    for bad in ({"is_rms_norm": False}, {"norm_before_gate": False}, {"group_size": V // 2}):
+        with pytest.raises(NotImplementedError, match="only the RMS norm before a gate"):
+            cpu_hooks.around_layernorm_gated(original, x=torch.ones(3, V), z=torch.ones(3, V), **{**kw, **bad})
+    with pytest.raises(NotImplementedError):
+        cpu_hooks.around_layernorm_gated(original, x=torch.ones(3, V), **kw)
+    assert len(calls) == 5  # the five calls with meta tensors, Qwen3-Next's two and Qwen3.5's three
     # No server context: RoPE construction is the original's.
     assert not cpu_hooks._server_on_cpu()
 

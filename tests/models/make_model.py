@@ -53,7 +53,8 @@ __all__ = ["MODELS", "ECHO_BRANCH_SCALE", "ECHO_LOGIT", "materialize", "build_to
            "echo_continuation"]
 
 HERE = Path(__file__).resolve().parent
-MODELS = ("nemotron_h_tiny", "qwen3_next_tiny", "llama_tiny", "nemotron_h_nano4b", "qwen3_next_4b", "qwen3_5_4b")
+MODELS = ("nemotron_h_tiny", "qwen3_next_tiny", "qwen3_5_tiny", "llama_tiny", "nemotron_h_nano4b", "qwen3_next_4b",
+          "qwen3_5_4b")
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 #: echo variant: residual branches' output projections x this; the echo token's logit (about)
 ECHO_BRANCH_SCALE = 0.05
@@ -345,6 +346,7 @@ def _echo(weights: dict[str, torch.Tensor]) -> None:
 _BUILDERS = {
     "nemotron_h_tiny": (_nemotron_h_weights, 1234),
     "qwen3_next_tiny": (_qwen3_next_weights, 4321),
+    "qwen3_5_tiny": (_qwen3_5_weights, 4322),
     # config + tokenizer only: an unsupported family, refused before any weight is read
     "llama_tiny": (None, 0),
     # shape-faithful ~4B presets for the serving benchmarks (build on a GPU)
