@@ -45,7 +45,7 @@ PROMPT_LENS = (5, 37, 130, 16, 230, 260, 7, 99)
 # FlashInfer has no fp32 or head_dim 32 kernels and SGLang refuses Triton attention for NemotronH, so the
 # models run in bf16 (conv state bf16, SGLang's GPU default) and the tiny Nemotron-H gets attention heads
 # of 64 here (its SSM layers are unchanged).
-MODELS = ("nemotron_h_tiny", "qwen3_next_tiny")
+MODELS = ("nemotron_h_tiny", "qwen3_next_tiny", "qwen3_5_tiny")
 # A time-limited device call may run a subset: comma lists of MODELS / run names ("stock" and the
 # replay_graph / replay_eager pair are always kept; the assertions skip the runs left out).
 SUBSET_MODELS = os.environ.get("REPLAYSSM_E2E_MODELS")

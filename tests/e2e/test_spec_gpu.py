@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.e2e]
 GPU_FLAGS = ("--dtype", "bfloat16", "--max-mamba-cache-size", "64", "--max-total-tokens", "32768",
              "--mem-fraction-static", "0.06", "--cuda-graph-max-bs", "8", "--attention-backend", "flashinfer",
              "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule")
-MODELS = ("nemotron_h_tiny", "qwen3_next_tiny")
+MODELS = ("nemotron_h_tiny", "qwen3_next_tiny", "qwen3_5_tiny")
 CONFIG_OVERRIDES = {"nemotron_h_tiny": {"head_dim": 64}}
 ENV = {"SGLANG_MAMBA_CONV_DTYPE": "bfloat16"}
 MAX_NEW = 64  # > 3 ring cycles at L = 16 even at full acceptance
