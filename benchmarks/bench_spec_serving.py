@@ -81,7 +81,9 @@ T = 330 MB at T = 4 (0.31 GiB), so c = 256 needs 84.6 GB of them beside 21 GB of
 169 GB: more than an H200 (explicitly sized, stock spec at c = 512 cannot start at all, and c = 256
 needs the whole GPU).  Here the spec servers size themselves at equal memory and requests beyond
 their limit queue in the server: the ``peak #running`` column (the largest ``#running-req`` of the
-run's decode log lines) says how many each actually held.  ``stock_nospec`` holds all 512.  The
+run's decode log lines) says how many each actually held, and ``steady decode tok/s (log)`` what those
+lines read at that peak (runs of ``c`` prompts at concurrency ``c`` are one prefill burst and one decode
+wave, so bench_serving's throughput weighs the burst and the ramps heavily).  ``stock_nospec`` holds all 512.  The
 plug-in's pool keeps SGLang's per-draft buffer with ``auto`` (its snapshot fallback may read it), so
 an explicitly sized replay spec at c = 512 would fail at start as stock spec does; with
 ``--replayssm-verify replay`` it never allocates it (``pool.ReplayMambaPool._install_speculative_state``).
@@ -190,6 +192,7 @@ import os
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -887,17 +890,21 @@ def _generate_echo_model(args: argparse.Namespace, out: Path, timeout: float) ->
 
 _DECODE_RX = re.compile(r"Decode batch[^,]*, #running-req: (\d+),(.*)$", re.M)
 _ACCEPT_RX = re.compile(r"accept len: ([\d.]+)")
+_GEN_RX = re.compile(r"gen throughput \(token/s\): ([\d.]+)")
 
 
 def parse_decode_log(text: str) -> dict:
     """This run's decode log lines (SGLang 0.5.17 ``Decode batch, #running-req: N, ..., accept len: X, ...``).
 
     ``text``: the part of a server log written during one run.  Returns ``{"decode_lines",
-    "peak_running", "accept_len"}``: the largest ``#running-req`` and the mean ``accept len`` weighted
-    by ``#running-req`` (None without spec lines / without lines).
+    "peak_running", "accept_len", "steady_tok_s", "steady_lines"}``: the largest ``#running-req``, the
+    mean ``accept len`` weighted by ``#running-req`` (None without spec lines / without lines), and the
+    median ``gen throughput`` of the lines at the peak ``#running-req`` but the first of them (whose
+    interval holds the admissions' prefills), over ``steady_lines`` lines (None below 2 such lines).
     """
     lines = peak = 0
     weighted = weight = 0.0
+    gen: list[tuple[int, float]] = []
     for m in _DECODE_RX.finditer(text):
         running = int(m.group(1))
         lines += 1
@@ -906,8 +913,13 @@ def parse_decode_log(text: str) -> dict:
         if acc:
             weighted += running * float(acc.group(1))
             weight += running
+        tput = _GEN_RX.search(m.group(2))
+        if tput:
+            gen.append((running, float(tput.group(1))))
+    steady = [t for r, t in gen if r == peak][1:]
     return {"decode_lines": lines, "peak_running": peak if lines else None,
-            "accept_len": round(weighted / weight, 4) if weight else None}
+            "accept_len": round(weighted / weight, 4) if weight else None,
+            "steady_tok_s": round(statistics.median(steady), 1) if steady else None, "steady_lines": len(steady)}
 
 
 #: the speculative buffers' sizes: SGLang's pool line, or the plug-in's when it built them (CPU, replay verify)
@@ -985,26 +997,33 @@ def _accept(result: dict) -> float | None:
 def _throughput_rows(runs: dict) -> list[str]:
     lines = [
         "| concurrency | variant | prompts | completed | out tok/s | x vs stock spec | median TPOT ms "
-        "| median ITL ms | accept len (bench_serving) | accept len (this run) | peak #running |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| median ITL ms | accept len (bench_serving) | accept len (this run) | peak #running "
+        "| steady decode tok/s (log) | x steady |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in sorted(runs):
         base = (runs[c].get("stock_spec") or {}).get("output_throughput")
+        base_steady = ((runs[c].get("stock_spec") or {}).get("server_log_decode") or {}).get("steady_tok_s")
         for v in VARIANTS:
             r = runs[c].get(v) or {}
             log = r.get("server_log_decode") or {}
             tput = r.get("output_throughput")
+            steady = log.get("steady_tok_s")
             lines.append(
                 f"| {c} | {v} | {runs[c].get('num_prompts', '—')} | {ab._done(r) if r else '—'} | {ab._fmt(tput)} "
                 f"| {ab._fmt(ab._ratio(tput, base), '.3f')} | {ab._fmt(r.get('median_tpot_ms'), '.2f')} "
                 f"| {ab._fmt(r.get('median_itl_ms'), '.2f')} | {ab._fmt(r.get('accept_length'), '.3f')} "
-                f"| {ab._fmt(log.get('accept_len'), '.3f')} | {ab._fmt(log.get('peak_running'), 'd')} |")
+                f"| {ab._fmt(log.get('accept_len'), '.3f')} | {ab._fmt(log.get('peak_running'), 'd')} "
+                f"| {ab._fmt(steady)} | {ab._fmt(ab._ratio(steady, base_steady), '.3f')} |")
     return lines + [
         "",
         "x = output throughput / stock spec's at the same concurrency. accept len (bench_serving): its "
         "`accept_length`, the server's average since it started (warm-up and earlier runs included); "
         "(this run): the decode log lines written during the run, weighted by #running-req. peak #running: "
-        "the largest #running-req of those lines (requests beyond a server's limit queue).",
+        "the largest #running-req of those lines (requests beyond a server's limit queue). steady decode "
+        "tok/s (log): the median `gen throughput` of the run's decode lines at its peak #running, the first "
+        "of them left out (its interval holds the admissions' prefills); x steady: over stock spec's. Not a "
+        "bench_serving figure: it leaves out the prefill burst and the ramps, which a short run weighs heavily.",
     ]
 
 
@@ -1654,7 +1673,7 @@ class _Session:
         log = res["server_log_decode"]
         _log(f"{v}-c{c}: {res.get('output_throughput') or 0:.1f} out tok/s, median TPOT "
              f"{res.get('median_tpot_ms') or 0:.2f} ms, accept len {ab._fmt(log['accept_len'], '.3f')}, "
-             f"peak #running {log['peak_running']}")
+             f"peak #running {log['peak_running']}, steady decode {ab._fmt(log['steady_tok_s'])} tok/s (log)")
 
     def stop(self) -> None:
         with contextlib.suppress(BaseException):

@@ -276,11 +276,11 @@ def test_parse_memory_log():
     assert bs.parse_memory_log("")["max_running_requests"] is None
 
 
-def _decode_line(running: int, accept: float | None) -> str:
+def _decode_line(running: int, accept: float | None, gen: float = 4000.0) -> str:
     spec = "" if accept is None else f"accept len: {accept:.2f}, accept rate: {(accept - 1) / 3:.2f}, "
     return (f"[2026-11-30 10:05:00 TP0] Decode batch, #running-req: {running}, #full token: 9000, "
             f"full token usage: 0.03, mamba num: {running}, mamba usage: 0.30, {spec}cuda graph: True, "
-            f"gen throughput (token/s): 4000.00, #queue-req: 3\n")
+            f"gen throughput (token/s): {gen:.2f}, #queue-req: 3\n")
 
 
 def test_parse_decode_log():
@@ -290,9 +290,21 @@ def test_parse_decode_log():
     d = bs.parse_decode_log(text)
     assert d["decode_lines"] == 4 and d["peak_running"] == 61
     assert d["accept_len"] == round((10 * 1.10 + 30 * 1.02 + 61 * 1.00 + 5 * 2.00) / 106, 4)
+    assert d["steady_tok_s"] is None and d["steady_lines"] == 0  # one line at the peak: the first, left out
     nospec = bs.parse_decode_log(_decode_line(512, None) * 3)
-    assert nospec == {"decode_lines": 3, "peak_running": 512, "accept_len": None}
-    assert bs.parse_decode_log("") == {"decode_lines": 0, "peak_running": None, "accept_len": None}
+    assert nospec == {"decode_lines": 3, "peak_running": 512, "accept_len": None, "steady_tok_s": 4000.0,
+                      "steady_lines": 2}
+    assert bs.parse_decode_log("") == {"decode_lines": 0, "peak_running": None, "accept_len": None,
+                                       "steady_tok_s": None, "steady_lines": 0}
+
+
+def test_parse_decode_log_steady_throughput():
+    # A run as the servers log it: a ramp, the first line at the peak (prefills in its interval), the
+    # steady lines, the tail.  The median of the peak's lines but the first.
+    gens = [(40, 900.0), (256, 4921.0), (256, 14867.0), (256, 14685.0), (256, 14678.0), (256, 14900.0), (78, 13066.0)]
+    d = bs.parse_decode_log("".join(_decode_line(r, 2.7, g) for r, g in gens))
+    assert d["peak_running"] == 256 and d["steady_lines"] == 4
+    assert d["steady_tok_s"] == round((14685.0 + 14867.0) / 2, 1)
 
 
 def _decision(bs_: int, path: str, source: str, reason: str, snap_us: float, rep_us: float):
@@ -330,10 +342,12 @@ def test_parse_heuristic_log_reads_the_plugins_own_lines():
 # ----------------------------------------------------------------------------- report
 
 
-def _result(tput: float, tpot: float, accept: float | None, run_accept: float | None, peak: int, n: int) -> dict:
+def _result(tput: float, tpot: float, accept: float | None, run_accept: float | None, peak: int, n: int,
+            steady: float | None = None) -> dict:
     return {"completed": n, "output_throughput": tput, "median_tpot_ms": tpot, "median_itl_ms": tpot,
             "accept_length": accept,
-            "server_log_decode": {"decode_lines": 9, "peak_running": peak, "accept_len": run_accept}}
+            "server_log_decode": {"decode_lines": 9, "peak_running": peak, "accept_len": run_accept,
+                                  "steady_tok_s": steady, "steady_lines": 0 if steady is None else 5}}
 
 
 def _meta() -> dict:
@@ -348,8 +362,8 @@ def test_report():
         1: {"num_prompts": 8, "stock_spec": _result(150.0, 6.5, 1.01, 1.01, 1, 8),
             "replay_spec": _result(149.0, 6.6, 1.02, 1.01, 1, 8),
             "stock_nospec": _result(380.0, 2.6, None, None, 1, 8)},
-        256: {"num_prompts": 256, "stock_spec": _result(4000.0, 14.0, 1.03, 1.00, 61, 256),
-              "replay_spec": _result(8000.0, 7.0, 1.05, 1.02, 140, 256),
+        256: {"num_prompts": 256, "stock_spec": _result(4000.0, 14.0, 1.03, 1.00, 61, 256, steady=5000.0),
+              "replay_spec": _result(8000.0, 7.0, 1.05, 1.02, 140, 256, steady=9000.0),
               "stock_nospec": _result(9000.0, 25.0, None, None, 256, 256)},
         512: {"num_prompts": 512, "stock_spec": _result(4000.0, 14.0, 1.0, 1.0, 61, 512),
               "replay_spec": _result(7000.0, 7.0, 1.2, 1.1, 140, 512), "stock_nospec": {"skipped": "time budget"}},
@@ -365,11 +379,12 @@ def test_report():
     rows = {}
     for ln in report.splitlines():
         cells = [x.strip() for x in ln.split("|")[1:-1]]
-        if len(cells) == 11 and cells[0].isdigit() and cells[1] in bs.VARIANTS:
+        if len(cells) == 13 and cells[0].isdigit() and cells[1] in bs.VARIANTS:
             rows[int(cells[0]), cells[1]] = cells
     assert len(rows) == 9
-    assert rows[256, "replay_spec"][4:6] == ["8000.0", "2.000"] and rows[256, "replay_spec"][8:11] == [
-        "1.050", "1.020", "140"]
+    assert rows[256, "replay_spec"][4:6] == ["8000.0", "2.000"] and rows[256, "replay_spec"][8:13] == [
+        "1.050", "1.020", "140", "9000.0", "1.800"]
+    assert rows[256, "stock_spec"][11:13] == ["5000.0", "1.000"] and rows[512, "replay_spec"][11:13] == ["—", "—"]
     assert rows[1, "stock_nospec"][5] == f"{380 / 150:.3f}" and rows[512, "stock_nospec"][3] == "skipped"
     assert "target c=256: replay spec / stock spec output throughput >= 1.80: 2.000 met; accept len 1.000 vs " \
            "1.020: equal" in report
@@ -502,7 +517,8 @@ def test_main_with_fakes(monkeypatch, tmp_path: Path):
     r4 = res["runs"]["4"]["replay_spec"]
     assert "server_info" not in r4 and r4["completed"] == 8 and r4["output_throughput"] == 720.0
     # only this run's decode lines: 2 at #running-req 4
-    assert r4["server_log_decode"] == {"decode_lines": 2, "peak_running": 4, "accept_len": 1.0}
+    assert r4["server_log_decode"] == {"decode_lines": 2, "peak_running": 4, "accept_len": 1.0,
+                                       "steady_tok_s": 4000.0, "steady_lines": 1}
     assert res["runs"]["1"]["stock_nospec"]["server_log_decode"]["accept_len"] is None
     assert res["memory"]["stock_spec"]["max_running_requests"] == 61
     assert res["memory"]["replay_spec"]["ring_bytes_per_slot"] == 7472648
