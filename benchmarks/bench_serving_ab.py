@@ -395,27 +395,36 @@ def read_bench_jsonl(path: str | Path) -> dict | None:
 _PREFILL_RX = re.compile(r"Prefill batch.*?#new-seq: (\d+), #new-token: (\d+), #cached-token: (\d+)")
 
 
-def parse_prefill_log(text: str) -> dict:
+def parse_prefill_log(text: str, burst_tokens: int = 0) -> dict:
     """Prefix-cache hit rate from SGLang's per-batch log lines (0.5.17 ``report_prefill_stats``).
 
     ``text``: the part of a server log written during one bench_serving run and the flush before it.
     Only the lines after the last ``Cache flushed successfully!`` count; each ``Prefill batch,
     #new-seq: S, #new-token: N, #cached-token: C, ...`` adds S, N, C.  Returns ``{"prefill_batches",
-    "new_seqs", "new_tokens", "cached_tokens", "hit_rate_pct", "after_flush"}``; ``hit_rate_pct`` =
-    100 C / (N + C), None without prefill lines.
+    "new_seqs", "new_tokens", "cached_tokens", "hit_rate_pct", "after_flush", "burst_batches",
+    "burst_cached_tokens"}``; ``hit_rate_pct`` = 100 C / (N + C), None without prefill lines.  The
+    opening burst is the batches up to the one whose prompt tokens (N + C, summed) reach
+    ``burst_tokens`` (concurrency x prompt length: the requests that arrive at once, before any
+    prefix of the run is cached; by tokens because a chunked request counts in ``#new-seq`` again
+    in each batch of its chunks); ``burst_cached_tokens`` is their C (0 batches with 0).
     """
     flushed = text.rfind(FLUSH_LOG_MARK)
     if flushed >= 0:
         text = text[flushed + len(FLUSH_LOG_MARK):]
     batches = seqs = new = cached = 0
+    burst_batches = burst_cached = 0
     for m in _PREFILL_RX.finditer(text):
+        if new + cached < burst_tokens:
+            burst_batches += 1
+            burst_cached += int(m.group(3))
         batches += 1
         seqs += int(m.group(1))
         new += int(m.group(2))
         cached += int(m.group(3))
     total = new + cached
     return {"prefill_batches": batches, "new_seqs": seqs, "new_tokens": new, "cached_tokens": cached,
-            "hit_rate_pct": round(100.0 * cached / total, 2) if total else None, "after_flush": flushed >= 0}
+            "hit_rate_pct": round(100.0 * cached / total, 2) if total else None, "after_flush": flushed >= 0,
+            "burst_batches": burst_batches, "burst_cached_tokens": burst_cached}
 
 
 def hit_rate_pct(result: dict | None) -> float | None:
@@ -559,7 +568,7 @@ def _gsp_rows(runs: dict) -> list[str]:
         "| completed (stock/replay) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    log_rates = []
+    log_rates, burst = [], []
     for c in sorted(runs):
         r = runs[c]
         s, p = r.get("stock") or {}, r.get("replay") or {}
@@ -577,9 +586,13 @@ def _gsp_rows(runs: dict) -> list[str]:
             f"| {_fmt(sh, '.1f')} | {_fmt(rh, '.1f')} | {_fmt(_diff(rh, sh), '+.1f')} "
             f"| {_done(s)}/{_done(p)} |"
         )
-        sl = (s.get("server_log_cache") or {}).get("hit_rate_pct")
-        rl = (p.get("server_log_cache") or {}).get("hit_rate_pct")
-        log_rates.append(f"c={c} {_fmt(sl, '.1f')}/{_fmt(rl, '.1f')}")
+        sc, rc = s.get("server_log_cache") or {}, p.get("server_log_cache") or {}
+        log_rates.append(f"c={c} {_fmt(sc.get('hit_rate_pct'), '.1f')}/{_fmt(rc.get('hit_rate_pct'), '.1f')}")
+        burst.append(
+            f"c={c} {_fmt(sc.get('burst_cached_tokens'), 'd')}/{_fmt(rc.get('burst_cached_tokens'), 'd')} in the first "
+            f"{_fmt(sc.get('burst_batches'), 'd')}/{_fmt(rc.get('burst_batches'), 'd')} batches, "
+            f"{_fmt(_minus(sc.get('cached_tokens'), sc.get('burst_cached_tokens')), 'd')}/"
+            f"{_fmt(_minus(rc.get('cached_tokens'), rc.get('burst_cached_tokens')), 'd')} after")
     return lines + [
         "",
         "x = replay / stock (throughput: higher is better; TTFT, TPOT: lower is better); TPOT is the median; "
@@ -587,7 +600,15 @@ def _gsp_rows(runs: dict) -> list[str]:
         "hit diff = replay - stock, percentage points.",
         "Server-log hit % (sum #cached-token / (#new-token + #cached-token) over the run's prefill batches, "
         "stock/replay): " + ", ".join(log_rates) + ".",
+        "Server-log cached tokens in the opening burst (the prefill batches holding the first c x prompt "
+        "length prompt tokens: the c requests that arrive at once, with no prefix of the run cached) and "
+        "after it, stock/replay: "
+        + "; ".join(burst) + ".",
     ]
+
+
+def _minus(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a - b
 
 
 def _gsp_targets(runs: dict) -> list[str]:
@@ -1078,7 +1099,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     res = {k: val for k, val in res.items() if k != "server_info"}
                     if run.rc != 0:
                         res["bench_exit"] = {"rc": run.rc, "result_from": run.source}
-                    res["server_log_cache"] = parse_prefill_log(_read_from(logs[v], log_from))
+                    res["server_log_cache"] = parse_prefill_log(
+                        _read_from(logs[v], log_from),
+                        burst_tokens=c * (args.gsp_system_prompt_len + args.gsp_question_len) if gsp else 0)
                     if gsp:
                         res["flushed_before"] = flush_error is None
                     runs[c][v] = res
