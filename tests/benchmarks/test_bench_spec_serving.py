@@ -45,7 +45,7 @@ def _cfg(name: str) -> dict:
 def test_defaults():
     a = bs.parse_args(["--commit", "abc"])
     assert a.model == "nemotron_h_nano4b" and a.model_dir == "/tmp/replayssm_bench_models/nemotron_h_nano4b"
-    assert a.gpus == [0, 1] and a.concurrency == [256, 512, 1, 64] and a.num_prompts == [256, 512, 8, 64]
+    assert a.gpus == [0, 1] and a.concurrency == [256, 512, 1, 64] and a.num_prompts == [256, 512, 32, 64]
     assert (a.input_len, a.output_len, a.draft_tokens, a.window, a.replay_verify) == (512, 128, 4, 16, "auto")
     assert (a.spec_mem_fraction, a.nospec_mem_fraction, a.time_budget) == (0.6, 0.75, 530.0)
     assert (a.dataset, a.device) == ("random-ids", "cuda")  # what bench_serving_ab's helpers read
@@ -495,8 +495,8 @@ def _fake_world(monkeypatch, tmp_path: Path, fail: str | None = None, stock_ring
 def test_main_with_fakes(monkeypatch, tmp_path: Path):
     seen = _fake_world(monkeypatch, tmp_path)
     out = tmp_path / "out"
-    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4,1", "--input-len", "64",
-                  "--output-len", "16", "--model-dir", str(tmp_path / "m"), "--time-budget", "300"])
+    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4,1", "--num-prompts", "8,8",
+                  "--input-len", "64", "--output-len", "16", "--model-dir", str(tmp_path / "m"), "--time-budget", "300"])
     assert rc == 0
     # the spec servers first, one per GPU; stock without spec on the first GPU once stock spec sized its pools
     assert [x[:3] for x in seen["launch"]] == [("stock_spec", "0", False), ("replay_spec", "1", True),
@@ -704,8 +704,8 @@ def test_main_oracle_with_fakes(monkeypatch, tmp_path: Path):
 
     monkeypatch.setattr(bs, "check_references", check)
     out = tmp_path / "out"
-    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4,1", "--input-len", "64",
-                  "--output-len", "16", "--model-dir", str(model_dir), "--time-budget", "300",
+    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4,1", "--num-prompts", "8,8",
+                  "--input-len", "64", "--output-len", "16", "--model-dir", str(model_dir), "--time-budget", "300",
                   "--draft", "oracle", "--wrong-rate", "0.5"])
     assert rc == 0 and seen["echo"] == 1
     assert not Path(f"{model_dir}_draft").exists()
@@ -892,8 +892,8 @@ def test_main_takes_a_result_after_a_slow_exit(monkeypatch, tmp_path: Path):
     from its printed block, with a warning, and the report shows it, not "failed"."""
     _fake_world(monkeypatch, tmp_path, slow_exit="stock_nospec-c4")
     out = tmp_path / "out"
-    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4", "--input-len", "64",
-                  "--output-len", "16", "--model-dir", str(tmp_path / "m"), "--time-budget", "300"])
+    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4", "--num-prompts", "8", "--input-len",
+                  "64", "--output-len", "16", "--model-dir", str(tmp_path / "m"), "--time-budget", "300"])
     assert rc == 0
     res = json.loads((out / "results.json").read_text())
     r = res["runs"]["4"]["stock_nospec"]
