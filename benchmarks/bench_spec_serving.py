@@ -81,11 +81,12 @@ T = 330 MB at T = 4 (0.31 GiB), so c = 256 needs 84.6 GB of them beside 21 GB of
 169 GB: more than an H200 (explicitly sized, stock spec at c = 512 cannot start at all, and c = 256
 needs the whole GPU).  Here the spec servers size themselves at equal memory and requests beyond
 their limit queue in the server: the ``peak #running`` column (the largest ``#running-req`` of the
-run's decode log lines) says how many each actually held, and ``steady decode tok/s (log)`` what those
-lines read at that peak (runs of ``c`` prompts at concurrency ``c`` are one prefill burst and one decode
-wave, so bench_serving's throughput weighs the burst and the ramps heavily).  ``stock_nospec`` holds all 512.  The
-plug-in's pool keeps SGLang's per-draft buffer with ``auto`` (its snapshot fallback may read it), so
-an explicitly sized replay spec at c = 512 would fail at start as stock spec does; with
+run's decode log lines) says how many each actually held, and ``steady decode tok/s (log)`` what
+those lines read at that peak (runs of ``c`` prompts at concurrency ``c`` are one prefill burst and
+one decode wave, so bench_serving's throughput weighs the burst and the ramps heavily).
+``stock_nospec`` holds all 512.  The plug-in's pool keeps SGLang's per-draft buffer with ``auto`` (its
+snapshot fallback may read it), so an explicitly sized replay spec at c = 512 would fail at start as
+stock spec does; with
 ``--replayssm-verify replay`` it never allocates it (``pool.ReplayMambaPool._install_speculative_state``).
 Memory-derived, neither can fail that way.  Time (estimated, not yet measured): install ~40 s,
 models ~30 s, the spec servers ready ~4.5-5 min after launch and ``stock_nospec`` ~1-1.5 min after
