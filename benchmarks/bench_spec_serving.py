@@ -39,6 +39,9 @@ One command, bounded in time end to end (``--time-budget``), for one device call
    ``stock_nospec`` c = 256 run printed its whole result and then did not exit within the limit);
 5. writes ``results.md``, ``results.json``, ``bench_raw.jsonl``, ``bench_stdout.log``, ``gen.log``
    and ``server_<variant>.log`` x 3 under ``--out`` (8 files, one folder), and prints the report.
+   With ``--profile-steps N``, each spec server's run profiles N forwards from ``--profile-delay``
+   seconds into it (SGLang's ``/start_profile``); the report gets their GPU time by kernel class
+   (``step_profile.py``), the traces stay in the work folder.
 
 Every server's process group is killed in every case (normal end, error, timeout, SIGTERM).
 
@@ -203,6 +206,7 @@ from pathlib import Path
 
 from benchmarks import bench_serving_ab as ab
 from benchmarks import spec_one_gpu as one_gpu
+from benchmarks import step_profile
 from benchmarks.bench_serving_ab import run_bench_serving  # noqa: E402  (shared bench_serving runner)
 
 import make_model  # tests/models/make_model.py (bench_serving_ab put tests/models on sys.path)
@@ -340,6 +344,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wrong-rate", type=float, default=None,
                    help="--draft oracle: probability that a draft token is wrong (default 0.25: expected accept "
                         "length ~2.73 at T=4)")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="profile this many forwards of each spec server's runs with SGLang's torch profiler "
+                        "(/start_profile; benchmarks/step_profile.py) and report GPU time by kernel class "
+                        "(default 0: off)")
+    p.add_argument("--profile-delay", type=float, default=20.0,
+                   help="seconds into a run at which --profile-steps starts (steady decode, past the first "
+                        "prefill burst)")
     # read by bench_serving_ab's helpers (model generation, bench_serving command)
     p.set_defaults(dataset="random-ids", device="cuda")
     args = p.parse_args(argv)
@@ -375,6 +386,9 @@ def _complete(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')}: expected a fraction in (0, 1), got {getattr(args, name)}")
     if args.time_budget <= 0:
         raise ValueError(f"--time-budget: expected seconds > 0, got {args.time_budget}")
+    if args.profile_steps < 0 or args.profile_delay < 0:
+        raise ValueError(f"--profile-steps / --profile-delay: expected >= 0, got {args.profile_steps} / "
+                         f"{args.profile_delay}")
     if args.draft == "oracle":
         if args.wrong_rate is None:
             args.wrong_rate = 0.25
@@ -1214,6 +1228,25 @@ def _target_lines(runs: dict, memory: dict, plan: dict | None = None) -> list[st
     return lines
 
 
+def _profile_lines(runs: dict, meta: dict) -> list[str]:
+    """Per concurrency with a profiled run: GPU time by kernel class (``step_profile.report_lines``)."""
+    lines = []
+    for c in sorted(runs):
+        got = {v: r["step_profile"] for v in VARIANTS if isinstance(r := runs[c].get(v), dict)
+               and isinstance(r.get("step_profile"), dict)}
+        if not got:
+            continue
+        errors = [f"{v}: {p['error']}" for v, p in got.items() if "error" in p]
+        summaries = {v: p["summary"] for v, p in got.items() if "summary" in p}
+        lines += [f"#### GPU time over {meta.get('profile_steps')} profiled forwards, c={c} (torch profiler, "
+                  f"{meta.get('profile_delay'):g} s into each run; a share, not a timing: the profiler slows "
+                  "launches, and the window may hold admissions' prefills)", ""]
+        lines += step_profile.report_lines(summaries)
+        lines += [f"Profile not taken: {e}" for e in errors]
+        lines.append("")
+    return lines
+
+
 def build_report(runs: dict, memory: dict, decisions: list[dict], meta: dict) -> str:
     """Markdown: throughput per concurrency and variant, memory at equal fraction, the verify plan, targets.
 
@@ -1270,6 +1303,7 @@ def build_report(runs: dict, memory: dict, decisions: list[dict], meta: dict) ->
         "",
         *_heuristic_rows(decisions, (memory.get("replay_spec") or {}).get("max_running_requests")),
         "",
+        *_profile_lines(runs, meta),
         *_target_lines(runs, memory, meta.get("equal_memory")),
     ]
     lines += [f"WARNING: {w}" for w in meta.get("warnings", [])]
@@ -1348,6 +1382,7 @@ class _Session:
             "flags": {v: " ".join(self.base_flags + s.flags) for v, s in self.servers.items()},
             "draft_config": draft_config(self.target_cfg, self._draft_base()) if a.draft == "standalone" else None,
             "command": " ".join(shlex.quote(x) for x in cmd), "warnings": [],
+            "profile_steps": a.profile_steps, "profile_delay": a.profile_delay,
         }
 
     @staticmethod
@@ -1620,8 +1655,14 @@ class _Session:
                     SGLANG_PLUGINS="replayssm")
         log_from = s.log.stat().st_size if s.log.exists() else 0
         t = time.monotonic()
-        run = run_bench_serving(cmd, ofile, env=benv, cwd=self.work,
-                                timeout=min(self.dl.left() - ab.TEARDOWN_RESERVE_S, BENCH_TIMEOUT_S))
+        profiler = self._profile_timer(s, tag)
+        try:
+            run = run_bench_serving(cmd, ofile, env=benv, cwd=self.work,
+                                    timeout=min(self.dl.left() - ab.TEARDOWN_RESERVE_S, BENCH_TIMEOUT_S))
+        finally:
+            if profiler is not None:  # a request already in flight is waited for
+                profiler[0].cancel()
+                profiler[0].join(timeout=60.0)
         self.timings[f"bench_{tag}"] = time.monotonic() - t
         text = f"\n===== {tag}: {' '.join(cmd)}\n{run.text}"
         res = run.result
@@ -1634,7 +1675,41 @@ class _Session:
         if run.rc != 0:
             res["bench_exit"] = {"rc": run.rc, "result_from": run.source}
         res["server_log_decode"] = parse_decode_log(ab._read_from(s.log, log_from))
+        if profiler is not None:
+            res["step_profile"] = self._profile_result(tag, profiler[1])
         return res, text
+
+    def _profile_timer(self, s: _Server, tag: str) -> tuple[threading.Timer, dict] | None:
+        """With ``--profile-steps``: a started timer that asks ``s`` to profile, ``--profile-delay`` s from
+        now, its next forwards; the dict gets ``error`` if the request fails."""
+        if self.args.profile_steps <= 0 or s.name not in SPEC_VARIANTS:
+            return None
+        state: dict = {}
+
+        def fire() -> None:
+            try:
+                step_profile.start_profile(s.url, self.work / "profiles", tag, self.args.profile_steps)
+                state["started"] = True
+            except (OSError, RuntimeError, ValueError) as e:  # requests' errors are OSErrors
+                state["error"] = f"/start_profile failed: {type(e).__name__}: {e}"
+
+        timer = threading.Timer(self.args.profile_delay, fire)
+        timer.daemon = True
+        timer.start()
+        return timer, state
+
+    def _profile_result(self, tag: str, state: dict) -> dict:
+        """The summary of ``tag``'s trace, or why there is none."""
+        if not state.get("started"):
+            return {"error": state.get("error", f"the run ended before --profile-delay "
+                                                f"{self.args.profile_delay:g} s")}
+        path = step_profile.wait_trace(step_profile.trace_path(self.work / "profiles", tag),
+                                       timeout=max(1.0, min(60.0, self.dl.left() - ab.TEARDOWN_RESERVE_S)))
+        if path is None:
+            return {"error": "no trace written (the server profiles until it has run --profile-steps forwards)"}
+        summary = step_profile.summarize(step_profile.load_events(path))
+        summary["kernels"] = summary["kernels"][:40]
+        return {"summary": summary, "trace": str(path)}
 
     def phase(self, names: Sequence[str], c: int, n: int) -> None:
         """bench_serving against these servers at once (they are on different GPUs); on one GPU one after
