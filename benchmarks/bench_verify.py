@@ -102,9 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "of kernels/mamba2_verify/kernel.py, e.g. num_warps=4,maxnreg=128; "
                         "maxnreg=0: no cap), for a launch sweep; default: launch_config's")
     p.add_argument("--gdn-verify-launch", default=None, metavar="KEY=INT,...",
-                   help="override the GDN verify window launch (keywords of "
-                        "gdn_replay_verify_fwd: block_v, block_k, num_warps, num_stages, "
-                        "maxnreg, e.g. block_v=64,num_stages=3), for a launch sweep; default: "
+                   help="override the GDN verify launches (keywords of "
+                        "gdn_replay_verify_fwd: the window's block_v, block_k, num_warps, "
+                        "num_stages, maxnreg; the fold's fold_prefetch bit mask, 0-7), e.g. "
+                        "block_v=64,num_stages=3 or fold_prefetch=3, for a launch sweep; default: "
                         "the kernel's")
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, required=True)
@@ -169,15 +170,16 @@ def parse_launch_overrides(text: str | None,
 
 
 #: ``gdn_replay_verify_fwd``'s window-launch keywords that ``--gdn-verify-launch`` may set.
-GDN_LAUNCH_FIELDS = ("block_v", "block_k", "num_warps", "num_stages", "maxnreg")
+GDN_LAUNCH_FIELDS = ("block_v", "block_k", "num_warps", "num_stages", "maxnreg", "fold_prefetch")
 
 
 def parse_gdn_launch(text: str | None, parser: argparse.ArgumentParser) -> dict[str, int]:
     """``--gdn-verify-launch`` as ``{keyword: value}`` for ``gdn_replay_verify_fwd``; unknown
     keywords or non-positive / non-integer values end the parse with the keywords that exist."""
     out = _int_fields(text, GDN_LAUNCH_FIELDS, "--gdn-verify-launch", parser) if text else {}
-    if any(v < 1 for v in out.values()):
-        parser.error(f"--gdn-verify-launch: expected positive values, got {text!r}")
+    if any(v < (0 if k == "fold_prefetch" else 1) for k, v in out.items()) or out.get("fold_prefetch", 0) > 7:
+        parser.error(f"--gdn-verify-launch: expected positive values (fold_prefetch: a bit mask 0-7), "
+                     f"got {text!r}")
     return out
 
 

@@ -28,6 +28,7 @@ from replayssm_kernels.gdn_decode.kernel import BLOCK_V, FOLD_ROWS
 from replayssm_kernels.gdn_verify.fold import gdn_verify_fold_kernel, gdn_verify_fold_read_kernel
 from replayssm_kernels.gdn_verify.window import gdn_verify_window_kernel
 from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
+from replayssm_kernels.prefetch import l2_tile_prefetch_ok
 from replayssm_kernels.stochastic_round import validate_stochastic_rounding
 
 __all__ = ["gdn_replay_verify", "gdn_replay_verify_fwd"]
@@ -49,6 +50,10 @@ SMALL_BLOCK_V = 64
 #: folds spread over the SMs (H200, eighteenth session, T = 4: batch 256 322.9 vs 335.9 us, batch 1
 #: 19.4 vs 15.4 us with a program per head; ``benchmarks/RESULTS.md``).
 FOLD_HEAD_GRID = 1024
+#: Fold launch cache hints (``fold.py``'s ``PREFETCH`` bits: 1 next tile into L2, 2 the records into L2
+#: once per program, 4 the records into L1 per tile); compiled builds only. 0 until an H200 A/B says
+#: otherwise (``bench_verify --gdn-verify-launch fold_prefetch=N``).
+FOLD_PREFETCH = 0
 
 
 def _precision(q: torch.Tensor, k: torch.Tensor) -> str:
@@ -89,6 +94,7 @@ def gdn_replay_verify_fwd(
     num_stages: int = WINDOW_STAGES,
     precision: str | None = None,
     maxnreg: int | None = None,
+    fold_prefetch: int | None = None,
 ) -> None:
     """Both launches without checks (caller: ``gdn_replay_verify``).
 
@@ -99,6 +105,8 @@ def gdn_replay_verify_fwd(
     ``WINDOW_BLOCK_V``); ``precision`` overrides its product precision (``"split"``, ``"ieee"``,
     ``"tf32x3"``; default by q / k dtype); ``maxnreg`` caps the window launch's registers per
     thread (ptxas; ``None``: the compiler's choice; ignored by the interpreter).
+    ``fold_prefetch`` sets the fold launch's cache hints (default ``FOLD_PREFETCH``); the interpreter
+    runs none, and bit 1 is dropped unless the checkpoint's tiles are contiguous and 16-byte aligned.
     """
     batch, T, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -118,6 +126,10 @@ def gdn_replay_verify_fwd(
                      SR=sr_seed is not None, num_warps=1, num_stages=1)  # fmt: skip
     n_tiles = triton.cdiv(V, fold_bv)
     fold_meta["TILES"] = n_tiles if batch * HV >= FOLD_HEAD_GRID else 1
+    prefetch = 0 if interpreting() else (FOLD_PREFETCH if fold_prefetch is None else fold_prefetch)
+    if not l2_tile_prefetch_ok(state):
+        prefetch &= ~1
+    fold_meta["PREFETCH"] = prefetch
     grid = (n_tiles // fold_meta["TILES"], HV, batch)
     if read_state is None:
         gdn_verify_fold_kernel[grid](

@@ -50,6 +50,7 @@ from replayssm_kernels._checks import check_launch_device, interpreting
 from replayssm_kernels.mamba2_decode._fold import ld_rec, record_factors_lean
 from replayssm_kernels.mamba2_decode._validate import validate_mamba2_decode
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
+from replayssm_kernels.prefetch import l2_tile_prefetch_ok, prefetch_l1, prefetch_l2_tile
 from replayssm_kernels.stochastic_round import (
     sr_key,
     sr_round_fp16,
@@ -64,34 +65,6 @@ def _softplus(dt):
     # Verbatim the conventional kernel's softplus (Triton >= 3 branch), so Δ is bit-identical.
     dt = tl.where(dt <= 20.0, tl.math.log(tl.math.exp(dt) + 1), dt)
     return dt
-
-
-@triton.jit
-def _prefetch_l1(ptrs):
-    # A cache hint only (`prefetch.global.L1`, sm_90): no register is written, nothing waits on
-    # it. The returned dummy is unused; is_pure=False keeps the instruction.
-    return tl.inline_asm_elementwise(
-        "prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-        is_pure=False, pack=1,
-    )
-
-
-@triton.jit
-def _prefetch_l2_tile(p_s_head, p0, t, P, stride_state_p, NUM_PT: tl.constexpr,
-                      BLOCK_P: tl.constexpr):
-    """Bulk L2 prefetch (sm_90 ``cp.async.bulk.prefetch.L2``, one TMA request issued by thread 0)
-    of the program's checkpoint tile ``t``: a hint, no register, nothing waits on it. The
-    launcher enables it only when a tile's rows are contiguous and 16-byte aligned."""
-    row0 = p0 + t * BLOCK_P
-    rows = tl.minimum(tl.minimum(P, p0 + NUM_PT * BLOCK_P) - row0, BLOCK_P)
-    nbytes = rows * stride_state_p * p_s_head.dtype.element_ty.primitive_bitwidth // 8
-    go = (t < NUM_PT) & (rows > 0)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 i; mov.u32 i, %tid.x; setp.eq.u32 p, i, 0; "
-        "setp.ne.and.b32 p, $2, 0, p; @p cp.async.bulk.prefetch.L2.global [$1], $3; "
-        "mov.u32 $0, 0; }",
-        "=r,l,r,r", [p_s_head + row0 * stride_state_p, go.to(tl.int32), nbytes],
-        dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -305,7 +278,7 @@ def _mamba2_replay_decode_fwd_kernel(
     # tile loops below request tile t + L2_AHEAD, so checkpoint bytes stay in flight.
     if L2_AHEAD > 0:
         for tt in tl.static_range(1, L2_AHEAD):
-            _prefetch_l2_tile(p_s_head, p0, tt, P, stride_state_p, NUM_PT, BLOCK_P)
+            prefetch_l2_tile(p_s_head, p0, tt, P, stride_state_p, NUM_PT, BLOCK_P)
 
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < N
@@ -342,7 +315,7 @@ def _mamba2_replay_decode_fwd_kernel(
                               tl.minimum(P, p0 + NUM_PT * BLOCK_P) - 1)
         else:
             o_px = tl.minimum(tl.arange(0, PF_X) * 64, P - 1)
-        _prefetch_l1(p_rx_head + row_l[:, None] * stride_rx_row + o_px[None, :] * stride_rx_p)
+        prefetch_l1(p_rx_head + row_l[:, None] * stride_rx_row + o_px[None, :] * stride_rx_p)
 
     if do_flush:
         # Exact fold, one P-tile at a time: replay the committed raw records, then the current
@@ -356,9 +329,9 @@ def _mamba2_replay_decode_fwd_kernel(
             # The fold reads every record once per P-tile: B rows and Δ are requested into L1
             # up front too (x rows above), so the fold's loads hit L1 on every tile.
             o_nb = tl.minimum(tl.arange(0, PF_B) * 64, N - 1)
-            _prefetch_l1(ring_B_ptr + slot * stride_rB_slot + i_g * stride_rB_group
+            prefetch_l1(ring_B_ptr + slot * stride_rB_slot + i_g * stride_rB_group
                          + row_l[:, None] * stride_rB_row + o_nb[None, :] * stride_rB_n)
-            _prefetch_l1(p_rdt + row_l * stride_rdt_row)
+            prefetch_l1(p_rdt + row_l * stride_rdt_row)
         if SR:  # fp16 checkpoint, stochastic rounding: this (seed, layer, slot)'s key
             sr_k = sr_key(sr_seed_ptr, sr_layer, slot)
         dA_c = tl.exp(A * dt)
@@ -367,7 +340,7 @@ def _mamba2_replay_decode_fwd_kernel(
         s0 = start % R  # record j's row is s0 + j, less R past the end: no % per record
         for t in range(NUM_PT):
             if L2_AHEAD > 0:
-                _prefetch_l2_tile(p_s_head, p0, t + L2_AHEAD, P, stride_state_p, NUM_PT, BLOCK_P)
+                prefetch_l2_tile(p_s_head, p0, t + L2_AHEAD, P, stride_state_p, NUM_PT, BLOCK_P)
             s_n1, b_x_raw, b_D, b_z = _load_tile(
                 p_s_head, p_x_head, p_z_head, p_D_head, p0, t, P, N, stride_state_p,
                 stride_state_n, stride_x_p, stride_z_p, stride_D_p, HAS_D, HAS_Z, NUM_PT,
@@ -445,7 +418,7 @@ def _mamba2_replay_decode_fwd_kernel(
             stride_src_n = stride_read_n
         for t in range(NUM_PT):
             if L2_AHEAD > 0:
-                _prefetch_l2_tile(p_src_head, p0, t + L2_AHEAD, P, stride_src_p, NUM_PT,
+                prefetch_l2_tile(p_src_head, p0, t + L2_AHEAD, P, stride_src_p, NUM_PT,
                                   BLOCK_P)
             c_n1, b_x_raw, b_D, b_z = _load_tile(
                 p_src_head, p_x_head, p_z_head, p_D_head, p0, t, P, N, stride_src_p,
@@ -542,16 +515,6 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _l2_prefetch_ok(state: torch.Tensor) -> bool:
-    """Whole tiles of ``state`` (a checkpoint or a read copy) can be bulk-prefetched: N
-    contiguous, rows back to back, 16-byte
-    aligned rows and bases (``cp.async.bulk.prefetch.L2``'s size and address rules)."""
-    es = state.element_size()
-    ss, sh, sp, sn = state.stride()
-    return (sn == 1 and sp == state.shape[3] and (sp * es) % 16 == 0 and (sh * es) % 16 == 0
-            and (ss * es) % 16 == 0 and state.data_ptr() % 16 == 0)
-
-
 def mamba2_replay_decode_fwd(
     state: torch.Tensor,
     ring_x: torch.Tensor,
@@ -610,8 +573,8 @@ def mamba2_replay_decode_fwd(
     # copy if there is one (non-flush rows prefetch the copy, flush rows the checkpoint).
     rec_fused = block_n >= block_l
     l2_ahead = cfg.l2_ahead
-    if interpreting() or not _l2_prefetch_ok(state) or (
-            read_state is not None and not _l2_prefetch_ok(read_state)):
+    if interpreting() or not l2_tile_prefetch_ok(state) or (
+            read_state is not None and not l2_tile_prefetch_ok(read_state)):
         l2_ahead = 0
     z_strides = (z.stride(0), z.stride(1), z.stride(2)) if z is not None else (0, 0, 0)
     read_strides = read_state.stride() if read_state is not None else (0, 0, 0, 0)

@@ -89,7 +89,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels.mamba2_decode._fold import ld_rec, record_factors_lean
-from replayssm_kernels.mamba2_decode.kernel import _prefetch_l2_tile
+from replayssm_kernels.prefetch import prefetch_l2_tile
 from replayssm_kernels.mamba2_decode.read_copy import fp8_row_scale, store_read_tile
 from replayssm_kernels.mamba2_verify.kernel import _window_delta
 from replayssm_kernels.stochastic_round import sr_key, sr_round_fp16
@@ -503,10 +503,10 @@ def mamba2_replay_verify_fma_kernel(
     if L2_AHEAD > 0:
         if HAS_READ and not do_flush:
             for tt in tl.static_range(1, L2_AHEAD):
-                _prefetch_l2_tile(p_r_head, p0, tt, P, stride_read_p, NUM_PT, BLOCK_P)
+                prefetch_l2_tile(p_r_head, p0, tt, P, stride_read_p, NUM_PT, BLOCK_P)
         else:
             for tt in tl.static_range(1, L2_AHEAD):
-                _prefetch_l2_tile(p_s_head, p0, tt, P, stride_state_p, NUM_PT, BLOCK_P)
+                prefetch_l2_tile(p_s_head, p0, tt, P, stride_state_p, NUM_PT, BLOCK_P)
 
     o_n = tl.arange(0, BLOCK_N)
     m_n = o_n < N
@@ -609,7 +609,7 @@ def mamba2_replay_verify_fma_kernel(
         p_rB = p_rB_grp + o_n * stride_rB_n
         for t in range(NUM_PT):
             if L2_AHEAD > 0:
-                _prefetch_l2_tile(p_s_head, p0, t + L2_AHEAD, P, stride_state_p, NUM_PT, BLOCK_P)
+                prefetch_l2_tile(p_s_head, p0, t + L2_AHEAD, P, stride_state_p, NUM_PT, BLOCK_P)
             o_p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
             m_p = o_p < P
             if N_CHUNKS == 1:
@@ -670,7 +670,7 @@ def mamba2_replay_verify_fma_kernel(
             stride_src_n = stride_read_n
         for t in range(NUM_PT):
             if L2_AHEAD > 0:
-                _prefetch_l2_tile(p_src_head, p0, t + L2_AHEAD, P, stride_src_p, NUM_PT, BLOCK_P)
+                prefetch_l2_tile(p_src_head, p0, t + L2_AHEAD, P, stride_src_p, NUM_PT, BLOCK_P)
             o_p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
             m_p = o_p < P
             if N_CHUNKS == 1:

@@ -68,7 +68,6 @@ import triton.language as tl
 from replayssm_kernels._checks import check_launch_device, interpreting
 from replayssm_kernels.mamba2_decode._fold import record_factors
 from replayssm_kernels.mamba2_decode.kernel import (
-    _l2_prefetch_ok,
     _sm_count,
     _softplus,
     p_split_rule,
@@ -79,6 +78,7 @@ from replayssm_kernels.mamba2_decode.read_copy import (
     validate_read_copy,
 )
 from replayssm_kernels.mamba2_verify._validate import validate_mamba2_verify
+from replayssm_kernels.prefetch import l2_tile_prefetch_ok
 from replayssm_kernels.stochastic_round import (
     sr_key,
     sr_round_fp16,
@@ -730,8 +730,8 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
     # The L2 prefetch (compiled only) needs whole contiguous tiles of the checkpoint and, if
     # there is one, of the read copy (flush rows prefetch the checkpoint, non-flush the copy).
     l2_ahead = cfg.l2_ahead
-    if interpreting() or not _l2_prefetch_ok(state) or (
-            read_state is not None and not _l2_prefetch_ok(read_state)):
+    if interpreting() or not l2_tile_prefetch_ok(state) or (
+            read_state is not None and not l2_tile_prefetch_ok(read_state)):
         l2_ahead = 0
     mamba2_replay_verify_fma_kernel[grid](
         *args,

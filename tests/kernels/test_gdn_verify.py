@@ -493,6 +493,90 @@ def test_kernel_fold_head_grid_gpu(monkeypatch):
           f"state {sim.max_state_err:.2e}")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("prefetch", [1, 2, 4, 7])
+def test_kernel_fold_prefetch_gpu(monkeypatch, prefetch):
+    """The fold launch's cache hints (``kernel.FOLD_PREFETCH`` bits, compiled code only) at the
+    Qwen3.5-4B shape with a program per value head (so bit 1, the next tile into L2, fires):
+    outputs and checkpoints vs float64, the checkpoint bitwise vs the decode kernel's fold."""
+    monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_GRID", 1)
+    monkeypatch.setattr(gdn_verify_kernel, "FOLD_PREFETCH", prefetch)
+    case = GPU_CASES[1]
+    sim = Sim(case, seed=6, ops="kernel").run()
+    assert sum(sim.flushes) >= 3 and (not sim.bitwise or sim.bitwise_checks >= 3)
+    print(f"\n[gpu fold prefetch {prefetch} {case.id}] out {sim.max_out_err:.2e} "
+          f"state {sim.max_state_err:.2e}")
+
+
+_PREFETCH_CODEGEN_SCRIPT = r'''
+import json, re, sys
+sys.path.insert(0, sys.argv[1])  # the repository root (benchmarks/ is not an installed package)
+from benchmarks.sweep_mamba2 import compile_sm90a, ptxas_stats
+from replayssm_kernels.gdn_verify.fold import gdn_verify_fold_kernel
+H, HV, K, V, R = 16, 32, 128, 128, 20
+ptrs = dict(state="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32", ring_beta="*fp32",
+            slot_idx="*i32", ring_start="*i32", ring_len="*i32", flush="*i1", sr_seed="constexpr")
+ints = dict(R=R, sr_layer=0, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
+            stride_rk_n=H * R * K, stride_rk_h=R * K, stride_rk_r=K, stride_rk_k=1,
+            stride_rv_n=HV * R * V, stride_rv_h=R * V, stride_rv_r=V, stride_rv_v=1,
+            stride_g_n=HV * R, stride_g_h=R, stride_g_r=1, stride_beta_n=HV * R, stride_beta_h=R,
+            stride_beta_r=1)
+KEEP = re.compile(r"(arith\.(mulf|addf|subf|divf|extf|truncf)|math\.\w+|\"?tt\.reduce|"
+                  r"ttg\.convert_layout|tt\.broadcast|tt\.expand_dims|tt\.reshape)")
+def arith(ttgir):
+    out = []
+    for line in ttgir.splitlines():
+        line = re.sub(r"\s*loc\(.*$", "", line.strip())
+        body = line.split(" = ", 1)[1] if " = " in line else line
+        if KEEP.match(body):
+            out.append(re.sub(r"%[\w#]+(:\d+)?", "%", body))
+    return out
+res = {}
+for pf in (0, 1, 2, 4):
+    const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, RL=16, USE_QK_L2NORM=True, TILES=4, SR=False,
+                 PREFETCH=pf)
+    kc = compile_sm90a(gdn_verify_fold_kernel, ptrs, ints, const, dict(num_warps=1, num_stages=1))
+    ptx = kc.asm["ptx"]
+    res[pf] = dict(ptxas_stats(ptx), arith=arith(kc.asm["ttgir"]), bulk=ptx.count("cp.async.bulk.prefetch.L2"),
+                   l2=ptx.count("prefetch.global.L2"), l1=ptx.count("prefetch.global.L1"))
+json.dump(res, sys.stdout)
+'''
+
+
+def test_fold_prefetch_codegen():
+    """Offline sm_90a (no GPU): each ``PREFETCH`` bit of the fold launch (tree form, a program per
+    value head, Qwen3.5-4B head shape) adds only its hint instructions: the fp32 arithmetic of the
+    program (every op, layout conversion and reduction, in order) is the same as without hints,
+    ptxas spills nothing, and the registers stay within one of the unhinted launch's (8 programs
+    per SM)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.run([sys.executable, "-c", _PREFETCH_CODEGEN_SCRIPT, root], env=env,
+                          capture_output=True, text=True, timeout=600)
+    err = proc.stderr.lower()
+    if proc.returncode != 0 and "nvidia" in err and "backend" in err:
+        pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = {int(k): v for k, v in json.loads(proc.stdout).items()}
+    base = got[0]
+    assert (base["bulk"], base["l2"], base["l1"]) == (0, 0, 0)
+    # bit 1: one bulk request per tile; bit 2: key row (2 lines), value row (2), gate, beta in L2;
+    # bit 4: key row (2 lines), the tile's value columns (1), gate, beta in L1
+    want = {1: (1, 0, 0), 2: (0, 6, 0), 4: (0, 0, 5)}
+    for pf, (bulk, l2, l1) in want.items():
+        g = got[pf]
+        assert (g["bulk"], g["l2"], g["l1"]) == (bulk, l2, l1), (pf, g)
+        assert g["arith"] == base["arith"], f"PREFETCH={pf} changed the fold's arithmetic"
+        assert g["spill_st"] == 0 and g["spill_ld"] == 0 and g["regs"] <= base["regs"] + 1, (pf, g, base["regs"])
+    print("\n[fold prefetch codegen] regs " + ", ".join(f"{pf}: {g['regs']}" for pf, g in got.items()))
+
+
 # ---------------------------------------------------------------------------------------------
 # Against SGLang's snapshot verify (fused_sigmoid_gating_delta_rule_update with intermediate states)
 
@@ -1082,7 +1166,7 @@ strides = dict(
 # RL = 0: the fold on SGLang's tile (the launch takes it for K > 128; K <= 128 folds in the decode
 # kernel's tree form, whose codegen test_gdn_decode.py checks).
 const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, RL=0, SOFTPLUS_THRESHOLD=20.0,
-             USE_QK_L2NORM=True, sr_seed=None, SR=False, TILES=1)
+             USE_QK_L2NORM=True, sr_seed=None, SR=False, TILES=1, PREFETCH=0)
 ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
