@@ -14,6 +14,8 @@ One command, bounded in time end to end (``--time-budget``):
 4. a short warm-up at the largest concurrency on both servers (prefill shapes, big decode batches);
 5. ``python -m sglang.bench_serving --backend sglang --dataset-name <--dataset>`` against each
    server in turn, for every ``--concurrency``, the two servers back to back (order alternating);
+   a concurrency given more than once (``64,64,64``) runs again, and the table adds each run's
+   ratios and their median (run-to-run spread; targets judged on the medians);
 6. writes ``results.md`` (the table), ``results.json`` (everything), ``bench_raw.jsonl`` (every
    bench_serving result line), ``bench_stdout.log``, ``server_stock.log``, ``server_replay.log``
    and ``gen.log`` under ``--out`` (7 files), and prints the table last.
@@ -83,6 +85,7 @@ import os
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -483,14 +486,17 @@ def _diff(a, b):
     return None if a is None or b is None else a - b
 
 
-def build_table(runs: dict, meta: dict) -> str:
+def build_table(runs: dict, meta: dict, repeats: dict | None = None) -> str:
     """Markdown: one row per concurrency, stock vs replay and replay/stock ratios.
 
     ``runs``: ``{concurrency: {"stock": result-or-None, "replay": ...}}`` where a result is a
     bench_serving JSON line (``output_throughput``, ``median_tpot_ms``, ``median_itl_ms``,
     ``completed``; generated-shared-prefix adds ``mean_ttft_ms``, ``median_ttft_ms``,
     ``cache_report`` and our ``server_log_cache``) or ``{"skipped": reason}`` / ``{"error": ...}``.
-    ``meta["dataset"]`` picks the table (default random-ids).
+    ``meta["dataset"]`` picks the table (default random-ids). ``repeats``: ``{concurrency: [run, ...]}``
+    with a run ``{"order": [...], "stock": result, "replay": result}`` for every run of that concurrency
+    in order; where a concurrency ran more than once (``--concurrency 64,64,64``) ``runs`` holds its last
+    run and a section lists each run's ratios and their median (``_repeat_rows``).
     """
     dataset = meta.get("dataset", "random-ids")
     if dataset == "generated-shared-prefix":
@@ -523,7 +529,9 @@ def build_table(runs: dict, meta: dict) -> str:
             f"prefix {probe['max_logprob_diff_common_prefix']:.4g}"
             + (f"; earliest divergence at token {min(firsts)}" if firsts else "") + "."
         )
-    if dataset == "generated-shared-prefix":
+    gsp = dataset == "generated-shared-prefix"
+    lines += _repeat_rows(repeats or {}, gsp, meta.get("device") != "cpu")
+    if gsp:
         if meta.get("device") != "cpu":
             lines += _gsp_targets(runs)
     else:
@@ -537,6 +545,47 @@ def build_table(runs: dict, meta: dict) -> str:
     for w in meta.get("warnings", []):
         lines.append(f"WARNING: {w}")
     return "\n".join(lines) + "\n"
+
+
+def _repeat_rows(repeats: dict, gsp: bool, targets: bool) -> list[str]:
+    """Concurrencies run more than once: each run's replay / stock ratios (which server ran first), then
+    their median and range; for generated-shared-prefix also the TTFT and hit-rate targets on the medians."""
+    many = {c: reps for c, reps in sorted(repeats.items()) if len(reps) > 1}
+    if not many:
+        return []
+    cols = ([("x throughput", "output_throughput"), ("x mean TTFT", "mean_ttft_ms"),
+             ("x median TTFT", "median_ttft_ms"), ("hit diff pp", None)] if gsp else
+            [("x throughput", "output_throughput"), ("x TPOT", "median_tpot_ms"), ("x ITL", "median_itl_ms")])
+    lines = ["", "Repeated concurrencies: each run's replay / stock (the table above shows the last run), then the "
+             "median of the runs (min-max).", "",
+             "| concurrency | run | first | " + " | ".join(name for name, _ in cols) + " |",
+             "|---:|---:|---|" + "---:|" * len(cols)]
+    meds: dict[int, list] = {}
+    for c, reps in many.items():
+        vals: list[list[float]] = [[] for _ in cols]
+        for k, run in enumerate(reps, 1):
+            s, p = run.get("stock") or {}, run.get("replay") or {}
+            cells = []
+            for j, (_, field) in enumerate(cols):
+                v = _ratio(p.get(field), s.get(field)) if field else _diff(hit_rate_pct(p), hit_rate_pct(s))
+                if v is not None:
+                    vals[j].append(v)
+                cells.append(_fmt(v, ".3f" if field else "+.1f"))
+            lines.append(f"| {c} | {k} | {(run.get('order') or ['—'])[0]} | " + " | ".join(cells) + " |")
+        meds[c] = [statistics.median(v) if v else None for v in vals]
+        lines.append(f"| {c} | median of {len(reps)} | | " + " | ".join(
+            "—" if m is None else f"{_fmt(m, '.3f' if f else '+.1f')} ({_fmt(min(v), '.3f' if f else '+.1f')}-"
+            f"{_fmt(max(v), '.3f' if f else '+.1f')})" for m, v, (_, f) in zip(meds[c], vals, cols)) + " |")
+    if gsp and targets:
+        lines.append("")
+        for c, (_, mean_x, median_x, hit) in meds.items():
+            ttft = "not measured" if None in (mean_x, median_x) else (
+                "met" if max(mean_x, median_x) <= GSP_TTFT_X_MAX else "MISSED")
+            same = "not measured" if hit is None else ("met" if abs(hit) <= GSP_HIT_DIFF_PP_MAX else "MISSED")
+            lines.append(f"target c={c} over {len(many[c])} runs (medians): TTFT x <= {GSP_TTFT_X_MAX:.2f}: mean "
+                         f"{_fmt(mean_x, '.3f')}, median {_fmt(median_x, '.3f')} {ttft}; same hit rate (<= "
+                         f"{GSP_HIT_DIFF_PP_MAX:.1f} pp): {_fmt(hit, '+.1f')} pp {same}")
+    return lines
 
 
 def _random_ids_rows(runs: dict) -> list[str]:
@@ -978,6 +1027,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         meta.update({k: getattr(args, k) for k in ("gsp_prompts_per_group", "gsp_system_prompt_len",
                                                    "gsp_question_len", "gsp_output_len", "max_mamba_cache_size")})
     runs: dict[int, dict] = {c: {"num_prompts": n} for c, n in zip(args.concurrency, args.num_prompts)}
+    repeats: dict[int, list[dict]] = {}
     if gsp:
         for c, g in zip(args.concurrency, args.gsp_num_groups):
             runs[c]["gsp_num_groups"] = g
@@ -988,10 +1038,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = 0
 
     def write_results() -> str:
-        table = build_table(runs, meta)
+        table = build_table(runs, meta, repeats)
         (out / "results.md").write_text(table)
         (out / "results.json").write_text(json.dumps(
             {"meta": meta, "timings_s": timings, "runs": {str(c): r for c, r in runs.items()},
+             "repeats": {str(c): r for c, r in repeats.items()},
              "model_config": model_cfg, "args": {k: v for k, v in vars(args).items()}},
             indent=1, default=str))
         return table
@@ -1068,10 +1119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         groups = args.gsp_num_groups if gsp else [None] * len(args.concurrency)
         for i, (c, n, ng) in enumerate(zip(args.concurrency, args.num_prompts, groups)):
             order = list(VARIANTS) if (args.order == "stock-first" or i % 2 == 0) else list(reversed(VARIANTS))
+            this = {"order": order, "num_prompts": n, "gsp_num_groups": ng}
+            repeats.setdefault(c, []).append(this)
             for v in order:
                 left = dl.left() - TEARDOWN_RESERVE_S
                 if left < 20:
-                    runs[c][v] = {"skipped": "time budget"}
+                    runs[c][v] = this[v] = {"skipped": "time budget"}
                     meta["warnings"].append(f"c={c} {v}: skipped (time budget)")
                     continue
                 tag = f"{v}-c{c}"
@@ -1089,7 +1142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timings[f"bench_{tag}"] = time.monotonic() - t
                 res = run.result
                 if res is None:
-                    runs[c][v] = {"error": f"bench_serving exit {run.rc}"}
+                    runs[c][v] = this[v] = {"error": f"bench_serving exit {run.rc}"}
                     meta["warnings"].append(f"c={c} {v}: bench_serving exit {run.rc} (see bench_stdout.log)")
                     status = 1
                 else:
@@ -1104,7 +1157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         burst_tokens=c * (args.gsp_system_prompt_len + args.gsp_question_len) if gsp else 0)
                     if gsp:
                         res["flushed_before"] = flush_error is None
-                    runs[c][v] = res
+                    runs[c][v] = this[v] = res
                     with open(out / "bench_raw.jsonl", "a") as fh:
                         fh.write(json.dumps({**res, "ab_variant": v, "ab_max_concurrency": c}) + "\n")
                     extra = ""

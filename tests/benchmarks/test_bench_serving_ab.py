@@ -401,6 +401,42 @@ def test_gsp_table_and_targets():
     assert ab.build_table({}, {"model": "m"}).startswith("### Serving A/B (random-ids): m")
 
 
+def test_repeated_concurrency_table():
+    """A concurrency run three times: each run's ratios, their median and range, and the gsp targets
+    judged on the medians (the main row is the last run's)."""
+    def run(order, st, rt, sm, rm, sd, rd, sh, rh):
+        return {"order": order, "stock": _gsp_line(st, sm, sd, 8.0, sh, 256),
+                "replay": _gsp_line(rt, rm, rd, 8.0, rh, 256)}
+
+    reps = {64: [run(["stock", "replay"], 100.0, 107.0, 800.0, 660.0, 360.0, 310.0, 78.2, 76.7),
+                 run(["replay", "stock"], 100.0, 107.0, 1000.0, 870.0, 540.0, 660.0, 76.7, 76.8),
+                 run(["stock", "replay"], 100.0, 110.0, 900.0, 900.0, 500.0, 510.0, 77.0, 77.0)],
+            1: [run(["stock", "replay"], 10.0, 10.0, 40.0, 41.0, 30.0, 31.0, 88.0, 88.0)]}
+    runs = {c: {"num_prompts": 256, "gsp_num_groups": 16, "stock": r[-1]["stock"], "replay": r[-1]["replay"]}
+            for c, r in reps.items()}
+    meta = {"dataset": "generated-shared-prefix", "model": "qwen3_next_4b", "family": "gdn", "window": 16,
+            "device": "cuda", "warnings": []}
+    table = ab.build_table(runs, meta, reps)
+    assert "| concurrency | run | first | x throughput | x mean TTFT | x median TTFT | hit diff pp |" in table
+    assert "| 64 | 1 | stock | 1.070 | 0.825 | 0.861 | -1.5 |" in table
+    assert "| 64 | 2 | replay | 1.070 | 0.870 | 1.222 | +0.1 |" in table
+    assert "| 64 | median of 3 | | 1.070 (1.070-1.100) | 0.870 (0.825-1.000) | 1.020 (0.861-1.222) | +0.0 (-1.5-+0.1) |" \
+        in table
+    assert "| 1 | 1 |" not in table  # run once: no repeat rows
+    assert ("target c=64 over 3 runs (medians): TTFT x <= 1.05: mean 0.870, median 1.020 met; same hit rate "
+            "(<= 1.0 pp): +0.0 pp met") in table
+    assert "target c=64: TTFT x <= 1.05: mean 1.000, median 1.020 met" in table  # the last run's
+    rand = ab.build_table({64: {"num_prompts": 8, "stock": {"output_throughput": 1.0}}},
+                          {"dataset": "random-ids", "device": "cpu"},
+                          {64: [{"order": ["stock", "replay"], "stock": {"output_throughput": 2.0, "median_tpot_ms": 4.0},
+                                 "replay": {"output_throughput": 3.0, "median_tpot_ms": 3.0}},
+                                {"order": ["replay", "stock"], "stock": {"skipped": "time budget"}, "replay": {}}]})
+    assert "| concurrency | run | first | x throughput | x TPOT | x ITL |" in rand
+    assert "| 64 | 2 | replay | — | — | — |" in rand
+    assert "| 64 | median of 2 | | 1.500 (1.500-1.500) | 0.750 (0.750-0.750) | — |" in rand
+    assert "target" not in rand
+
+
 def test_main_gsp_orchestration_with_fakes(monkeypatch, tmp_path: Path):
     """``main()`` for gsp on the CPU preset with fake servers and a fake bench_serving replaying the
     recorded output: the command per run, the log slice per run, the hit rates and the outputs."""
@@ -487,6 +523,9 @@ def test_main_gsp_orchestration_with_fakes(monkeypatch, tmp_path: Path):
     assert table.startswith("### Serving A/B (generated-shared-prefix): nemotron_h_tiny")
     assert "| 4 | 16 (4) |" in table and "| 60.0 | 60.0 | +0.0 |" in table and "target" not in table
     assert "WARNING: c=4 stock: radix cache not flushed" in table
+    assert [[r["order"][0], r["gsp_num_groups"]] for c in ("1", "4") for r in res["repeats"][c]] == [
+        ["stock", 1], ["replay", 4]]
+    assert res["repeats"]["4"][0]["replay"] == r4
     raw = [json.loads(x) for x in (out / "bench_raw.jsonl").read_text().splitlines()]
     assert [x["ab_variant"] for x in raw] == ["stock", "replay", "replay", "stock"]
     assert all(x["dataset_name"] == "generated-shared-prefix" for x in raw)
