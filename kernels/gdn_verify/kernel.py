@@ -54,6 +54,11 @@ FOLD_HEAD_GRID = 1024
 #: once per program, 4 the records into L1 per tile); compiled builds only. 0 until an H200 A/B says
 #: otherwise (``bench_verify --gdn-verify-launch fold_prefetch=N``).
 FOLD_PREFETCH = 0
+#: Window launch: programs ahead whose checkpoint slab a program requests into L2 (one bulk request;
+#: 0: off; compiled builds without a read copy only). At BV 128 a slab is 64 KiB and ~800 programs are
+#: resident, so a whole wave ahead would be the L2's size: sweep below it. 0 until an H200 A/B
+#: (``bench_verify --gdn-verify-launch window_prefetch=N``).
+WINDOW_PREFETCH = 0
 
 
 def _precision(q: torch.Tensor, k: torch.Tensor) -> str:
@@ -95,6 +100,7 @@ def gdn_replay_verify_fwd(
     precision: str | None = None,
     maxnreg: int | None = None,
     fold_prefetch: int | None = None,
+    window_prefetch: int | None = None,
 ) -> None:
     """Both launches without checks (caller: ``gdn_replay_verify``).
 
@@ -107,6 +113,8 @@ def gdn_replay_verify_fwd(
     thread (ptxas; ``None``: the compiler's choice; ignored by the interpreter).
     ``fold_prefetch`` sets the fold launch's cache hints (default ``FOLD_PREFETCH``); the interpreter
     runs none, and bit 1 is dropped unless the checkpoint's tiles are contiguous and 16-byte aligned.
+    ``window_prefetch`` (default ``WINDOW_PREFETCH``): programs ahead for the window launch's L2 hint;
+    none under the interpreter, with a read copy, or on non-contiguous checkpoints.
     """
     batch, T, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -151,6 +159,9 @@ def gdn_replay_verify_fwd(
     BV = max(16, min(triton.next_power_of_2(V), block_v))
     BKC = max(16, min(BK, block_k))
     grid = (triton.cdiv(V, BV), HV, batch)
+    ahead = WINDOW_PREFETCH if window_prefetch is None else window_prefetch
+    if interpreting() or read_state is not None or not l2_tile_prefetch_ok(state):
+        ahead = 0
     gdn_verify_window_kernel[grid](
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         *cursors, float(scale), read_state, read_scale, R,
@@ -161,7 +172,7 @@ def gdn_replay_verify_fwd(
         NX=max(16, triton.next_power_of_2(2 * T)),
         NH=max(16, triton.next_power_of_2(max(R - T, 1))), LOG2T=(T - 1).bit_length(),
         SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=use_qk_l2norm, HAS_READ=read_state is not None,
-        READ_FP8=read_scale is not None, PRECISION=precision or _precision(q, k),
+        READ_FP8=read_scale is not None, PRECISION=precision or _precision(q, k), AHEAD=ahead,
         num_warps=num_warps, num_stages=num_stages,
         **({} if maxnreg is None or interpreting() else {"maxnreg": maxnreg}),
     )  # fmt: skip

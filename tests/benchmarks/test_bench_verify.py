@@ -39,8 +39,9 @@ def test_parse_launch_overrides(tmp_path):
     cfg = bv.parse_args(["--device", "cpu", "--out", str(tmp_path), "--gdn-verify-launch",
                          "block_v=64,num_stages=3,maxnreg=204"])
     assert cfg.gdn_verify_launch == {"block_v": 64, "num_stages": 3, "maxnreg": 204}
-    cfg = bv.parse_args(["--device", "cpu", "--out", str(tmp_path), "--gdn-verify-launch", "fold_prefetch=0"])
-    assert cfg.gdn_verify_launch == {"fold_prefetch": 0}
+    cfg = bv.parse_args(["--device", "cpu", "--out", str(tmp_path), "--gdn-verify-launch",
+                         "fold_prefetch=0,window_prefetch=264"])
+    assert cfg.gdn_verify_launch == {"fold_prefetch": 0, "window_prefetch": 264}
 
 
 def test_gdn_launch_override_reaches_the_kernel(tmp_path, monkeypatch):

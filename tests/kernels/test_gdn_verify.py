@@ -42,6 +42,7 @@ from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_re
 from replayssm_kernels.gdn_decode._validate import MAX_K_DECODE
 from replayssm_kernels.gdn_verify import gdn_replay_verify, gdn_replay_verify_ref
 from replayssm_kernels.gdn_verify import kernel as gdn_verify_kernel
+from replayssm_kernels.prefetch import l2_tile_prefetch_ok
 from replayssm_kernels.mamba2_decode.read_copy import (
     dequantize_rows,
     quantize_rows,
@@ -493,6 +494,10 @@ def test_kernel_fold_head_grid_gpu(monkeypatch):
           f"state {sim.max_state_err:.2e}")
 
 
+#: The cache-hint tests: a contiguous pool (the bulk L2 request needs contiguous, aligned tiles).
+PREFETCH_GPU_CASE = Case(HV=32, Hk=16, K=128, V=128, L=16, T=4, requests=24, pad_rows=3, steps=40)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("prefetch", [1, 2, 4, 7])
 def test_kernel_fold_prefetch_gpu(monkeypatch, prefetch):
@@ -501,11 +506,26 @@ def test_kernel_fold_prefetch_gpu(monkeypatch, prefetch):
     outputs and checkpoints vs float64, the checkpoint bitwise vs the decode kernel's fold."""
     monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_GRID", 1)
     monkeypatch.setattr(gdn_verify_kernel, "FOLD_PREFETCH", prefetch)
-    case = GPU_CASES[1]
-    sim = Sim(case, seed=6, ops="kernel").run()
+    case = PREFETCH_GPU_CASE
+    sim = Sim(case, seed=6, ops="kernel")
+    assert l2_tile_prefetch_ok(sim.state)  # bit 1 is not dropped
+    sim.run()
     assert sum(sim.flushes) >= 3 and (not sim.bitwise or sim.bitwise_checks >= 3)
     print(f"\n[gpu fold prefetch {prefetch} {case.id}] out {sim.max_out_err:.2e} "
           f"state {sim.max_state_err:.2e}")
+
+
+@pytest.mark.gpu
+def test_kernel_window_prefetch_gpu(monkeypatch):
+    """The window launch's L2 hint (``kernel.WINDOW_PREFETCH``, compiled code only) at the Qwen3.5-4B
+    shape: outputs and checkpoints vs float64, the checkpoint bitwise vs the decode kernel's fold."""
+    monkeypatch.setattr(gdn_verify_kernel, "WINDOW_PREFETCH", 8)
+    case = PREFETCH_GPU_CASE
+    sim = Sim(case, seed=8, ops="kernel")
+    assert l2_tile_prefetch_ok(sim.state)  # the hint is not dropped
+    sim.run()
+    assert sum(sim.flushes) >= 3 and (not sim.bitwise or sim.bitwise_checks >= 3)
+    print(f"\n[gpu window prefetch {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
 
 
 _PREFETCH_CODEGEN_SCRIPT = r'''
@@ -1274,6 +1294,7 @@ from benchmarks.sweep_mamba2 import compile_sm90a, ptxas_stats
 from replayssm_kernels.gdn_verify import kernel as gk
 from replayssm_kernels.gdn_verify.window import gdn_verify_window_kernel
 H, HV, K, V, T, read, BV = 16, 32, 128, 128, int(sys.argv[1]), sys.argv[2], int(sys.argv[4])
+AHEAD = int(sys.argv[5])
 R, D = 16 + T, 2 * 16 * 128 + 32 * 128  # ring rows; the mixer's packed q / k / v row
 ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
@@ -1296,21 +1317,23 @@ ints = dict(R=R, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s
 const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=K, BKC=gk.WINDOW_BLOCK_K, BV=BV,
              NX=max(16, triton.next_power_of_2(2 * T)), NH=16, LOG2T=(T - 1).bit_length(),
              SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True, HAS_READ=read != "none",
-             READ_FP8=read == "fp8e4nv", PRECISION="split")
+             READ_FP8=read == "fp8e4nv", PRECISION="split", AHEAD=AHEAD)
 c = compile_sm90a(gdn_verify_window_kernel, ptrs, ints, const,
                   dict(num_warps=gk.WINDOW_WARPS, num_stages=gk.WINDOW_STAGES))
-json.dump(ptxas_stats(c.asm["ptx"]), sys.stdout)
+json.dump(dict(ptxas_stats(c.asm["ptx"]), bulk=c.asm["ptx"].count("cp.async.bulk.prefetch.L2")), sys.stdout)
 '''
 
 
-@pytest.mark.parametrize("T,read,bv", [(4, "none", 128), (8, "none", 128), (4, "bf16", 128),
-                                       (4, "fp8e4nv", 128), (4, "none", 64), (8, "none", 64)])
-def test_window_codegen_no_spills(T, read, bv):
+@pytest.mark.parametrize("T,read,bv,ahead", [(4, "none", 128, 0), (8, "none", 128, 0), (4, "bf16", 128, 0),
+                                             (4, "fp8e4nv", 128, 0), (4, "none", 64, 0), (8, "none", 64, 0),
+                                             (4, "none", 128, 264), (8, "none", 128, 264)])
+def test_window_codegen_no_spills(T, read, bv, ahead):
     """The window launch at its default configurations (``kernel.WINDOW_*``; ``SMALL_BLOCK_V`` = 64
     for small batches) compiles for sm_90a
     without spills (offline ``ptxas -v``; Qwen3.5-4B head shape, bf16 activations, fp32 state,
     with and without a read copy).  The launch is register-bound (``benchmarks/RESULTS.md``,
-    fourteenth session): a change that spills would undo its speed."""
+    fourteenth session): a change that spills would undo its speed.  With the L2 hint
+    (``WINDOW_PREFETCH``, ``ahead``) one bulk prefetch is added."""
     import json
     import os
     import pathlib
@@ -1319,12 +1342,13 @@ def test_window_codegen_no_spills(T, read, bv):
 
     root = str(pathlib.Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = [sys.executable, "-c", _WINDOW_CODEGEN_SCRIPT, str(T), read, root, str(bv)]
+    args = [sys.executable, "-c", _WINDOW_CODEGEN_SCRIPT, str(T), read, root, str(bv), str(ahead)]
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     err = proc.stderr.lower()
     if proc.returncode != 0 and "nvidia" in err and "backend" in err:
         pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     px = json.loads(proc.stdout)
-    print(f"[window codegen T{T} {read} BV{bv}] ptxas {px}")
+    print(f"[window codegen T{T} {read} BV{bv} ahead {ahead}] ptxas {px}")
     assert px["spill_st"] == 0 and px["spill_ld"] == 0, px
+    assert px["bulk"] == (1 if ahead else 0)
