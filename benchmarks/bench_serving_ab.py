@@ -533,7 +533,7 @@ def build_table(runs: dict, meta: dict, repeats: dict | None = None) -> str:
     lines += _repeat_rows(repeats or {}, gsp, meta.get("device") != "cpu")
     if gsp:
         if meta.get("device") != "cpu":
-            lines += _gsp_targets(runs)
+            lines += _gsp_targets(runs, {c for c, r in (repeats or {}).items() if len(r) > 1})
     else:
         for c, goal in sorted(TARGETS.get(meta.get("family"), {}).items(), reverse=True):
             if meta.get("model") != FAMILY_MODELS.get(meta.get("family")) or c not in runs:
@@ -557,7 +557,7 @@ def _repeat_rows(repeats: dict, gsp: bool, targets: bool) -> list[str]:
              ("x median TTFT", "median_ttft_ms"), ("hit diff pp", None)] if gsp else
             [("x throughput", "output_throughput"), ("x TPOT", "median_tpot_ms"), ("x ITL", "median_itl_ms")])
     lines = ["", "Repeated concurrencies: each run's replay / stock (the table above shows the last run), then the "
-             "median of the runs (min-max).", "",
+             "median of the runs with a value (min-max, how many).", "",
              "| concurrency | run | first | " + " | ".join(name for name, _ in cols) + " |",
              "|---:|---:|---|" + "---:|" * len(cols)]
     meds: dict[int, list] = {}
@@ -572,19 +572,19 @@ def _repeat_rows(repeats: dict, gsp: bool, targets: bool) -> list[str]:
                     vals[j].append(v)
                 cells.append(_fmt(v, ".3f" if field else "+.1f"))
             lines.append(f"| {c} | {k} | {(run.get('order') or ['—'])[0]} | " + " | ".join(cells) + " |")
-        meds[c] = [statistics.median(v) if v else None for v in vals]
-        lines.append(f"| {c} | median of {len(reps)} | | " + " | ".join(
+        meds[c] = [(statistics.median(v), len(v)) if v else (None, 0) for v in vals]
+        lines.append(f"| {c} | median | | " + " | ".join(
             "—" if m is None else f"{_fmt(m, '.3f' if f else '+.1f')} ({_fmt(min(v), '.3f' if f else '+.1f')}-"
-            f"{_fmt(max(v), '.3f' if f else '+.1f')})" for m, v, (_, f) in zip(meds[c], vals, cols)) + " |")
+            f"{_fmt(max(v), '.3f' if f else '+.1f')}, {n})" for (m, n), v, (_, f) in zip(meds[c], vals, cols)) + " |")
     if gsp and targets:
         lines.append("")
-        for c, (_, mean_x, median_x, hit) in meds.items():
+        for c, (_, (mean_x, n_mean), (median_x, n_median), (hit, n_hit)) in meds.items():
             ttft = "not measured" if None in (mean_x, median_x) else (
                 "met" if max(mean_x, median_x) <= GSP_TTFT_X_MAX else "MISSED")
             same = "not measured" if hit is None else ("met" if abs(hit) <= GSP_HIT_DIFF_PP_MAX else "MISSED")
-            lines.append(f"target c={c} over {len(many[c])} runs (medians): TTFT x <= {GSP_TTFT_X_MAX:.2f}: mean "
+            lines.append(f"target c={c} over {min(n_mean, n_median)} runs (medians): TTFT x <= {GSP_TTFT_X_MAX:.2f}: mean "
                          f"{_fmt(mean_x, '.3f')}, median {_fmt(median_x, '.3f')} {ttft}; same hit rate (<= "
-                         f"{GSP_HIT_DIFF_PP_MAX:.1f} pp): {_fmt(hit, '+.1f')} pp {same}")
+                         f"{GSP_HIT_DIFF_PP_MAX:.1f} pp): {_fmt(hit, '+.1f')} pp over {n_hit} runs {same}")
     return lines
 
 
@@ -660,20 +660,21 @@ def _minus(a: int | None, b: int | None) -> int | None:
     return None if a is None or b is None else a - b
 
 
-def _gsp_targets(runs: dict) -> list[str]:
+def _gsp_targets(runs: dict, repeated: set | frozenset = frozenset()) -> list[str]:
     lines = []
     for c in sorted(runs):
         s, p = runs[c].get("stock") or {}, runs[c].get("replay") or {}
+        last = " (last run)" if c in repeated else ""
         xs = [_ratio(p.get(k), s.get(k)) for k in ("mean_ttft_ms", "median_ttft_ms")]
         if None in xs:
             verdict = "not measured"
         else:
             verdict = "met" if max(xs) <= GSP_TTFT_X_MAX else "MISSED"
-        lines.append(f"target c={c}: TTFT x <= {GSP_TTFT_X_MAX:.2f}: mean {_fmt(xs[0], '.3f')}, "
+        lines.append(f"target c={c}{last}: TTFT x <= {GSP_TTFT_X_MAX:.2f}: mean {_fmt(xs[0], '.3f')}, "
                      f"median {_fmt(xs[1], '.3f')} {verdict}")
         d = _diff(hit_rate_pct(p), hit_rate_pct(s))
         verdict = "not measured" if d is None else ("met" if abs(d) <= GSP_HIT_DIFF_PP_MAX else "MISSED")
-        lines.append(f"target c={c}: same hit rate (|replay - stock| <= {GSP_HIT_DIFF_PP_MAX:.1f} pp): "
+        lines.append(f"target c={c}{last}: same hit rate (|replay - stock| <= {GSP_HIT_DIFF_PP_MAX:.1f} pp): "
                      f"{_fmt(hit_rate_pct(s), '.1f')}% vs {_fmt(hit_rate_pct(p), '.1f')}% "
                      f"({_fmt(d, '+.1f')} pp) {verdict}")
     return lines

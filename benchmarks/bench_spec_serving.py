@@ -1240,7 +1240,8 @@ def _profile_lines(runs: dict, meta: dict) -> list[str]:
         summaries = {v: p["summary"] for v, p in got.items() if "summary" in p}
         lines += [f"#### GPU time over {meta.get('profile_steps')} profiled forwards, c={c} (torch profiler, "
                   f"{meta.get('profile_delay'):g} s into each run; a share, not a timing: the profiler slows "
-                  "launches, and the window may hold admissions' prefills)", ""]
+                  "launches, and the window may hold admissions' prefills; these runs' throughput above includes "
+                  "the profiler and its trace export)", ""]
         lines += step_profile.report_lines(summaries)
         lines += [f"Profile not taken: {e}" for e in errors]
         lines.append("")
@@ -1365,6 +1366,12 @@ class _Session:
         self.lock = threading.Lock()
         self.oracle_entries: list[dict] = []
         self.meta = self._meta(argv)
+        self.profiles_taken = 0
+        if args.profile_steps > 0:
+            self.meta["warnings"].append(
+                f"--profile-steps {args.profile_steps}: the spec runs were profiled, so their throughput includes "
+                "the profiler's overhead over those forwards and the server's trace export (a stall mid-run); take "
+                "throughput from runs without it")
 
     def _meta(self, argv: Sequence[str]) -> dict:
         a = self.args
@@ -1676,7 +1683,7 @@ class _Session:
             res["bench_exit"] = {"rc": run.rc, "result_from": run.source}
         res["server_log_decode"] = parse_decode_log(ab._read_from(s.log, log_from))
         if profiler is not None:
-            res["step_profile"] = self._profile_result(tag, profiler[1])
+            res["step_profile"] = self._profile_result(s, profiler[1])
         return res, text
 
     def _profile_timer(self, s: _Server, tag: str) -> tuple[threading.Timer, dict] | None:
@@ -1684,11 +1691,13 @@ class _Session:
         now, its next forwards; the dict gets ``error`` if the request fails."""
         if self.args.profile_steps <= 0 or s.name not in SPEC_VARIANTS:
             return None
-        state: dict = {}
+        with self.lock:
+            self.profiles_taken += 1
+            state: dict = {"id": f"{tag}-{self.profiles_taken}"}  # unique: a concurrency may repeat
 
         def fire() -> None:
             try:
-                step_profile.start_profile(s.url, self.work / "profiles", tag, self.args.profile_steps)
+                step_profile.start_profile(s.url, self.work / "profiles", state["id"], self.args.profile_steps)
                 state["started"] = True
             except (OSError, RuntimeError, ValueError) as e:  # requests' errors are OSErrors
                 state["error"] = f"/start_profile failed: {type(e).__name__}: {e}"
@@ -1698,16 +1707,23 @@ class _Session:
         timer.start()
         return timer, state
 
-    def _profile_result(self, tag: str, state: dict) -> dict:
-        """The summary of ``tag``'s trace, or why there is none."""
+    def _profile_result(self, s: _Server, state: dict) -> dict:
+        """The summary of the run's trace, or why there is none (a trace that does not come stops the
+        profiler, so that the next run's request is not refused as "already in progress")."""
         if not state.get("started"):
             return {"error": state.get("error", f"the run ended before --profile-delay "
                                                 f"{self.args.profile_delay:g} s")}
-        path = step_profile.wait_trace(step_profile.trace_path(self.work / "profiles", tag),
+        path = step_profile.wait_trace(step_profile.trace_path(self.work / "profiles", state["id"]),
                                        timeout=max(1.0, min(60.0, self.dl.left() - ab.TEARDOWN_RESERVE_S)))
         if path is None:
-            return {"error": "no trace written (the server profiles until it has run --profile-steps forwards)"}
-        summary = step_profile.summarize(step_profile.load_events(path))
+            with contextlib.suppress(OSError, RuntimeError):
+                step_profile.stop_profile(s.url)
+            return {"error": "no trace within 60 s (fewer than --profile-steps forwards left in the run?); "
+                             "profiler stopped"}
+        try:
+            summary = step_profile.summarize(step_profile.load_events(path))
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as e:  # a cut or malformed trace
+            return {"error": f"trace not readable: {type(e).__name__}: {e}", "trace": str(path)}
         summary["kernels"] = summary["kernels"][:40]
         return {"summary": summary, "trace": str(path)}
 

@@ -10,8 +10,8 @@ kernel by kernel (CUPTI), so graphed steps are covered.
 
 Not a timing of record: the profiler adds overhead around launches (the idle share is an upper
 bound), and ``N`` forwards of a running benchmark mix decode / verify steps with the admissions'
-prefills (their count is reported from the trace's graph launches).  It answers "which share", not
-"how fast".
+prefills, and the trace's ``cudaGraphLaunch`` count is graph replays, not forwards (a speculative
+step may replay more than one graph).  It answers "which share", not "how fast".
 """
 
 from __future__ import annotations
@@ -88,6 +88,11 @@ def start_profile(url: str, output_dir: str | Path, profile_id: str, num_steps: 
     }, timeout=timeout)
     if r.status_code != 200:
         raise RuntimeError(f"/start_profile answered {r.status_code}: {r.text[:200]}")
+
+
+def stop_profile(url: str, timeout: float = 60.0) -> None:
+    """Ask the server to stop profiling now (SGLang's ``/stop_profile``; it writes what it has)."""
+    requests.post(f"{url}/stop_profile", timeout=timeout)
 
 
 def trace_path(output_dir: str | Path, profile_id: str) -> Path:
@@ -171,7 +176,7 @@ def summarize(events: list[dict]) -> dict:
 
 def report_lines(summaries: dict[str, dict], top: int = 12) -> list[str]:
     """Markdown: one column per profiled run (``{label: summarize(...)}``), GPU ms per class and its
-    share of the kernels' sum, then each run's largest kernels."""
+    share of the GPU events' sum (kernels, copies and sets), then each run's largest kernels."""
     labels = [k for k, v in summaries.items() if v]
     if not labels:
         return []
@@ -184,10 +189,10 @@ def report_lines(summaries: dict[str, dict], top: int = 12) -> list[str]:
         us = s["classes"].get(cls)
         return "—" if us is None else f"{us / 1e3:.1f} ({100 * us / s['kernel_us']:.0f}%)"
 
-    lines = ["| GPU ms (share of kernel time) | " + " | ".join(labels) + " |",
+    lines = ["| GPU ms (share of GPU time) | " + " | ".join(labels) + " |",
              "|---|" + "---:|" * len(labels)]
     lines += [f"| {c} | " + " | ".join(cell(lb, c) for lb in labels) + " |" for c in classes]
-    lines.append("| **kernels, sum** | " + " | ".join(f"{summaries[lb]['kernel_us'] / 1e3:.1f}" for lb in labels) + " |")
+    lines.append("| **GPU events, sum** | " + " | ".join(f"{summaries[lb]['kernel_us'] / 1e3:.1f}" for lb in labels) + " |")
     lines.append("| window span ms | " + " | ".join(f"{summaries[lb]['span_us'] / 1e3:.1f}" for lb in labels) + " |")
     lines.append("| GPU idle % of span | " + " | ".join(
         "—" if summaries[lb]["idle_pct"] is None else f"{summaries[lb]['idle_pct']:.1f}" for lb in labels) + " |")

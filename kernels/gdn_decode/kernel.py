@@ -37,9 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_kernels._checks import interpreting
 from replayssm_kernels.gdn_decode._tree import flush_tree, nonflush_rows
 from replayssm_kernels.gdn_decode._validate import validate_gdn_decode
-from replayssm_kernels._checks import interpreting
 from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
 from replayssm_kernels.prefetch import l2_tile_prefetch_ok, prefetch_l2_tile
 from replayssm_kernels.stochastic_round import validate_stochastic_rounding

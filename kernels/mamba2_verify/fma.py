@@ -89,9 +89,9 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels.mamba2_decode._fold import ld_rec, record_factors_lean
-from replayssm_kernels.prefetch import prefetch_l2_tile
 from replayssm_kernels.mamba2_decode.read_copy import fp8_row_scale, store_read_tile
 from replayssm_kernels.mamba2_verify.kernel import _window_delta
+from replayssm_kernels.prefetch import prefetch_l2_tile
 from replayssm_kernels.stochastic_round import sr_key, sr_round_fp16
 
 __all__ = ["mamba2_replay_verify_fma_kernel"]

@@ -737,7 +737,9 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
             read_state is not None and not l2_tile_prefetch_ok(read_state)):
         l2_ahead = 0
     # One resident wave ahead: the checkpoint tile (non-flush rows with a read copy read the copy).
-    wave_ahead = cfg.wave_ahead if read_state is None and not interpreting() and l2_tile_prefetch_ok(state) else 0
+    wave_ahead = cfg.wave_ahead
+    if interpreting() or read_state is not None or not l2_tile_prefetch_ok(state):
+        wave_ahead = 0
     mamba2_replay_verify_fma_kernel[grid](
         *args,
         **flags,

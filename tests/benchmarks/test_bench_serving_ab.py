@@ -420,12 +420,13 @@ def test_repeated_concurrency_table():
     assert "| concurrency | run | first | x throughput | x mean TTFT | x median TTFT | hit diff pp |" in table
     assert "| 64 | 1 | stock | 1.070 | 0.825 | 0.861 | -1.5 |" in table
     assert "| 64 | 2 | replay | 1.070 | 0.870 | 1.222 | +0.1 |" in table
-    assert "| 64 | median of 3 | | 1.070 (1.070-1.100) | 0.870 (0.825-1.000) | 1.020 (0.861-1.222) | +0.0 (-1.5-+0.1) |" \
-        in table
+    assert ("| 64 | median | | 1.070 (1.070-1.100, 3) | 0.870 (0.825-1.000, 3) | 1.020 (0.861-1.222, 3) "
+            "| +0.0 (-1.5-+0.1, 3) |") in table
     assert "| 1 | 1 |" not in table  # run once: no repeat rows
     assert ("target c=64 over 3 runs (medians): TTFT x <= 1.05: mean 0.870, median 1.020 met; same hit rate "
-            "(<= 1.0 pp): +0.0 pp met") in table
-    assert "target c=64: TTFT x <= 1.05: mean 1.000, median 1.020 met" in table  # the last run's
+            "(<= 1.0 pp): +0.0 pp over 3 runs met") in table
+    assert "target c=64 (last run): TTFT x <= 1.05: mean 1.000, median 1.020 met" in table
+    assert "target c=1: TTFT x <= 1.05:" in table  # run once: no label
     rand = ab.build_table({64: {"num_prompts": 8, "stock": {"output_throughput": 1.0}}},
                           {"dataset": "random-ids", "device": "cpu"},
                           {64: [{"order": ["stock", "replay"], "stock": {"output_throughput": 2.0, "median_tpot_ms": 4.0},
@@ -433,7 +434,7 @@ def test_repeated_concurrency_table():
                                 {"order": ["replay", "stock"], "stock": {"skipped": "time budget"}, "replay": {}}]})
     assert "| concurrency | run | first | x throughput | x TPOT | x ITL |" in rand
     assert "| 64 | 2 | replay | — | — | — |" in rand
-    assert "| 64 | median of 2 | | 1.500 (1.500-1.500) | 0.750 (0.750-0.750) | — |" in rand
+    assert "| 64 | median | | 1.500 (1.500-1.500, 1) | 0.750 (0.750-0.750, 1) | — |" in rand  # run 2 had none
     assert "target" not in rand
 
 

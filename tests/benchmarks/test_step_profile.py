@@ -92,7 +92,7 @@ def test_report_lines():
     b = sp.summarize(EVENTS[:1] + EVENTS[3:])
     lines = sp.report_lines({"stock_spec": b, "replay_spec": a})
     text = "\n".join(lines)
-    assert lines[0] == "| GPU ms (share of kernel time) | stock_spec | replay_spec |"
+    assert lines[0] == "| GPU ms (share of GPU time) | stock_spec | replay_spec |"
     assert "| gemm | 0.0 (80%) | 0.1 (67%) |" in text
     assert "| ssm replay (ours) | — | 0.0 (22%) |" in text
     assert "| GPU idle % of span | 54.5 | 27.3 |" in text
@@ -174,7 +174,7 @@ def _profiled_world(monkeypatch, tmp_path: Path) -> dict:
         tag = dict(zip(cmd, cmd[1:]))["--tag"]
         end = time.monotonic() + 5.0
         while tag.startswith(bs.SPEC_VARIANTS) and time.monotonic() < end and not any(
-                p == tag for p, _ in seen["profiles"]):
+                p.rsplit("-", 1)[0] == tag for p, _ in seen["profiles"]):
             time.sleep(0.01)
         return inner(cmd, ofile, **k)
 
@@ -190,14 +190,45 @@ def test_main_profiles_the_spec_runs(monkeypatch, tmp_path: Path):
                   "--input-len", "64", "--output-len", "16", "--model-dir", str(tmp_path / "m"),
                   "--time-budget", "300", "--profile-steps", "5", "--profile-delay", "0"])
     assert rc == 0
-    assert sorted(seen["profiles"]) == [("replay_spec-c4", 5), ("stock_spec-c4", 5)]  # not stock without spec
+    # not stock without spec; ids unique per run
+    assert sorted(p.rsplit("-", 1)[0] for p, _ in seen["profiles"]) == ["replay_spec-c4", "stock_spec-c4"]
+    assert len({p for p, _ in seen["profiles"]}) == 2 and all(n == 5 for _, n in seen["profiles"])
     res = json.loads((out / "results.json").read_text())
     prof = res["runs"]["4"]["replay_spec"]["step_profile"]
     assert prof["summary"]["classes"]["ssm replay (ours)"] == 20.0 and prof["trace"].endswith("-TP-0.trace.json.gz")
     assert "step_profile" not in res["runs"]["4"]["stock_nospec"]
     report = (out / "results.md").read_text()
     assert "#### GPU time over 5 profiled forwards, c=4" in report
-    assert "| GPU ms (share of kernel time) | stock_spec | replay_spec |" in report
+    assert "| GPU ms (share of GPU time) | stock_spec | replay_spec |" in report
+    assert any(w.startswith("--profile-steps 5: the spec runs were profiled") for w in res["meta"]["warnings"])
+
+
+def test_main_survives_a_bad_or_missing_trace(monkeypatch, tmp_path: Path):
+    """A cut trace and a trace that never comes are reported per run; the runs' results stay, and the
+    server whose trace did not come is told to stop profiling."""
+    seen = _profiled_world(monkeypatch, tmp_path)
+
+    def start_profile(url, output_dir, profile_id, num_steps, timeout=30.0):
+        seen["profiles"].append((profile_id, num_steps))
+        if profile_id.startswith("replay_spec"):  # cut: not gzip
+            path = sp.trace_path(output_dir, profile_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"\x1f\x8b cut")
+
+    stops = []
+    monkeypatch.setattr(sp, "start_profile", start_profile)
+    monkeypatch.setattr(sp, "wait_trace", lambda path, timeout, poll=1.0: path if path.exists() else None)
+    monkeypatch.setattr(sp, "stop_profile", lambda url, timeout=60.0: stops.append(url))
+    out = tmp_path / "out"
+    rc = bs.main(["--out", str(out), "--commit", "abc", "--concurrency", "4", "--num-prompts", "8",
+                  "--input-len", "64", "--output-len", "16", "--model-dir", str(tmp_path / "m"),
+                  "--time-budget", "300", "--profile-steps", "5", "--profile-delay", "0", "--skip-nospec"])
+    assert rc == 0
+    runs = json.loads((out / "results.json").read_text())["runs"]["4"]
+    assert runs["replay_spec"]["step_profile"]["error"].startswith("trace not readable")
+    assert runs["stock_spec"]["step_profile"]["error"].startswith("no trace within 60 s")
+    assert len(stops) == 1
+    assert runs["replay_spec"]["output_throughput"] == 720.0 and runs["stock_spec"]["output_throughput"] == 400.0
 
 
 def test_main_reports_a_profile_not_taken(monkeypatch, tmp_path: Path):

@@ -42,12 +42,12 @@ from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_re
 from replayssm_kernels.gdn_decode._validate import MAX_K_DECODE
 from replayssm_kernels.gdn_verify import gdn_replay_verify, gdn_replay_verify_ref
 from replayssm_kernels.gdn_verify import kernel as gdn_verify_kernel
-from replayssm_kernels.prefetch import l2_tile_prefetch_ok
 from replayssm_kernels.mamba2_decode.read_copy import (
     dequantize_rows,
     quantize_rows,
     refresh_read_copy,
 )
+from replayssm_kernels.prefetch import l2_tile_prefetch_ok
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -557,7 +557,8 @@ for pf in (0, 1, 2, 4):
                  PREFETCH=pf)
     kc = compile_sm90a(gdn_verify_fold_kernel, ptrs, ints, const, dict(num_warps=1, num_stages=1))
     ptx = kc.asm["ptx"]
-    res[pf] = dict(ptxas_stats(ptx), arith=arith(kc.asm["ttgir"]), bulk=ptx.count("cp.async.bulk.prefetch.L2"),
+    res[pf] = dict(ptxas_stats(ptx), arith=arith(kc.asm["ttgir"]), fma=ptx.count("fma.rn.f32"),
+                   bulk=ptx.count("cp.async.bulk.prefetch.L2"),
                    l2=ptx.count("prefetch.global.L2"), l1=ptx.count("prefetch.global.L1"))
 json.dump(res, sys.stdout)
 '''
@@ -593,6 +594,7 @@ def test_fold_prefetch_codegen():
         g = got[pf]
         assert (g["bulk"], g["l2"], g["l1"]) == (bulk, l2, l1), (pf, g)
         assert g["arith"] == base["arith"], f"PREFETCH={pf} changed the fold's arithmetic"
+        assert g["fma"] == base["fma"], f"PREFETCH={pf} changed the fused multiply-adds"
         assert g["spill_st"] == 0 and g["spill_ld"] == 0 and g["regs"] <= base["regs"] + 1, (pf, g, base["regs"])
     print("\n[fold prefetch codegen] regs " + ", ".join(f"{pf}: {g['regs']}" for pf, g in got.items()))
 
