@@ -32,7 +32,7 @@ CLASSES: tuple[tuple[str, str], ...] = (
                           r"cursor_step"),
     ("ssm conv1d", r"conv1d"),
     ("ssm sglang", r"gated_delta|delta_rule|selective_state|selective_scan|ssd_|chunk_scan|chunk_state|"
-                   r"state_passing|mamba|_fwd_kernel_o|solve_tril|l2norm"),
+                   r"state_passing|mamba|_fwd_kernel_o|solve_tril|l2norm|gdn"),
     ("attention", r"batchprefill|batchdecode|prefillwith|decodewith|mergestates|merge_state|fmha|flash_fwd|"
                   r"flash::|attention|paged"),
     ("gemm", r"gemm|nvjet|xmma|cutlass|cublas|sm90_|matmul|_mm_|splitk|gemv"),

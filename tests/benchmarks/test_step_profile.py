@@ -25,6 +25,7 @@ from benchmarks import step_profile as sp
     ("fused_sigmoid_gating_delta_rule_update_kernel", "ssm sglang"),
     ("_selective_scan_update_kernel", "ssm sglang"),
     ("_causal_conv1d_update_kernel", "ssm conv1d"),
+    ("fused_gdn_gating_kernel", "ssm sglang"),
     ("void flashinfer::BatchPrefillWithPagedKVCacheKernel<KTraits, Params>(Params)", "attention"),
     ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "gemm"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
