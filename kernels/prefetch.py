@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["l2_tile_prefetch_ok", "prefetch_l1", "prefetch_l2", "prefetch_l2_tile"]
+__all__ = ["l2_tile_prefetch_ok", "prefetch_l1", "prefetch_l2", "prefetch_l2_tile", "wave_ahead_or_off"]
 
 
 @triton.jit
@@ -50,6 +50,17 @@ def prefetch_l2_tile(p_s_head, p0, t, P, stride_state_p, NUM_PT: tl.constexpr,
         "mov.u32 $0, 0; }",
         "=r,l,r,r", [p_s_head + row0 * stride_state_p, go.to(tl.int32), nbytes],
         dtype=tl.int32, is_pure=False, pack=1)
+
+
+def wave_ahead_or_off(ahead: int, state: torch.Tensor, read_state: torch.Tensor | None) -> int:
+    """``ahead`` (programs ahead of a one-wave L2 hint on ``state``'s tiles), or 0 where the hint
+    cannot run: 0 asked, the interpreter, a read copy (non-flush rows read the copy), or tiles that
+    ``cp.async.bulk.prefetch.L2`` cannot take. Checks only when asked (launchers call it per step)."""
+    from replayssm_kernels._checks import interpreting
+
+    if not ahead or read_state is not None or interpreting() or not l2_tile_prefetch_ok(state):
+        return 0
+    return ahead
 
 
 def l2_tile_prefetch_ok(state: torch.Tensor) -> bool:

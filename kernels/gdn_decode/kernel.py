@@ -37,11 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels._checks import interpreting
 from replayssm_kernels.gdn_decode._tree import flush_tree, nonflush_rows
 from replayssm_kernels.gdn_decode._validate import validate_gdn_decode
 from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
-from replayssm_kernels.prefetch import l2_tile_prefetch_ok, prefetch_l2_tile
+from replayssm_kernels.prefetch import prefetch_l2_tile, wave_ahead_or_off
 from replayssm_kernels.stochastic_round import validate_stochastic_rounding
 
 __all__ = [
@@ -290,9 +289,8 @@ def gdn_replay_decode_fwd(
     read_strides = (*read_state.stride(), *(read_scale.stride() if read_scale is not None
                                             else (0, 0, 0))) if has_read else (0,) * 7
     grid = (triton.cdiv(V, BV), HV, batch)
-    ahead = WAVE_PREFETCH if wave_prefetch is None else wave_prefetch
-    if interpreting() or has_read or not l2_tile_prefetch_ok(state):
-        ahead = 0
+    ahead = wave_ahead_or_off(WAVE_PREFETCH if wave_prefetch is None else wave_prefetch, state,
+                              read_state)
     gdn_replay_decode_fwd_kernel[grid](
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, float(scale), read_state, read_scale, sr_seed, R,

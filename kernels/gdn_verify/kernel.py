@@ -28,7 +28,7 @@ from replayssm_kernels.gdn_decode.kernel import BLOCK_V, FOLD_ROWS
 from replayssm_kernels.gdn_verify.fold import gdn_verify_fold_kernel, gdn_verify_fold_read_kernel
 from replayssm_kernels.gdn_verify.window import gdn_verify_window_kernel
 from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
-from replayssm_kernels.prefetch import l2_tile_prefetch_ok
+from replayssm_kernels.prefetch import l2_tile_prefetch_ok, wave_ahead_or_off
 from replayssm_kernels.stochastic_round import validate_stochastic_rounding
 
 __all__ = ["gdn_replay_verify", "gdn_replay_verify_fwd"]
@@ -134,8 +134,10 @@ def gdn_replay_verify_fwd(
                      SR=sr_seed is not None, num_warps=1, num_stages=1)  # fmt: skip
     n_tiles = triton.cdiv(V, fold_bv)
     fold_meta["TILES"] = n_tiles if batch * HV >= FOLD_HEAD_GRID else 1
-    prefetch = 0 if interpreting() else (FOLD_PREFETCH if fold_prefetch is None else fold_prefetch)
-    if not l2_tile_prefetch_ok(state):
+    prefetch = FOLD_PREFETCH if fold_prefetch is None else fold_prefetch
+    if prefetch and interpreting():
+        prefetch = 0
+    if prefetch & 1 and not l2_tile_prefetch_ok(state):
         prefetch &= ~1
     fold_meta["PREFETCH"] = prefetch
     grid = (n_tiles // fold_meta["TILES"], HV, batch)
@@ -159,9 +161,8 @@ def gdn_replay_verify_fwd(
     BV = max(16, min(triton.next_power_of_2(V), block_v))
     BKC = max(16, min(BK, block_k))
     grid = (triton.cdiv(V, BV), HV, batch)
-    ahead = WINDOW_PREFETCH if window_prefetch is None else window_prefetch
-    if interpreting() or read_state is not None or not l2_tile_prefetch_ok(state):
-        ahead = 0
+    ahead = wave_ahead_or_off(WINDOW_PREFETCH if window_prefetch is None else window_prefetch, state,
+                              read_state)
     gdn_verify_window_kernel[grid](
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         *cursors, float(scale), read_state, read_scale, R,

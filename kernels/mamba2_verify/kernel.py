@@ -78,7 +78,7 @@ from replayssm_kernels.mamba2_decode.read_copy import (
     validate_read_copy,
 )
 from replayssm_kernels.mamba2_verify._validate import validate_mamba2_verify
-from replayssm_kernels.prefetch import l2_tile_prefetch_ok
+from replayssm_kernels.prefetch import l2_tile_prefetch_ok, wave_ahead_or_off
 from replayssm_kernels.stochastic_round import (
     sr_key,
     sr_round_fp16,
@@ -737,9 +737,7 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
             read_state is not None and not l2_tile_prefetch_ok(read_state)):
         l2_ahead = 0
     # One resident wave ahead: the checkpoint tile (non-flush rows with a read copy read the copy).
-    wave_ahead = cfg.wave_ahead
-    if interpreting() or read_state is not None or not l2_tile_prefetch_ok(state):
-        wave_ahead = 0
+    wave_ahead = wave_ahead_or_off(cfg.wave_ahead, state, read_state)
     mamba2_replay_verify_fma_kernel[grid](
         *args,
         **flags,

@@ -371,12 +371,12 @@ def test_wave_prefetch_bitwise_vs_sglang_packed_decode_gpu(monkeypatch):
     from replayssm_kernels.gdn_decode import kernel as gdk
 
     monkeypatch.setattr(gdk, "WAVE_PREFETCH", 256)  # fires for most of this batch's 2,048 programs
-    ok = []
-    check = gdk.l2_tile_prefetch_ok
-    monkeypatch.setattr(gdk, "l2_tile_prefetch_ok", lambda t: ok.append(check(t)) or ok[-1])
+    got = []
+    check = gdk.wave_ahead_or_off
+    monkeypatch.setattr(gdk, "wave_ahead_or_off", lambda *a: got.append(check(*a)) or got[-1])
     case = Case(HV=32, Hk=16, K=128, V=128, L=16, R=16, requests=16, pad_rows=2, force_p=0.1)
     _bitwise_vs_sglang(case, steps=3 * 16 + 2, seed=7)
-    assert ok and all(ok)  # the hint was not dropped
+    assert got and all(n == 256 for n in got)  # the hint was not dropped
 
 
 # ---------------------------------------------------------------------------------------------
