@@ -102,11 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "of kernels/mamba2_verify/kernel.py, e.g. num_warps=4,maxnreg=128; "
                         "maxnreg=0: no cap), for a launch sweep; default: launch_config's")
     p.add_argument("--gdn-verify-launch", default=None, metavar="KEY=INT,...",
-                   help="override the GDN verify launches (keywords of "
-                        "gdn_replay_verify_fwd: the window's block_v, block_k, num_warps, "
-                        "num_stages, maxnreg and window_prefetch (programs ahead of the L2 hint, "
-                        "0: off); the fold's fold_prefetch bit mask, 0-7), e.g. "
-                        "block_v=64,num_stages=3 or fold_prefetch=3, for a launch sweep; default: "
+                   help="override the GDN verify window launch (keywords of "
+                        "gdn_replay_verify_fwd: block_v, block_k, num_warps, num_stages, "
+                        "maxnreg, e.g. block_v=64,num_stages=3), for a launch sweep; default: "
                         "the kernel's")
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, required=True)
@@ -166,24 +164,33 @@ def parse_launch_overrides(text: str | None,
     from replayssm_kernels.mamba2_verify.kernel import LaunchConfig
 
     fields = [f for f in LaunchConfig._fields if f not in ("impl", "act_tf32_exact")]
-    out = bd.int_fields(text, fields, "--mamba2-verify-launch", parser)
+    out = _int_fields(text, fields, "--mamba2-verify-launch", parser)
     return {k: None if k == "maxnreg" and v == 0 else v for k, v in out.items()}
 
 
 #: ``gdn_replay_verify_fwd``'s window-launch keywords that ``--gdn-verify-launch`` may set.
-GDN_LAUNCH_FIELDS = ("block_v", "block_k", "num_warps", "num_stages", "maxnreg", "fold_prefetch",
-                     "window_prefetch")
-#: ``--gdn-verify-launch`` fields that may be 0 (off)
-GDN_LAUNCH_ZERO_OK = ("fold_prefetch", "window_prefetch")
+GDN_LAUNCH_FIELDS = ("block_v", "block_k", "num_warps", "num_stages", "maxnreg")
 
 
 def parse_gdn_launch(text: str | None, parser: argparse.ArgumentParser) -> dict[str, int]:
     """``--gdn-verify-launch`` as ``{keyword: value}`` for ``gdn_replay_verify_fwd``; unknown
     keywords or non-positive / non-integer values end the parse with the keywords that exist."""
-    out = bd.int_fields(text, GDN_LAUNCH_FIELDS, "--gdn-verify-launch", parser) if text else {}
-    if any(v < (0 if k in GDN_LAUNCH_ZERO_OK else 1) for k, v in out.items()) or out.get("fold_prefetch", 0) > 7:
-        parser.error(f"--gdn-verify-launch: expected positive values (fold_prefetch: a bit mask 0-7), "
-                     f"got {text!r}")
+    out = _int_fields(text, GDN_LAUNCH_FIELDS, "--gdn-verify-launch", parser) if text else {}
+    if any(v < 1 for v in out.values()):
+        parser.error(f"--gdn-verify-launch: expected positive values, got {text!r}")
+    return out
+
+
+def _int_fields(text: str, fields: Sequence[str], flag: str,
+                parser: argparse.ArgumentParser) -> dict[str, int]:
+    """``FIELD=INT,...`` of a launch-override flag; unknown fields or non-integers end the parse
+    with the fields that exist."""
+    out: dict[str, int] = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if name not in fields or not value.lstrip("-").isdigit():
+            parser.error(f"{flag}: expected FIELD=INT with FIELD in {list(fields)}, got {item!r}")
+        out[name] = int(value)
     return out
 
 
@@ -937,7 +944,7 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
                          HAS_READ=rd, READ_FP8=f8, SR=False, P_SPLIT=ps)
             if impl == "fma":
                 const.update(BLOCK_N=1 << (N - 1).bit_length(), L2_AHEAD=cfg.l2_ahead, PTX=True,
-                             WAVE_AHEAD=cfg.wave_ahead if read is None else 0, **k.fma_layout(cfg, N))
+                             **k.fma_layout(cfg, N))
             else:
                 const.update(NUM_NK=-(-N // cfg.block_k), ACT_TF32_EXACT=cfg.act_tf32_exact)
             opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -1,9 +1,11 @@
 """Cache hints by inline PTX (sm_90, compiled builds only): nothing waits on them, no register holds
 their data, and a kernel's arithmetic and stored bits do not depend on them.
 
-The interpreter cannot run inline assembly: launchers pass a constexpr that leaves these calls out
-under ``TRITON_INTERPRET=1`` (``_checks.interpreting``).  Each returns a dummy int32 that callers drop;
-``is_pure=False`` keeps the instruction.
+Users: the Mamba-2 kernels (decode: ring ``x`` / ``B`` rows and Δ into L1; decode and verify:
+``L2_AHEAD``, the program's next checkpoint tiles into L2). The interpreter cannot run inline
+assembly: launchers pass a constexpr that leaves these calls out under ``TRITON_INTERPRET=1``
+(``_checks.interpreting``).  Each returns a dummy int32 that callers drop; ``is_pure=False`` keeps
+the instruction.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["l2_tile_prefetch_ok", "prefetch_l1", "prefetch_l2", "prefetch_l2_tile", "wave_ahead_or_off"]
+__all__ = ["l2_tile_prefetch_ok", "prefetch_l1", "prefetch_l2_tile"]
 
 
 @triton.jit
@@ -20,15 +22,6 @@ def prefetch_l1(ptrs):
     """``prefetch.global.L1`` of the line holding each address of ``ptrs`` (any shape)."""
     return tl.inline_asm_elementwise(
         "prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-        is_pure=False, pack=1,
-    )
-
-
-@triton.jit
-def prefetch_l2(ptrs):
-    """``prefetch.global.L2`` of the line holding each address of ``ptrs`` (any shape)."""
-    return tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
         is_pure=False, pack=1,
     )
 
@@ -50,17 +43,6 @@ def prefetch_l2_tile(p_s_head, p0, t, P, stride_state_p, NUM_PT: tl.constexpr,
         "mov.u32 $0, 0; }",
         "=r,l,r,r", [p_s_head + row0 * stride_state_p, go.to(tl.int32), nbytes],
         dtype=tl.int32, is_pure=False, pack=1)
-
-
-def wave_ahead_or_off(ahead: int, state: torch.Tensor, read_state: torch.Tensor | None) -> int:
-    """``ahead`` (programs ahead of a one-wave L2 hint on ``state``'s tiles), or 0 where the hint
-    cannot run: 0 asked, the interpreter, a read copy (non-flush rows read the copy), or tiles that
-    ``cp.async.bulk.prefetch.L2`` cannot take. Checks only when asked (launchers call it per step)."""
-    from replayssm_kernels._checks import interpreting
-
-    if not ahead or read_state is not None or interpreting() or not l2_tile_prefetch_ok(state):
-        return 0
-    return ahead
 
 
 def l2_tile_prefetch_ok(state: torch.Tensor) -> bool:

@@ -22,10 +22,6 @@ once per row and head and the flush writes it exactly once.  Per row the program
   plain fp32 (no TF32 / bf16 dot).  The current record ``(u_c, raw k_c, raw v_c, g_c, β_c)`` is
   appended at physical row ``(start + len) % R``; the checkpoint is not written.
 
-``WAVE_PREFETCH`` / ``wave_prefetch`` (off by default, untimed): a program also requests into L2 the
-checkpoint tile of the program launched that many programs later (about one resident wave of
-programs: SMs x 8), so that program's tile load hits L2 instead of DRAM; a hint only.
-
 Measured on the H200 at commit 42bdf52 against the launch variants it replaced
 (``benchmarks/notes/gdn_decode.md``, "Result").  Not autotuned: the kernel writes the checkpoint
 in place.  No host sync; CUDA-graph safe (all per-row decisions are read on the device).
@@ -40,7 +36,6 @@ import triton.language as tl
 from replayssm_kernels.gdn_decode._tree import flush_tree, nonflush_rows
 from replayssm_kernels.gdn_decode._validate import validate_gdn_decode
 from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
-from replayssm_kernels.prefetch import prefetch_l2_tile, wave_ahead_or_off
 from replayssm_kernels.stochastic_round import validate_stochastic_rounding
 
 __all__ = [
@@ -58,11 +53,6 @@ BLOCK_V = 32  # value rows per program, one warp: SGLang's packed-decode tile
 FOLD_ROWS = 16  # flush rows: rows on lanes of the tree-form fold
 NONFLUSH_ROWS = 4  # non-flush rows: rows on lanes of the inner-product sums
 BLOCK_R = 16  # non-flush rows: records per chunk (R <= 16: one chunk)
-#: Programs ahead whose checkpoint tile a program requests into L2 (0: off; compiled builds without a
-#: read copy only): the program launched one resident wave later (SMs x programs per SM) finds its
-#: tile in L2 instead of waiting for DRAM. Off until an H200 A/B (``bench_decode
-#: --gdn-decode-launch wave_prefetch=N``) says otherwise.
-WAVE_PREFETCH = 0
 
 
 @triton.jit(do_not_specialize=["sr_layer"])
@@ -155,16 +145,13 @@ def gdn_replay_decode_fwd_kernel(
     HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr,
     SR: tl.constexpr,
-    AHEAD: tl.constexpr = 0,
 ):
     """One program of the decode launch (module docstring).  ``HAS_READ``: split precision,
     non-flush rows read ``S0`` from the read copy (``read_ptr``, fp8: times ``read_scale_ptr``'s
     per-row scale) and flush rows refresh it after storing the checkpoint (``None`` pointers and
     zero strides without a copy).  ``SR``: flush rows store the fp16 checkpoint with stochastic
     rounding (``sr_seed`` counter, ``sr_layer`` stream).  ``RL_FOLD`` / ``RL_OUT``: rows on lanes
-    of the flush / non-flush rows (``_tree.py``).  ``AHEAD > 0``: a cache hint for the checkpoint
-    tile of the program launched ``AHEAD`` programs later (``WAVE_PREFETCH``; no arithmetic
-    changes)."""
+    of the flush / non-flush rows (``_tree.py``)."""
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
 
@@ -178,21 +165,10 @@ def gdn_replay_decode_fwd_kernel(
     b_val = tl.load(b + i_n * stride_b_b + i_hv * stride_b_h).to(tl.float32)
     A_log_val = tl.load(A_log + i_hv).to(tl.float32)
     dt_bias_val = tl.load(dt_bias + i_hv).to(tl.float32)
-    if AHEAD > 0:
-        # The program launched AHEAD later (launch order: value tile fastest, then value head, then
-        # row): its slot comes back with this program's own scalars.
-        n_vt = tl.num_programs(0)
-        ahead = i_v + n_vt * (i_hv + HV * i_n) + AHEAD
-        ahead_n = ahead // (n_vt * HV)
-        ahead_s = tl.load(slot_idx + ahead_n, mask=ahead_n < tl.num_programs(2), other=-1).to(tl.int64)
 
     # Padding row: touches nothing, not even its output row.
     if i_s < 0:
         return
-    if AHEAD > 0:
-        if ahead_s >= 0:
-            prefetch_l2_tile(state + ahead_s * stride_s_n + (ahead // n_vt % HV) * stride_s_h,
-                             ahead % n_vt * BV, 0, V, stride_s_v, 1, BV)
 
     # Gates of the current token: the conventional kernel's expressions, so g and β (stored in
     # the ring and replayed by a later flush) carry the bits that kernel would have used.
@@ -266,16 +242,12 @@ def gdn_replay_decode_fwd(
     read_scale: torch.Tensor | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
-    wave_prefetch: int | None = None,
 ) -> None:
     """Launch the kernel without checks (callers: the validated wrapper, benchmarks).
 
     One launch, grid ``(cdiv(V, BLOCK_V), HV, batch)``, one warp per program, ``K <= 128``.
     ``read_state`` (and ``read_scale`` for fp8): split precision (``HAS_READ`` compiled in).
     ``sr_seed`` (fp16 ``state``): stochastic rounding of the flush store (``SR`` compiled in).
-    ``wave_prefetch``: programs ahead for the L2 hint (default ``WAVE_PREFETCH``); none under the
-    interpreter, with a read copy, or when the checkpoint's tiles are not contiguous and 16-byte
-    aligned.
     """
     batch, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -289,8 +261,6 @@ def gdn_replay_decode_fwd(
     read_strides = (*read_state.stride(), *(read_scale.stride() if read_scale is not None
                                             else (0, 0, 0))) if has_read else (0,) * 7
     grid = (triton.cdiv(V, BV), HV, batch)
-    ahead = wave_ahead_or_off(WAVE_PREFETCH if wave_prefetch is None else wave_prefetch, state,
-                              read_state)
     gdn_replay_decode_fwd_kernel[grid](
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, float(scale), read_state, read_scale, sr_seed, R,
@@ -300,7 +270,7 @@ def gdn_replay_decode_fwd(
         H=Hk, HV=HV, K=K, V=V, BK=BK, BV=BV, BR=BR, ONE_CHUNK=R <= BR,
         RL_FOLD=min(FOLD_ROWS, BV), RL_OUT=min(NONFLUSH_ROWS, BV), SOFTPLUS_THRESHOLD=20.0,
         USE_QK_L2NORM=use_qk_l2norm,
-        HAS_READ=has_read, READ_FP8=read_scale is not None, SR=sr_seed is not None, AHEAD=ahead,
+        HAS_READ=has_read, READ_FP8=read_scale is not None, SR=sr_seed is not None,
         num_warps=1, num_stages=1,
     )  # fmt: skip
 

@@ -16,13 +16,10 @@ on the H200, ``benchmarks/notes/gdn_decode.md``): ``kernel.FOLD_HEAD_GRID`` take
 value head, a quarter of the grid at V = 128, for large batches. Not autotuned (writes the
 checkpoint); no host sync.
 
-``PREFETCH`` (a bit mask, compiled builds only; ``kernel.FOLD_PREFETCH``): cache hints that change
-no arithmetic and no stored bit. Bit 1: the head's next value tile into L2 (one bulk request) while
-this one folds (``TILES > 1``, contiguous rows). Bit 2: every committed record's key row, value row,
-gate and β into L2 once per program. Bit 4: the records' key rows, this tile's value columns, gates
-and β into L1 at each tile's start. (An ncu profile of the flush launch, H200, twentieth session:
-2 warps per scheduler, a third of the stall cycles on memory; of those, ~44% at each tile's start and
-most of the rest at the records' gate / β loads.)
+An ncu profile of the flush launch (H200, twentieth session): 2 warps per scheduler, a third of the
+stall cycles on memory; of those, ~44% at each tile's start and most of the rest at the records' gate
+/ β loads. Cache hints for those loads (next tile into L2, records into L2 or L1) made the flush step
+2.5–3% slower and were removed (twenty-first session, ``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -33,7 +30,6 @@ import triton.language as tl
 from replayssm_kernels.gdn_decode._fold import fold_records
 from replayssm_kernels.gdn_decode._tree import flush_tree
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile
-from replayssm_kernels.prefetch import prefetch_l1, prefetch_l2, prefetch_l2_tile
 from replayssm_kernels.stochastic_round import sr_key, sr_round_fp16
 
 
@@ -50,7 +46,7 @@ def _fold_program(
     stride_rs_n, stride_rs_h, stride_rs_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr,
-    READ_FP8: tl.constexpr, SR: tl.constexpr, TILES: tl.constexpr, PREFETCH: tl.constexpr,
+    READ_FP8: tl.constexpr, SR: tl.constexpr, TILES: tl.constexpr,
 ):  # fmt: skip
     """One program of the fold launch (kernels below): ``TILES`` value tiles of one head in turn.
     ``RL > 0`` (``K <= 128``): the decode kernel's tree-form fold with ``RL`` rows on lanes
@@ -76,17 +72,8 @@ def _fold_program(
         p_rd = read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h
         if READ_FP8:
             p_rs = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
-    if PREFETCH & 2:
-        _prefetch_records(p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, 0, stride_rk_r, stride_rk_k,
-                          stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r, K, V, V, False)
     for i_t in range(TILES):
         i_v = i_g * TILES + i_t
-        if PREFETCH & 1:
-            prefetch_l2_tile(p_s_head, i_g * TILES * BV, i_t + 1, V, stride_s_v, TILES, BV)
-        if PREFETCH & 4:
-            _prefetch_records(p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, i_v * BV, stride_rk_r,
-                              stride_rk_k, stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r, K,
-                              V, BV, True)
         if RL > 0:
             flush_tree(
                 state, p_s_head, p_rk, p_rv, p_rg, p_rb, None, None, None, None, p_rd, p_rs,
@@ -102,39 +89,6 @@ def _fold_program(
                 stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r, stride_rd_v, stride_rd_k,
                 stride_rs_v, K, V, BK, BV, USE_QK_L2NORM, HAS_READ, READ_FP8, SR,
             )  # fmt: skip
-
-
-@triton.jit
-def _prefetch_records(
-    p_rk, p_rv, p_rg, p_rb, r_start, r_len, R, v0, stride_rk_r, stride_rk_k, stride_rv_r,
-    stride_rv_v, stride_g_r, stride_beta_r, K: tl.constexpr, V: tl.constexpr, NV: tl.constexpr,
-    L1: tl.constexpr,
-):  # fmt: skip
-    """Cache hints (``L1``: ``prefetch.global.L1``, else ``.L2``) for records ``[0, r_len)``: each
-    key row, the value columns ``v0 .. v0 + NV``, the gate and β; one line request per 128 bytes,
-    32 records per instruction (lanes past ``r_len`` repeat record 0)."""
-    j = tl.arange(0, 32)
-    for j0 in range(0, r_len, 32):
-        jj = j0 + j
-        row = (r_start + tl.where(jj < r_len, jj, 0)) % R
-        for c in tl.static_range(0, K, 1024 // p_rk.dtype.element_ty.primitive_bitwidth):
-            p = p_rk + row * stride_rk_r + c * stride_rk_k
-            if L1:
-                prefetch_l1(p)
-            else:
-                prefetch_l2(p)
-        for c in tl.static_range(0, NV, 1024 // p_rv.dtype.element_ty.primitive_bitwidth):
-            p = p_rv + row * stride_rv_r + tl.minimum(v0 + c, V - 1) * stride_rv_v
-            if L1:
-                prefetch_l1(p)
-            else:
-                prefetch_l2(p)
-        if L1:
-            prefetch_l1(p_rg + row * stride_g_r)
-            prefetch_l1(p_rb + row * stride_beta_r)
-        else:
-            prefetch_l2(p_rg + row * stride_g_r)
-            prefetch_l2(p_rb + row * stride_beta_r)
 
 
 @triton.jit
@@ -188,7 +142,7 @@ def gdn_verify_fold_kernel(
     stride_beta_n, stride_beta_h, stride_beta_r,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, TILES: tl.constexpr,
-    SR: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+    SR: tl.constexpr = False,
 ):  # fmt: skip
     """The fold launch without a read copy (see the module docstring)."""
     _fold_program(
@@ -200,7 +154,7 @@ def gdn_verify_fold_kernel(
         stride_g_n, stride_g_h, stride_g_r,
         stride_beta_n, stride_beta_h, stride_beta_r,
         0, 0, 0, 0, 0, 0, 0,
-        H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, False, False, SR, TILES, PREFETCH,
+        H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, False, False, SR, TILES,
     )  # fmt: skip
 
 
@@ -217,7 +171,7 @@ def gdn_verify_fold_read_kernel(
     stride_rs_n, stride_rs_h, stride_rs_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, READ_FP8: tl.constexpr,
-    TILES: tl.constexpr, SR: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+    TILES: tl.constexpr, SR: tl.constexpr = False,
 ):  # fmt: skip
     """The fold launch with a split-precision read copy (``read_ptr``, fp8 scales
     ``read_scale_ptr``), rewritten from the stored tile."""
@@ -231,5 +185,5 @@ def gdn_verify_fold_read_kernel(
         stride_beta_n, stride_beta_h, stride_beta_r,
         stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
         stride_rs_n, stride_rs_h, stride_rs_v,
-        H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, True, READ_FP8, SR, TILES, PREFETCH,
+        H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, True, READ_FP8, SR, TILES,
     )  # fmt: skip

@@ -28,7 +28,6 @@ from replayssm_kernels.gdn_decode.kernel import BLOCK_V, FOLD_ROWS
 from replayssm_kernels.gdn_verify.fold import gdn_verify_fold_kernel, gdn_verify_fold_read_kernel
 from replayssm_kernels.gdn_verify.window import gdn_verify_window_kernel
 from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
-from replayssm_kernels.prefetch import l2_tile_prefetch_ok, wave_ahead_or_off
 from replayssm_kernels.stochastic_round import validate_stochastic_rounding
 
 __all__ = ["gdn_replay_verify", "gdn_replay_verify_fwd"]
@@ -50,15 +49,6 @@ SMALL_BLOCK_V = 64
 #: folds spread over the SMs (H200, eighteenth session, T = 4: batch 256 322.9 vs 335.9 us, batch 1
 #: 19.4 vs 15.4 us with a program per head; ``benchmarks/RESULTS.md``).
 FOLD_HEAD_GRID = 1024
-#: Fold launch cache hints (``fold.py``'s ``PREFETCH`` bits: 1 next tile into L2, 2 the records into L2
-#: once per program, 4 the records into L1 per tile); compiled builds only. 0 until an H200 A/B says
-#: otherwise (``bench_verify --gdn-verify-launch fold_prefetch=N``).
-FOLD_PREFETCH = 0
-#: Window launch: programs ahead whose checkpoint slab a program requests into L2 (one bulk request;
-#: 0: off; compiled builds without a read copy only). At BV 128 a slab is 64 KiB and ~800 programs are
-#: resident, so a whole wave ahead would be the L2's size: sweep below it. 0 until an H200 A/B
-#: (``bench_verify --gdn-verify-launch window_prefetch=N``).
-WINDOW_PREFETCH = 0
 
 
 def _precision(q: torch.Tensor, k: torch.Tensor) -> str:
@@ -99,8 +89,6 @@ def gdn_replay_verify_fwd(
     num_stages: int = WINDOW_STAGES,
     precision: str | None = None,
     maxnreg: int | None = None,
-    fold_prefetch: int | None = None,
-    window_prefetch: int | None = None,
 ) -> None:
     """Both launches without checks (caller: ``gdn_replay_verify``).
 
@@ -111,10 +99,6 @@ def gdn_replay_verify_fwd(
     ``WINDOW_BLOCK_V``); ``precision`` overrides its product precision (``"split"``, ``"ieee"``,
     ``"tf32x3"``; default by q / k dtype); ``maxnreg`` caps the window launch's registers per
     thread (ptxas; ``None``: the compiler's choice; ignored by the interpreter).
-    ``fold_prefetch`` sets the fold launch's cache hints (default ``FOLD_PREFETCH``); the interpreter
-    runs none, and bit 1 is dropped unless the checkpoint's tiles are contiguous and 16-byte aligned.
-    ``window_prefetch`` (default ``WINDOW_PREFETCH``): programs ahead for the window launch's L2 hint;
-    none under the interpreter, with a read copy, or on non-contiguous checkpoints.
     """
     batch, T, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -134,12 +118,6 @@ def gdn_replay_verify_fwd(
                      SR=sr_seed is not None, num_warps=1, num_stages=1)  # fmt: skip
     n_tiles = triton.cdiv(V, fold_bv)
     fold_meta["TILES"] = n_tiles if batch * HV >= FOLD_HEAD_GRID else 1
-    prefetch = FOLD_PREFETCH if fold_prefetch is None else fold_prefetch
-    if prefetch and interpreting():
-        prefetch = 0
-    if prefetch & 1 and not l2_tile_prefetch_ok(state):
-        prefetch &= ~1
-    fold_meta["PREFETCH"] = prefetch
     grid = (n_tiles // fold_meta["TILES"], HV, batch)
     if read_state is None:
         gdn_verify_fold_kernel[grid](
@@ -161,8 +139,6 @@ def gdn_replay_verify_fwd(
     BV = max(16, min(triton.next_power_of_2(V), block_v))
     BKC = max(16, min(BK, block_k))
     grid = (triton.cdiv(V, BV), HV, batch)
-    ahead = wave_ahead_or_off(WINDOW_PREFETCH if window_prefetch is None else window_prefetch, state,
-                              read_state)
     gdn_verify_window_kernel[grid](
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         *cursors, float(scale), read_state, read_scale, R,
@@ -173,7 +149,7 @@ def gdn_replay_verify_fwd(
         NX=max(16, triton.next_power_of_2(2 * T)),
         NH=max(16, triton.next_power_of_2(max(R - T, 1))), LOG2T=(T - 1).bit_length(),
         SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=use_qk_l2norm, HAS_READ=read_state is not None,
-        READ_FP8=read_scale is not None, PRECISION=precision or _precision(q, k), AHEAD=ahead,
+        READ_FP8=read_scale is not None, PRECISION=precision or _precision(q, k),
         num_warps=num_warps, num_stages=num_stages,
         **({} if maxnreg is None or interpreting() else {"maxnreg": maxnreg}),
     )  # fmt: skip

@@ -41,8 +41,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from replayssm_kernels.prefetch import prefetch_l2_tile
-
 
 @triton.jit
 def _tf32_head(x):
@@ -77,26 +75,13 @@ def gdn_verify_window_kernel(
     BK: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr, NX: tl.constexpr, NH: tl.constexpr,
     LOG2T: tl.constexpr, SOFTPLUS_THRESHOLD: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     HAS_READ: tl.constexpr, READ_FP8: tl.constexpr, PRECISION: tl.constexpr,
-    AHEAD: tl.constexpr = 0,
 ):  # fmt: skip
-    """One program: value rows ``i_v·BV ..`` of value head ``i_hv`` of batch row ``i_n``.
-    ``AHEAD > 0``: also a cache hint for the checkpoint slab of the program launched ``AHEAD``
-    programs later (``kernel.WINDOW_PREFETCH``; no arithmetic changes)."""
+    """One program: value rows ``i_v·BV ..`` of value head ``i_hv`` of batch row ``i_n``."""
     i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     i_s = tl.load(slot_idx + i_n).to(tl.int64)
-    if AHEAD > 0:
-        # The program launched AHEAD later (value block fastest, then value head, then row).
-        n_vb = tl.num_programs(0)
-        ahead = i_v + n_vb * (i_hv + HV * i_n) + AHEAD
-        ahead_n = ahead // (n_vb * HV)
-        ahead_s = tl.load(slot_idx + ahead_n, mask=ahead_n < tl.num_programs(2), other=-1).to(tl.int64)
     if i_s < 0:
         return
-    if AHEAD > 0:
-        if ahead_s >= 0:
-            prefetch_l2_tile(state + ahead_s * stride_s_n + (ahead // n_vb % HV) * stride_s_h,
-                             ahead % n_vb * BV, 0, V, stride_s_v, 1, BV)
     r_start = tl.load(ring_start + i_n).to(tl.int32)
     r_len = tl.load(ring_len + i_n).to(tl.int32)
     is_flush = tl.load(flush + i_n).to(tl.int32) != 0

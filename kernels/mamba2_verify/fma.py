@@ -469,7 +469,6 @@ def mamba2_replay_verify_fma_kernel(
     PTX: tl.constexpr,
     N_CHUNKS: tl.constexpr,
     KQ_DOT: tl.constexpr,
-    WAVE_AHEAD: tl.constexpr = 0,
 ):
     # P_SPLIT programs share one (row, head), adjacent in launch order (the tensor-core kernel's
     # split): program i_s owns rows p0 .. p0 + NUM_PT·BLOCK_P - 1 (rows >= P masked) and
@@ -488,22 +487,8 @@ def mamba2_replay_verify_fma_kernel(
     start = tl.load(ring_start_ptr + i_b).to(tl.int32)
     length = tl.load(ring_len_ptr + i_b).to(tl.int32)
     do_flush = tl.load(flush_ptr + i_b)
-    if WAVE_AHEAD > 0:
-        # The program launched WAVE_AHEAD later (launch order: head / P-split fastest, then row):
-        # its slot comes back with this program's own scalars; its first tile goes into L2 below.
-        ahead = tl.program_id(0) + tl.num_programs(0) * i_b + WAVE_AHEAD
-        ahead_b = ahead // tl.num_programs(0)
-        ahead_slot = tl.load(slot_idx_ptr + ahead_b, mask=ahead_b < tl.num_programs(1),
-                             other=-1).to(tl.int64)
     if slot < 0:
         return  # padding row: touches nothing, not even its output rows
-    if WAVE_AHEAD > 0:
-        if ahead_slot >= 0:
-            ahead_pid = ahead % tl.num_programs(0)
-            prefetch_l2_tile(state_ptr + ahead_slot * stride_state_slot
-                             + (ahead_pid // P_SPLIT) * stride_state_head,
-                             (ahead_pid % P_SPLIT) * (NUM_PT * BLOCK_P), 0, P, stride_state_p,
-                             NUM_PT, BLOCK_P)
     i_g = i_h // heads_per_group
     i_b64 = i_b.to(tl.int64)  # row offsets in 64 bits: batch × row stride may pass 2^31
 

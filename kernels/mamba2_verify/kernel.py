@@ -78,7 +78,7 @@ from replayssm_kernels.mamba2_decode.read_copy import (
     validate_read_copy,
 )
 from replayssm_kernels.mamba2_verify._validate import validate_mamba2_verify
-from replayssm_kernels.prefetch import l2_tile_prefetch_ok, wave_ahead_or_off
+from replayssm_kernels.prefetch import l2_tile_prefetch_ok
 from replayssm_kernels.stochastic_round import (
     sr_key,
     sr_round_fp16,
@@ -496,9 +496,6 @@ class LaunchConfig(NamedTuple):
     # Layout and output products only: the stored bits are the same for every value.
     n_chunks: int = 1
     kq_dot: int = 0
-    # "fma": programs ahead whose first checkpoint tile a program requests into L2 (about one
-    # resident wave; 0: none; compiled builds without a read copy only). Untimed: 0 by default.
-    wave_ahead: int = 0
 
 
 #: The two implementations of one contract: ``"fma"`` (fp32 FMA reductions over whole-N tiles,
@@ -736,8 +733,6 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
     if interpreting() or not l2_tile_prefetch_ok(state) or (
             read_state is not None and not l2_tile_prefetch_ok(read_state)):
         l2_ahead = 0
-    # One resident wave ahead: the checkpoint tile (non-flush rows with a read copy read the copy).
-    wave_ahead = wave_ahead_or_off(cfg.wave_ahead, state, read_state)
     mamba2_replay_verify_fma_kernel[grid](
         *args,
         **flags,
@@ -752,7 +747,6 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
         P_SPLIT=p_split,
         L2_AHEAD=l2_ahead,
         PTX=not interpreting(),
-        WAVE_AHEAD=wave_ahead,
         **layout,
         num_warps=cfg.num_warps,
         **extra,

@@ -98,31 +98,12 @@ def test_parse_cpu_picks_tiny_shapes(tmp_path):
         (["--window", "8", "--ring-size", "4"], "--ring-size"),
         (["--batch", "16", "--slots", "16"], "--slots"),
         (["--family", "rwkv"], "invalid choice"),
-        (["--gdn-decode-launch", "block_v=16"], "--gdn-decode-launch: expected FIELD=INT"),
-        (["--gdn-decode-launch", "wave_prefetch=-1"], "expected values >= 0"),
     ],
 )
 def test_parse_errors(tmp_path, capsys, argv, msg):
     with pytest.raises(SystemExit):
         bd.parse_args(["--dry-run", "--out", str(tmp_path), *argv])
     assert msg in capsys.readouterr().err
-
-
-def test_gdn_decode_launch_override_reaches_the_kernel(tmp_path, monkeypatch):
-    """``--gdn-decode-launch`` wraps ``gdn_replay_decode_fwd`` (which the public function looks up at
-    call time) with the given keywords and records them in the run's metadata."""
-    import replayssm_kernels.gdn_decode.kernel as gdk
-
-    cfg = bd.parse_args(["--dry-run", "--out", str(tmp_path), "--gdn-decode-launch", "wave_prefetch=1056"])
-    assert cfg.gdn_decode_launch == {"wave_prefetch": 1056}
-    seen = {}
-    monkeypatch.setattr(gdk, "gdn_replay_decode_fwd", lambda *a, **k: seen.update(k))
-    monkeypatch.setattr(bd, "load_ours", lambda cfg: (_ for _ in ()).throw(RuntimeError("stop after the override")))
-    with pytest.raises(RuntimeError, match="stop after the override"):
-        bd.main(["--device", "cpu", "--family", "gdn", "--batch", "1", "--out", str(tmp_path),
-                 "--gdn-decode-launch", "wave_prefetch=8"])
-    gdk.gdn_replay_decode_fwd(None, scale=1.0)
-    assert seen == {"wave_prefetch": 8, "scale": 1.0}
 
 
 def test_byte_models_per_family(tmp_path):

@@ -39,9 +39,6 @@ def test_parse_launch_overrides(tmp_path):
     cfg = bv.parse_args(["--device", "cpu", "--out", str(tmp_path), "--gdn-verify-launch",
                          "block_v=64,num_stages=3,maxnreg=204"])
     assert cfg.gdn_verify_launch == {"block_v": 64, "num_stages": 3, "maxnreg": 204}
-    cfg = bv.parse_args(["--device", "cpu", "--out", str(tmp_path), "--gdn-verify-launch",
-                         "fold_prefetch=0,window_prefetch=264"])
-    assert cfg.gdn_verify_launch == {"fold_prefetch": 0, "window_prefetch": 264}
 
 
 def test_gdn_launch_override_reaches_the_kernel(tmp_path, monkeypatch):
@@ -89,9 +86,7 @@ def test_each_T_times_its_own_ring(tmp_path, family):
                                   ["--mamba2-verify-launch", "impl=1"],
                                   ["--mamba2-verify-launch", "maxnreg=x"],
                                   ["--gdn-verify-launch", "block_p=8"],
-                                  ["--gdn-verify-launch", "num_warps=0"],
-                                  ["--gdn-verify-launch", "fold_prefetch=8"],
-                                  ["--gdn-verify-launch", "fold_prefetch=-1"]])
+                                  ["--gdn-verify-launch", "num_warps=0"]])
 def test_parse_errors(tmp_path, argv):
     with pytest.raises(SystemExit):
         bv.parse_args(["--device", "cpu", "--out", str(tmp_path), *argv])

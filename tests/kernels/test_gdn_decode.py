@@ -364,21 +364,6 @@ def test_bitwise_vs_sglang_packed_decode_gpu(L, nc):
     _bitwise_vs_sglang(case, steps=3 * L + 2, seed=5)
 
 
-@pytest.mark.gpu
-def test_wave_prefetch_bitwise_vs_sglang_packed_decode_gpu(monkeypatch):
-    """The L2 hint for a later program's tile (``WAVE_PREFETCH``) changes no bit: checkpoints equal
-    SGLang's packed decode token by token, with padding rows and forced flushes."""
-    from replayssm_kernels.gdn_decode import kernel as gdk
-
-    monkeypatch.setattr(gdk, "WAVE_PREFETCH", 256)  # fires for most of this batch's 2,048 programs
-    got = []
-    check = gdk.wave_ahead_or_off
-    monkeypatch.setattr(gdk, "wave_ahead_or_off", lambda *a: got.append(check(*a)) or got[-1])
-    case = Case(HV=32, Hk=16, K=128, V=128, L=16, R=16, requests=16, pad_rows=2, force_p=0.1)
-    _bitwise_vs_sglang(case, steps=3 * 16 + 2, seed=7)
-    assert got and all(n == 256 for n in got)  # the hint was not dropped
-
-
 # ---------------------------------------------------------------------------------------------
 # Validation
 
@@ -513,7 +498,7 @@ sg_c = build(
     3,  # as SGLang's launcher
 )
 sg = sg_c.asm["ttgir"]
-VARIANT = sys.argv[1]  # "none", "bf16" / "fp8" (read copy), "sr" (fp16 checkpoint + SR), "ahead" (L2 hint)
+VARIANT = sys.argv[1]  # "none", "bf16" / "fp8" (read copy), "sr" (fp16 checkpoint + SR)
 strides = dict(
     R=R, sr_layer=0, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
     stride_u_n=HV * R * V, stride_u_h=R * V, stride_u_r=V, stride_u_v=1,
@@ -535,7 +520,7 @@ const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=K_.BLOCK_V, BR=K_.BLOCK_R,
              ONE_CHUNK=R <= K_.BLOCK_R, RL_FOLD=K_.FOLD_ROWS,
              RL_OUT=K_.NONFLUSH_ROWS, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True,
              HAS_READ=False, READ_FP8=False, SR=False, read_ptr=None, read_scale_ptr=None,
-             sr_seed=None, AHEAD=1056 if VARIANT == "ahead" else 0)
+             sr_seed=None)
 if VARIANT in ("bf16", "fp8"):
     del const["read_ptr"], const["read_scale_ptr"]
     ptrs.update(read_ptr={"bf16": "*bf16", "fp8": "*fp8e4nv"}[VARIANT], read_scale_ptr="*fp32")
@@ -617,8 +602,7 @@ for i, t in enumerate(ins):
         loops.append({o: sum(1 for x in ops if x.split(".")[0] == o)
                       for o in ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "BAR")})
 json.dump(dict(reds=[{k: r[k] for k in ("axis", "shape", "layout", "add")} for r in reds],
-               norm=norm, sg_norm=sg_norm, loops=loops, ptxas=ptxas,
-               bulk=ours_c.asm["ptx"].count("cp.async.bulk.prefetch.L2")), sys.stdout)
+               norm=norm, sg_norm=sg_norm, loops=loops, ptxas=ptxas), sys.stdout)
 '''
 
 
@@ -638,8 +622,8 @@ def _codegen(variant: str) -> dict:
     return json.loads(proc.stdout)
 
 
-@pytest.mark.parametrize("variant", ["none", "bf16", "fp8", "sr", "ahead"],
-                         ids=["no-copy", "bf16-copy", "fp8-copy", "fp16-sr", "wave-prefetch"])
+@pytest.mark.parametrize("variant", ["none", "bf16", "fp8", "sr"],
+                         ids=["no-copy", "bf16-copy", "fp8-copy", "fp16-sr"])
 def test_fold_codegen(variant):
     '''Compile the decode launch for sm_90a (no GPU needed) and check what the fold's bits rest on.
 
@@ -653,9 +637,7 @@ def test_fold_codegen(variant):
     * the fold loop fuses as many products into FMAs as SGLang's step on its tile (per 32 rows:
       32 chains x 3, 128 update FMAs, 3 for the norm; ptxas adds none of its own) and needs few
       shuffles (SGLang's layout: 165 per record and 32 rows);
-    * ptxas: no spill without SR (registers and spills recorded in kernels/README.md);
-    * ``AHEAD`` (``WAVE_PREFETCH``, the L2 hint for a later program's tile) adds one bulk prefetch
-      and nothing else the checks above see.
+    * ptxas: no spill without SR (registers and spills recorded in kernels/README.md).
     The order of the levels is checked on the CPU (``test_bitwise_vs_sglang_packed_decode_cpu``).
     '''
     import re
@@ -683,5 +665,4 @@ def test_fold_codegen(variant):
     px = got["ptxas"]
     # SR's hash and rounding at the store spill (as they did in the previous default: 376-388 B)
     assert (px["spill_st"] == 0 and px["spill_ld"] == 0) or variant == "sr", px
-    assert got["bulk"] == (1 if variant == "ahead" else 0)
     print(f"\n[codegen {variant}] ptxas {px}; loops {got['loops']}")

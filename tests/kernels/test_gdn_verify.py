@@ -47,7 +47,6 @@ from replayssm_kernels.mamba2_decode.read_copy import (
     quantize_rows,
     refresh_read_copy,
 )
-from replayssm_kernels.prefetch import l2_tile_prefetch_ok
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -492,111 +491,6 @@ def test_kernel_fold_head_grid_gpu(monkeypatch):
     assert sum(sim.flushes) >= 3 and (not sim.bitwise or sim.bitwise_checks >= 3)
     print(f"\n[gpu head-grid fold {case.id}] out {sim.max_out_err:.2e} "
           f"state {sim.max_state_err:.2e}")
-
-
-#: The cache-hint tests: a contiguous pool (the bulk L2 request needs contiguous, aligned tiles).
-PREFETCH_GPU_CASE = Case(HV=32, Hk=16, K=128, V=128, L=16, T=4, requests=24, pad_rows=3, steps=40)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("prefetch", [1, 2, 4, 7])
-def test_kernel_fold_prefetch_gpu(monkeypatch, prefetch):
-    """The fold launch's cache hints (``kernel.FOLD_PREFETCH`` bits, compiled code only) at the
-    Qwen3.5-4B shape with a program per value head (so bit 1, the next tile into L2, fires):
-    outputs and checkpoints vs float64, the checkpoint bitwise vs the decode kernel's fold."""
-    monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_GRID", 1)
-    monkeypatch.setattr(gdn_verify_kernel, "FOLD_PREFETCH", prefetch)
-    case = PREFETCH_GPU_CASE
-    sim = Sim(case, seed=6, ops="kernel")
-    assert l2_tile_prefetch_ok(sim.state)  # bit 1 is not dropped
-    sim.run()
-    assert sum(sim.flushes) >= 3 and (not sim.bitwise or sim.bitwise_checks >= 3)
-    print(f"\n[gpu fold prefetch {prefetch} {case.id}] out {sim.max_out_err:.2e} "
-          f"state {sim.max_state_err:.2e}")
-
-
-@pytest.mark.gpu
-def test_kernel_window_prefetch_gpu(monkeypatch):
-    """The window launch's L2 hint (``kernel.WINDOW_PREFETCH``, compiled code only) at the Qwen3.5-4B
-    shape: outputs and checkpoints vs float64, the checkpoint bitwise vs the decode kernel's fold."""
-    monkeypatch.setattr(gdn_verify_kernel, "WINDOW_PREFETCH", 8)
-    case = PREFETCH_GPU_CASE
-    sim = Sim(case, seed=8, ops="kernel")
-    assert l2_tile_prefetch_ok(sim.state)  # the hint is not dropped
-    sim.run()
-    assert sum(sim.flushes) >= 3 and (not sim.bitwise or sim.bitwise_checks >= 3)
-    print(f"\n[gpu window prefetch {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
-
-
-_PREFETCH_CODEGEN_SCRIPT = r'''
-import json, re, sys
-sys.path.insert(0, sys.argv[1])  # the repository root (benchmarks/ is not an installed package)
-from benchmarks.sweep_mamba2 import compile_sm90a, ptxas_stats
-from replayssm_kernels.gdn_verify.fold import gdn_verify_fold_kernel
-H, HV, K, V, R = 16, 32, 128, 128, 20
-ptrs = dict(state="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32", ring_beta="*fp32",
-            slot_idx="*i32", ring_start="*i32", ring_len="*i32", flush="*i1", sr_seed="constexpr")
-ints = dict(R=R, sr_layer=0, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
-            stride_rk_n=H * R * K, stride_rk_h=R * K, stride_rk_r=K, stride_rk_k=1,
-            stride_rv_n=HV * R * V, stride_rv_h=R * V, stride_rv_r=V, stride_rv_v=1,
-            stride_g_n=HV * R, stride_g_h=R, stride_g_r=1, stride_beta_n=HV * R, stride_beta_h=R,
-            stride_beta_r=1)
-KEEP = re.compile(r"(arith\.(mulf|addf|subf|divf|extf|truncf)|math\.\w+|\"?tt\.reduce|"
-                  r"ttg\.convert_layout|tt\.broadcast|tt\.expand_dims|tt\.reshape)")
-def arith(ttgir):
-    out = []
-    for line in ttgir.splitlines():
-        line = re.sub(r"\s*loc\(.*$", "", line.strip())
-        body = line.split(" = ", 1)[1] if " = " in line else line
-        if KEEP.match(body):
-            out.append(re.sub(r"%[\w#]+(:\d+)?", "%", body))
-    return out
-res = {}
-for pf in (0, 1, 2, 4):
-    const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=32, RL=16, USE_QK_L2NORM=True, TILES=4, SR=False,
-                 PREFETCH=pf)
-    kc = compile_sm90a(gdn_verify_fold_kernel, ptrs, ints, const, dict(num_warps=1, num_stages=1))
-    ptx = kc.asm["ptx"]
-    res[pf] = dict(ptxas_stats(ptx), arith=arith(kc.asm["ttgir"]), fma=ptx.count("fma.rn.f32"),
-                   bulk=ptx.count("cp.async.bulk.prefetch.L2"),
-                   l2=ptx.count("prefetch.global.L2"), l1=ptx.count("prefetch.global.L1"))
-json.dump(res, sys.stdout)
-'''
-
-
-def test_fold_prefetch_codegen():
-    """Offline sm_90a (no GPU): each ``PREFETCH`` bit of the fold launch (tree form, a program per
-    value head, Qwen3.5-4B head shape) adds only its hint instructions: the fp32 arithmetic of the
-    program (every op, layout conversion and reduction, in order) is the same as without hints,
-    ptxas spills nothing, and the registers stay within one of the unhinted launch's (8 programs
-    per SM)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = str(Path(__file__).resolve().parents[2])
-    proc = subprocess.run([sys.executable, "-c", _PREFETCH_CODEGEN_SCRIPT, root], env=env,
-                          capture_output=True, text=True, timeout=600)
-    err = proc.stderr.lower()
-    if proc.returncode != 0 and "nvidia" in err and "backend" in err:
-        pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = {int(k): v for k, v in json.loads(proc.stdout).items()}
-    base = got[0]
-    assert (base["bulk"], base["l2"], base["l1"]) == (0, 0, 0)
-    # bit 1: one bulk request per tile; bit 2: key row (2 lines), value row (2), gate, beta in L2;
-    # bit 4: key row (2 lines), the tile's value columns (1), gate, beta in L1
-    want = {1: (1, 0, 0), 2: (0, 6, 0), 4: (0, 0, 5)}
-    for pf, (bulk, l2, l1) in want.items():
-        g = got[pf]
-        assert (g["bulk"], g["l2"], g["l1"]) == (bulk, l2, l1), (pf, g)
-        assert g["arith"] == base["arith"], f"PREFETCH={pf} changed the fold's arithmetic"
-        assert g["fma"] == base["fma"], f"PREFETCH={pf} changed the fused multiply-adds"
-        assert g["spill_st"] == 0 and g["spill_ld"] == 0 and g["regs"] <= base["regs"] + 1, (pf, g, base["regs"])
-    print("\n[fold prefetch codegen] regs " + ", ".join(f"{pf}: {g['regs']}" for pf, g in got.items()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1188,7 +1082,7 @@ strides = dict(
 # RL = 0: the fold on SGLang's tile (the launch takes it for K > 128; K <= 128 folds in the decode
 # kernel's tree form, whose codegen test_gdn_decode.py checks).
 const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, RL=0, SOFTPLUS_THRESHOLD=20.0,
-             USE_QK_L2NORM=True, sr_seed=None, SR=False, TILES=1, PREFETCH=0)
+             USE_QK_L2NORM=True, sr_seed=None, SR=False, TILES=1)
 ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
@@ -1296,7 +1190,6 @@ from benchmarks.sweep_mamba2 import compile_sm90a, ptxas_stats
 from replayssm_kernels.gdn_verify import kernel as gk
 from replayssm_kernels.gdn_verify.window import gdn_verify_window_kernel
 H, HV, K, V, T, read, BV = 16, 32, 128, 128, int(sys.argv[1]), sys.argv[2], int(sys.argv[4])
-AHEAD = int(sys.argv[5])
 R, D = 16 + T, 2 * 16 * 128 + 32 * 128  # ring rows; the mixer's packed q / k / v row
 ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
@@ -1319,23 +1212,21 @@ ints = dict(R=R, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s
 const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=K, BKC=gk.WINDOW_BLOCK_K, BV=BV,
              NX=max(16, triton.next_power_of_2(2 * T)), NH=16, LOG2T=(T - 1).bit_length(),
              SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True, HAS_READ=read != "none",
-             READ_FP8=read == "fp8e4nv", PRECISION="split", AHEAD=AHEAD)
+             READ_FP8=read == "fp8e4nv", PRECISION="split")
 c = compile_sm90a(gdn_verify_window_kernel, ptrs, ints, const,
                   dict(num_warps=gk.WINDOW_WARPS, num_stages=gk.WINDOW_STAGES))
-json.dump(dict(ptxas_stats(c.asm["ptx"]), bulk=c.asm["ptx"].count("cp.async.bulk.prefetch.L2")), sys.stdout)
+json.dump(ptxas_stats(c.asm["ptx"]), sys.stdout)
 '''
 
 
-@pytest.mark.parametrize("T,read,bv,ahead", [(4, "none", 128, 0), (8, "none", 128, 0), (4, "bf16", 128, 0),
-                                             (4, "fp8e4nv", 128, 0), (4, "none", 64, 0), (8, "none", 64, 0),
-                                             (4, "none", 128, 264), (8, "none", 128, 264)])
-def test_window_codegen_no_spills(T, read, bv, ahead):
+@pytest.mark.parametrize("T,read,bv", [(4, "none", 128), (8, "none", 128), (4, "bf16", 128),
+                                       (4, "fp8e4nv", 128), (4, "none", 64), (8, "none", 64)])
+def test_window_codegen_no_spills(T, read, bv):
     """The window launch at its default configurations (``kernel.WINDOW_*``; ``SMALL_BLOCK_V`` = 64
     for small batches) compiles for sm_90a
     without spills (offline ``ptxas -v``; Qwen3.5-4B head shape, bf16 activations, fp32 state,
     with and without a read copy).  The launch is register-bound (``benchmarks/RESULTS.md``,
-    fourteenth session): a change that spills would undo its speed.  With the L2 hint
-    (``WINDOW_PREFETCH``, ``ahead``) one bulk prefetch is added."""
+    fourteenth session): a change that spills would undo its speed."""
     import json
     import os
     import pathlib
@@ -1344,13 +1235,12 @@ def test_window_codegen_no_spills(T, read, bv, ahead):
 
     root = str(pathlib.Path(__file__).resolve().parents[2])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = [sys.executable, "-c", _WINDOW_CODEGEN_SCRIPT, str(T), read, root, str(bv), str(ahead)]
+    args = [sys.executable, "-c", _WINDOW_CODEGEN_SCRIPT, str(T), read, root, str(bv)]
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     err = proc.stderr.lower()
     if proc.returncode != 0 and "nvidia" in err and "backend" in err:
         pytest.skip(f"no NVIDIA Triton backend: {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     px = json.loads(proc.stdout)
-    print(f"[window codegen T{T} {read} BV{bv} ahead {ahead}] ptxas {px}")
+    print(f"[window codegen T{T} {read} BV{bv}] ptxas {px}")
     assert px["spill_st"] == 0 and px["spill_ld"] == 0, px
-    assert px["bulk"] == (1 if ahead else 0)

@@ -64,8 +64,7 @@ LAUNCHES = {"base4": dict(n_chunks=1, kq_dot=0), "base8": dict(n_chunks=1, kq_do
             "nc2": dict(n_chunks=2), "nc4": dict(n_chunks=4), "nc8": dict(n_chunks=8),
             "nc2kq": dict(n_chunks=2, kq_dot=1), "nc4kq": dict(n_chunks=4, kq_dot=1),
             "nc8kq": dict(n_chunks=8, kq_dot=1),
-            "nc4kqbp16": dict(n_chunks=4, kq_dot=1, block_p=16),
-            "wave": dict(wave_ahead=512)}  # the default layout with the L2 hint one wave ahead
+            "nc4kqbp16": dict(n_chunks=4, kq_dot=1, block_p=16)}
 for _name, _fields in LAUNCHES.items():  # the drivers look implementations up by key
     tmv.VERIFY[_name] = _forced_launch(**_fields)
     tmv.DECODE[_name] = tmv.DECODE["kernel"]
@@ -204,8 +203,7 @@ def test_bench_verify_selects_the_option():
 
 #: Offline builds of the codegen test at T = 4: the whole-N tile, the default launch (4 chunks)
 #: and 4 chunks with ``KᵀQ`` on tensor cores, by key.
-CODEGEN_LAUNCHES = {"base": dict(n_chunks=1), "default": {}, "nc4kq": dict(n_chunks=4, kq_dot=1),
-                    "wave": dict(wave_ahead=512)}
+CODEGEN_LAUNCHES = {"base": dict(n_chunks=1), "default": {}, "nc4kq": dict(n_chunks=4, kq_dot=1)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -222,8 +220,7 @@ def test_layout_codegen_fold_and_reductions():
     compiles to SGLang's update (``fma(state, ex2(·), (Δ·B)·x)``) in the default launch and with
     ``kq_dot``; ``mma`` only with ``kq_dot``; the static ``shfl.sync`` count is under half the
     whole-N tile's and the barriers drop (printed; at 2676cb4 501 / 145 / 117 shuffles, 43 / 19 /
-    27 barriers: ``kq_dot`` stages its operands through shared memory in the prologue).  The L2
-    hint one wave ahead (``wave_ahead``) adds one bulk prefetch and leaves the fold sites alone."""
+    27 barriers: ``kq_dot`` stages its operands through shared memory in the prologue)."""
     import inspect
 
     from test_mamba2_decode import _update_signatures
@@ -242,7 +239,7 @@ def test_layout_codegen_fold_and_reductions():
     assert len(lines) == 2
     expected = {("fma.rn.f32", "a=state", ("ex2.approx.f32",), (("mul.f32",),),
                  (("mul.f32", ("cvt.f32.bf16", "mul.f32")),))}
-    for key in ("default", "nc4kq", "wave"):
+    for key in ("default", "nc4kq"):
         ptx = rows[key]["ptx"]
         sig = _update_signatures(ptx, "mamba2_verify/fma.py", lines)
         assert sig == expected, f"{key}: fold compiles to {sig}, SGLang's to {expected}"
@@ -253,8 +250,6 @@ def test_layout_codegen_fold_and_reductions():
         f"{k}: shfl.sync {shfl[k]}, bar.sync {bar[k]}, registers {row['regs']}, spill stores "
         f"{row['spill_st']} B" for k, row in rows.items()))
     assert "mma.sync" not in rows["base"]["ptx"]
-    bulk = {k: row["ptx"].count("cp.async.bulk.prefetch.L2") for k, row in rows.items()}
-    assert bulk["wave"] == bulk["default"] + 1, bulk
     for key in ("default", "nc4kq"):
         assert 2 * shfl[key] < shfl["base"], shfl
         assert bar[key] < bar["base"], bar
@@ -265,7 +260,7 @@ def test_layout_codegen_fold_and_reductions():
 # --------------------------------------------------------------------------------------------
 
 #: (partner launch, T) pairs in lockstep with the default launch on the H200.
-GPU_LOCKSTEP_CASES = [("base4", 2), ("base4", 4), ("base8", 8), ("nc2", 4), ("nc8", 4), ("wave", 4), ("wave", 8),
+GPU_LOCKSTEP_CASES = [("base4", 2), ("base4", 4), ("base8", 8), ("nc2", 4), ("nc8", 4),
                       ("nc4kq", 4)]
 
 
