@@ -405,29 +405,35 @@ def parse_prefill_log(text: str, burst_tokens: int = 0) -> dict:
     Only the lines after the last ``Cache flushed successfully!`` count; each ``Prefill batch,
     #new-seq: S, #new-token: N, #cached-token: C, ...`` adds S, N, C.  Returns ``{"prefill_batches",
     "new_seqs", "new_tokens", "cached_tokens", "hit_rate_pct", "after_flush", "burst_batches",
-    "burst_cached_tokens"}``; ``hit_rate_pct`` = 100 C / (N + C), None without prefill lines.  The
+    "burst_cached_tokens", "burst_new_tokens", "after_burst_hit_rate_pct"}``; ``hit_rate_pct`` =
+    100 C / (N + C), None without prefill lines.  The
     opening burst is the batches up to the one whose prompt tokens (N + C, summed) reach
     ``burst_tokens`` (concurrency x prompt length: the requests that arrive at once, before any
     prefix of the run is cached; by tokens because a chunked request counts in ``#new-seq`` again
-    in each batch of its chunks); ``burst_cached_tokens`` is their C (0 batches with 0).
+    in each batch of its chunks); ``burst_cached_tokens`` / ``burst_new_tokens`` are their C / N (0
+    batches with 0), ``after_burst_hit_rate_pct`` the hit rate of the batches after it (None without
+    any): the reuse once the run's prefixes could be cached, without the burst's arrival timing.
     """
     flushed = text.rfind(FLUSH_LOG_MARK)
     if flushed >= 0:
         text = text[flushed + len(FLUSH_LOG_MARK):]
     batches = seqs = new = cached = 0
-    burst_batches = burst_cached = 0
+    burst_batches = burst_cached = burst_new = 0
     for m in _PREFILL_RX.finditer(text):
         if new + cached < burst_tokens:
             burst_batches += 1
+            burst_new += int(m.group(2))
             burst_cached += int(m.group(3))
         batches += 1
         seqs += int(m.group(1))
         new += int(m.group(2))
         cached += int(m.group(3))
     total = new + cached
+    after = total - burst_new - burst_cached
     return {"prefill_batches": batches, "new_seqs": seqs, "new_tokens": new, "cached_tokens": cached,
             "hit_rate_pct": round(100.0 * cached / total, 2) if total else None, "after_flush": flushed >= 0,
-            "burst_batches": burst_batches, "burst_cached_tokens": burst_cached}
+            "burst_batches": burst_batches, "burst_cached_tokens": burst_cached, "burst_new_tokens": burst_new,
+            "after_burst_hit_rate_pct": round(100.0 * (cached - burst_cached) / after, 2) if after else None}
 
 
 def hit_rate_pct(result: dict | None) -> float | None:
@@ -641,7 +647,9 @@ def _gsp_rows(runs: dict) -> list[str]:
             f"c={c} {_fmt(sc.get('burst_cached_tokens'), 'd')}/{_fmt(rc.get('burst_cached_tokens'), 'd')} in the first "
             f"{_fmt(sc.get('burst_batches'), 'd')}/{_fmt(rc.get('burst_batches'), 'd')} batches, "
             f"{_fmt(_minus(sc.get('cached_tokens'), sc.get('burst_cached_tokens')), 'd')}/"
-            f"{_fmt(_minus(rc.get('cached_tokens'), rc.get('burst_cached_tokens')), 'd')} after")
+            f"{_fmt(_minus(rc.get('cached_tokens'), rc.get('burst_cached_tokens')), 'd')} after (hit "
+            f"{_fmt(sc.get('after_burst_hit_rate_pct'), '.1f')}/{_fmt(rc.get('after_burst_hit_rate_pct'), '.1f')}%, "
+            f"diff {_fmt(_diff(rc.get('after_burst_hit_rate_pct'), sc.get('after_burst_hit_rate_pct')), '+.1f')} pp)")
     return lines + [
         "",
         "x = replay / stock (throughput: higher is better; TTFT, TPOT: lower is better); TPOT is the median; "

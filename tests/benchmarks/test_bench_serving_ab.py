@@ -336,7 +336,8 @@ def test_gsp_parsers_on_recorded_output(tmp_path: Path):
 
     log = ab.parse_prefill_log(RECORDED_LOG)  # the warm-up's prefill (before the flush) is not counted
     assert log == {"prefill_batches": 2, "new_seqs": 2, "new_tokens": 160, "cached_tokens": 0, "hit_rate_pct": 0.0,
-                   "after_flush": True, "burst_batches": 0, "burst_cached_tokens": 0}
+                   "after_flush": True, "burst_batches": 0, "burst_cached_tokens": 0, "burst_new_tokens": 0,
+                   "after_burst_hit_rate_pct": 0.0}
     # a GPU-like run (values made up, format 0.5.17's): the first request of a group misses, the rest hit
     text = (_prefill(1, 2176, 0) + "[x] Cache flushed successfully!\n" + _prefill(2, 4352, 0)
             + _prefill(3, 384, 6144) + "Decode batch, #running-req: 5\n" + _prefill(1, 128, 2048))
@@ -345,10 +346,12 @@ def test_gsp_parsers_on_recorded_output(tmp_path: Path):
     assert log["hit_rate_pct"] == round(100 * 8192 / (4864 + 8192), 2) and log["after_flush"]
     # the opening burst: the batches holding the first burst_tokens prompt tokens (the one crossing it included)
     burst = ab.parse_prefill_log(text, burst_tokens=4 * 2176)
-    assert (burst["burst_batches"], burst["burst_cached_tokens"]) == (2, 6144)
+    assert (burst["burst_batches"], burst["burst_cached_tokens"], burst["burst_new_tokens"]) == (2, 6144, 4352 + 384)
+    assert burst["after_burst_hit_rate_pct"] == round(100 * 2048 / (128 + 2048), 2)  # the last batch alone
     assert burst["cached_tokens"] == log["cached_tokens"]
     assert ab.parse_prefill_log(text, burst_tokens=4352)["burst_batches"] == 1
     assert ab.parse_prefill_log(text, burst_tokens=10 ** 6)["burst_cached_tokens"] == 8192
+    assert ab.parse_prefill_log(text, burst_tokens=10 ** 6)["after_burst_hit_rate_pct"] is None  # no batch after
     assert ab.parse_prefill_log(_prefill(1, 100, 300))["after_flush"] is False
     assert ab.parse_prefill_log(_prefill(1, 100, 300))["hit_rate_pct"] == 75.0
     assert ab.parse_prefill_log("no prefill here\n")["hit_rate_pct"] is None
@@ -358,7 +361,8 @@ def _gsp_line(tput: float, mean_ttft: float, median_ttft: float, tpot: float, hi
     line = {"dataset_name": "generated-shared-prefix", "completed": n, "output_throughput": tput,
             "mean_ttft_ms": mean_ttft, "median_ttft_ms": median_ttft, "median_tpot_ms": tpot,
             "server_log_cache": {"hit_rate_pct": None if hit is None else hit + 1.0, "cached_tokens": 9000,
-                                 "burst_batches": 3, "burst_cached_tokens": 2000}}
+                                 "burst_batches": 3, "burst_cached_tokens": 2000,
+                                 "after_burst_hit_rate_pct": None if hit is None else hit + 2.0}}
     if hit is not None:
         line["cache_report"] = {"cache_hit_rate_pct": hit}
     return line
@@ -388,8 +392,8 @@ def test_gsp_table_and_targets():
     assert cells[16][11:14] == ["4.00", "3.50", "0.875"] and cells[16][14:17] == ["80.0", "78.5", "-1.5"]
     assert cells[1][16] == "+0.0" and cells[1][-1] == "16/16" and cells[64][-1] == "256/skipped"
     assert "c=1 89.0/89.0" in table and "c=64 71.0/—" in table  # the server-log cross-check line
-    assert "c=16 2000/2000 in the first 3/3 batches, 7000/7000 after; c=64 2000/— in the first 3/— batches, 7000/— after" \
-        in table
+    assert ("c=16 2000/2000 in the first 3/3 batches, 7000/7000 after (hit 82.0/80.5%, diff -1.5 pp); "
+            "c=64 2000/— in the first 3/— batches, 7000/— after (hit 72.0/—%, diff — pp)") in table
     assert "target c=1: TTFT x <= 1.05: mean 1.025, median 1.033 met" in table
     assert "target c=16: TTFT x <= 1.05: mean 1.075, median 1.040 MISSED" in table
     assert "target c=1: same hit rate (|replay - stock| <= 1.0 pp): 88.0% vs 88.0% (+0.0 pp) met" in table
@@ -515,7 +519,8 @@ def test_main_gsp_orchestration_with_fakes(monkeypatch, tmp_path: Path):
     # only this run's lines after the flush: per group 1 x 80 new + 3 x (16 new + 64 cached)
     assert r4["server_log_cache"] == {"prefill_batches": 8, "new_seqs": 16, "new_tokens": 4 * (80 + 48),
                                       "cached_tokens": 4 * 192, "hit_rate_pct": 60.0, "after_flush": True,
-                                      "burst_batches": 2, "burst_cached_tokens": 192}
+                                      "burst_batches": 2, "burst_cached_tokens": 192, "burst_new_tokens": 128,
+                                      "after_burst_hit_rate_pct": 60.0}
     assert res["runs"]["1"]["stock"]["server_log_cache"]["new_seqs"] == 4
     # the fourth flush (stock-c4) failed: reported, the run kept
     assert res["runs"]["4"]["stock"]["flushed_before"] is False and r4["flushed_before"] is True
