@@ -102,10 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "of kernels/mamba2_verify/kernel.py, e.g. num_warps=4,maxnreg=128; "
                         "maxnreg=0: no cap), for a launch sweep; default: launch_config's")
     p.add_argument("--gdn-verify-launch", default=None, metavar="KEY=INT,...",
-                   help="override the GDN verify window launch (keywords of "
-                        "gdn_replay_verify_fwd: block_v, block_k, num_warps, num_stages, "
-                        "maxnreg, e.g. block_v=64,num_stages=3), for a launch sweep; default: "
-                        "the kernel's")
+                   help="override the GDN verify launches (keywords of "
+                        "gdn_replay_verify_fwd: the window's block_v, block_k, num_warps, "
+                        "num_stages, maxnreg; the fold's tree-form tile fold_block_v, fold_rows; "
+                        "e.g. block_v=64,num_stages=3 or fold_block_v=16,fold_rows=8), for a "
+                        "launch sweep; default: the kernel's")
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, required=True)
     return p
@@ -168,8 +169,10 @@ def parse_launch_overrides(text: str | None,
     return {k: None if k == "maxnreg" and v == 0 else v for k, v in out.items()}
 
 
-#: ``gdn_replay_verify_fwd``'s window-launch keywords that ``--gdn-verify-launch`` may set.
-GDN_LAUNCH_FIELDS = ("block_v", "block_k", "num_warps", "num_stages", "maxnreg")
+#: ``gdn_replay_verify_fwd``'s launch keywords that ``--gdn-verify-launch`` may set (window launch,
+#: then the fold launch's tree-form tile).
+GDN_LAUNCH_FIELDS = ("block_v", "block_k", "num_warps", "num_stages", "maxnreg", "fold_block_v",
+                     "fold_rows")
 
 
 def parse_gdn_launch(text: str | None, parser: argparse.ArgumentParser) -> dict[str, int]:
@@ -729,13 +732,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         mvk.launch_config = lambda *a, **k: chosen(*a, **k)._replace(**over)
         meta["mamba2_verify_launch"] = over
         bd._log(f"Mamba-2 verify: launch fields overridden: {over}")
-    if cfg.gdn_verify_launch:  # window-launch sweep: keywords of gdn_replay_verify_fwd
+    if cfg.gdn_verify_launch:  # launch sweep: keywords of gdn_replay_verify_fwd
         import replayssm_kernels.gdn_verify.kernel as gvk
 
         gvk.gdn_replay_verify_fwd = functools.partial(gvk.gdn_replay_verify_fwd,
                                                       **cfg.gdn_verify_launch)
         meta["gdn_verify_launch"] = dict(cfg.gdn_verify_launch)
-        bd._log(f"GDN verify: window launch overridden: {cfg.gdn_verify_launch}")
+        bd._log(f"GDN verify: launch keywords overridden: {cfg.gdn_verify_launch}")
     copy = bd.measure_copy_bandwidth(cfg)
     if cfg.device == "cuda":
         bd._log(f"copy bandwidth: {copy['bytes_per_s'] / 1e12:.3f} TB/s (read + write)")

@@ -49,12 +49,33 @@ SMALL_BLOCK_V = 64
 #: folds spread over the SMs (H200, eighteenth session, T = 4: batch 256 322.9 vs 335.9 us, batch 1
 #: 19.4 vs 15.4 us with a program per head; ``benchmarks/RESULTS.md``).
 FOLD_HEAD_GRID = 1024
+#: Fold launch, tree form (``K <= 128``): value rows per program tile and rows on lanes (``RL``).
+#: The bits do not depend on them (the reduction tree is written out, ``_tree.py``); registers do:
+#: offline sm_90a at the Qwen3.5-4B head (T = 4, program per head) ``32 / 16`` compiles to 240 per
+#: thread (8 one-warp programs per SM), ``16 / 8`` to 167 (12), ``8 / 8`` to 128 (16), for 21% /
+#: 50% more instructions per state row in the record loop (twenty-second session, untimed).
+FOLD_BLOCK_V = BLOCK_V
+FOLD_TREE_ROWS = FOLD_ROWS
 
 
 def _precision(q: torch.Tensor, k: torch.Tensor) -> str:
     """``"split"`` when tf32 holds the raw q / k exactly (16-bit), else fp32 FMA (``"ieee"``)."""
     exact = (torch.bfloat16, torch.float16)
     return "split" if q.dtype in exact and k.dtype in exact else "ieee"
+
+
+def _fold_tile(V: int, block_v: int | None, rows: int | None) -> tuple[int, int]:
+    """``(BV, RL)`` of the tree-form fold launch for ``V`` value rows (module defaults for
+    ``None``; ``BV`` at most ``next_pow2(V)``, ``RL`` at most ``BV``)."""
+    block_v = FOLD_BLOCK_V if block_v is None else block_v
+    rows = FOLD_TREE_ROWS if rows is None else rows
+    for name, val in (("fold_block_v", block_v), ("fold_rows", rows)):
+        if val < 1 or val & (val - 1):
+            raise ValueError(f"{name}: expected a power of two, got {val}")
+    if rows > block_v:
+        raise ValueError(f"fold_rows: expected at most fold_block_v = {block_v}, got {rows}")
+    bv = min(triton.next_power_of_2(V), block_v)
+    return bv, min(rows, bv)
 
 
 def gdn_replay_verify_fwd(
@@ -89,6 +110,8 @@ def gdn_replay_verify_fwd(
     num_stages: int = WINDOW_STAGES,
     precision: str | None = None,
     maxnreg: int | None = None,
+    fold_block_v: int | None = None,
+    fold_rows: int | None = None,
 ) -> None:
     """Both launches without checks (caller: ``gdn_replay_verify``).
 
@@ -98,7 +121,15 @@ def gdn_replay_verify_fwd(
     same sense; ``block_v`` defaults to ``SMALL_BLOCK_V`` for at most ``SMALL_BATCH`` rows, else
     ``WINDOW_BLOCK_V``); ``precision`` overrides its product precision (``"split"``, ``"ieee"``,
     ``"tf32x3"``; default by q / k dtype); ``maxnreg`` caps the window launch's registers per
-    thread (ptxas; ``None``: the compiler's choice; ignored by the interpreter).
+    thread (ptxas; ``None``: the compiler's choice; ignored by the interpreter). ``fold_block_v``
+    / ``fold_rows`` shape the fold launch's tree form (value rows per tile, rows on lanes; powers
+    of two; ``None``: ``FOLD_BLOCK_V`` / ``FOLD_TREE_ROWS``), the same bits at any value; SGLang's
+    tile (``K > 128``) ignores them.
+
+    Raises
+    ------
+    ValueError
+        ``fold_block_v`` or ``fold_rows`` not a power of two, or ``fold_rows > fold_block_v``.
     """
     batch, T, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -109,13 +140,16 @@ def gdn_replay_verify_fwd(
     ring_strides = (*state.stride(), *ring_k.stride(), *ring_v.stride(), *ring_g.stride(),
                     *ring_beta.stride())  # fmt: skip
     cursors = (slot_idx, ring_start, ring_len, flush)
-    # The fold: the decode kernel's tree form for K <= 128 (its launch: FOLD_ROWS rows on lanes),
-    # SGLang's tile (RL = 0) above.
-    fold_bv = min(triton.next_power_of_2(V), BLOCK_V)
+    # The fold: the decode kernel's tree form for K <= 128 (RL rows on lanes), SGLang's tile
+    # (RL = 0) above.
     tree = K <= MAX_K_DECODE
+    if tree:
+        fold_bv, fold_rl = _fold_tile(V, fold_block_v, fold_rows)
+    else:
+        fold_bv, fold_rl = min(triton.next_power_of_2(V), BLOCK_V), 0
     fold_meta = dict(H=Hk, HV=HV, K=K, V=V, BK=max(BK, 4) if tree else BK, BV=fold_bv,
-                     RL=min(FOLD_ROWS, fold_bv) if tree else 0, USE_QK_L2NORM=use_qk_l2norm,
-                     SR=sr_seed is not None, num_warps=1, num_stages=1)  # fmt: skip
+                     RL=fold_rl, USE_QK_L2NORM=use_qk_l2norm, SR=sr_seed is not None,
+                     num_warps=1, num_stages=1)  # fmt: skip
     n_tiles = triton.cdiv(V, fold_bv)
     fold_meta["TILES"] = n_tiles if batch * HV >= FOLD_HEAD_GRID else 1
     grid = (n_tiles // fold_meta["TILES"], HV, batch)

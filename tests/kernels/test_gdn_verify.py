@@ -447,6 +447,75 @@ def test_kernel_fold_head_grid(monkeypatch, K, V):
           f"state {sim.max_state_err:.2e} (flushes {sim.flushes})")
 
 
+#: Tree-form fold tiles other than the default (``FOLD_BLOCK_V``, ``FOLD_TREE_ROWS``): fewer rows
+#: per program or on lanes, for fewer registers (``kernel.FOLD_BLOCK_V``'s comment).
+FOLD_TILES = [(16, 16), (16, 8), (8, 8), (8, 4)]
+
+
+class _LaunchSpy:
+    """Stands in for a Triton kernel in ``gdn_verify_kernel``: records each launch's grid and
+    constexpr keywords, then launches the kernel."""
+
+    def __init__(self, kern):
+        self.kern, self.launches = kern, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.launches.append((tuple(grid), {k: v for k, v in kw.items() if k.isupper()}))
+            return self.kern[grid](*args, **kw)
+
+        return launch
+
+
+def spy_fold_launches(monkeypatch, bv: int, rl: int, head_grid: bool) -> list[_LaunchSpy]:
+    """Set the fold tile (``FOLD_BLOCK_V`` / ``FOLD_TREE_ROWS``) and the head-grid rule, and spy
+    on both fold kernels (with and without a read copy)."""
+    monkeypatch.setattr(gdn_verify_kernel, "FOLD_BLOCK_V", bv)
+    monkeypatch.setattr(gdn_verify_kernel, "FOLD_TREE_ROWS", rl)
+    monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_GRID", 1 if head_grid else 1 << 30)
+    spies = []
+    for name in ("gdn_verify_fold_kernel", "gdn_verify_fold_read_kernel"):
+        spies.append(_LaunchSpy(getattr(gdn_verify_kernel, name)))
+        monkeypatch.setattr(gdn_verify_kernel, name, spies[-1])
+    return spies
+
+
+def assert_fold_tile(spies: list[_LaunchSpy], bv: int, rl: int, V: int, head_grid: bool) -> None:
+    """Every fold launch ran ``bv``-row tiles with ``rl`` rows on lanes, over ``cdiv(V, bv)``
+    tiles per head (all in one program with the head grid)."""
+    launches = [lc for sp in spies for lc in sp.launches]
+    assert launches, "no fold launch"
+    tiles = -(-V // bv)
+    for grid, meta in launches:
+        assert (meta["BV"], meta["RL"]) == (bv, rl), meta
+        assert (grid[0], meta["TILES"]) == ((1, tiles) if head_grid else (tiles, 1)), (grid, meta)
+
+
+@pytest.mark.parametrize("head_grid", [True, False], ids=["head", "tile"])
+@pytest.mark.parametrize("bv,rl", FOLD_TILES, ids=[f"bv{b}-rl{r}" for b, r in FOLD_TILES])
+def test_kernel_fold_tiles(monkeypatch, bv, rl, head_grid):
+    """The fold launch with other tree-form tiles (``FOLD_BLOCK_V`` / ``FOLD_TREE_ROWS``), a
+    program per value head or per tile, V = 72 (a partial last tile): outputs and checkpoints vs
+    float64, the fp32 checkpoint bitwise vs the decode kernel's fold."""
+    spies = spy_fold_launches(monkeypatch, bv, rl, head_grid)
+    case = Case(HV=2, Hk=1, K=24, V=72, L=4, T=2, act_dtype=FP32, tol_out=1e-5, requests=2,
+                decode_p=0.0, force_p=0.3, steps=8)  # fmt: skip
+    sim = Sim(case, seed=22, ops="kernel").run()
+    assert sum(sim.flushes) >= 3 and sim.bitwise and sim.bitwise_checks >= 3
+    assert_fold_tile(spies, bv, rl, case.V, head_grid)
+    print(f"\n[kernel fold tile bv{bv} rl{rl} {case.id}] out {sim.max_out_err:.2e} "
+          f"state {sim.max_state_err:.2e} (flushes {sim.flushes})")
+
+
+@pytest.mark.parametrize("bv,rl,msg", [(12, 4, "fold_block_v: expected a power of two, got 12"),
+                                       (16, 3, "fold_rows: expected a power of two, got 3"),
+                                       (8, 16, "fold_rows: expected at most fold_block_v = 8")])
+def test_fold_tile_value_errors(bv, rl, msg):
+    """Bad fold tiles name the keyword, what it expects and what it got."""
+    with pytest.raises(ValueError, match=msg):
+        gdn_verify_kernel._fold_tile(128, bv, rl)
+
+
 @pytest.mark.parametrize("T", [1, 4, 16])
 def test_kernel_vs_ref_lockstep(T):
     """Kernel and reference on the same inputs step by step: outputs and ring records (T = 16:
@@ -490,6 +559,21 @@ def test_kernel_fold_head_grid_gpu(monkeypatch):
     sim = Sim(case, seed=5, ops="kernel").run()
     assert sum(sim.flushes) >= 3 and (not sim.bitwise or sim.bitwise_checks >= 3)
     print(f"\n[gpu head-grid fold {case.id}] out {sim.max_out_err:.2e} "
+          f"state {sim.max_state_err:.2e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bv,rl", FOLD_TILES, ids=[f"bv{b}-rl{r}" for b, r in FOLD_TILES])
+def test_kernel_fold_tiles_gpu(monkeypatch, bv, rl):
+    """The Qwen3.5-4B shape with other tree-form fold tiles, a program per value head: the fp32
+    checkpoint bitwise vs the decode kernel's fold in compiled code (the layouts differ, the
+    written-out reduction tree must not)."""
+    spies = spy_fold_launches(monkeypatch, bv, rl, head_grid=True)
+    case = GPU_CASES[1]
+    sim = Sim(case, seed=7, ops="kernel").run()
+    assert sum(sim.flushes) >= 3 and sim.bitwise and sim.bitwise_checks >= 3
+    assert_fold_tile(spies, bv, rl, case.V, head_grid=True)
+    print(f"\n[gpu fold tile bv{bv} rl{rl} {case.id}] out {sim.max_out_err:.2e} "
           f"state {sim.max_state_err:.2e}")
 
 
@@ -933,6 +1017,18 @@ def test_split_fold_head_grid(monkeypatch):
     case = Case(HV=2, Hk=1, K=24, V=72, L=6, T=2, act_dtype=FP32, u_dtype=FP32, requests=3,
                 steps=6, decode_p=0.0, force_p=0.25)  # fmt: skip
     split_lockstep(case, F8, seed=14)
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+def test_split_fold_tile(monkeypatch):
+    """The read-copy fold launch with an 8-row tree-form tile (4 rows on lanes), a program per
+    value head, nine value tiles each: the fp8 copy's per-row scales over partial tiles."""
+    spies = spy_fold_launches(monkeypatch, 8, 4, head_grid=True)
+    case = Case(HV=2, Hk=1, K=24, V=72, L=6, T=2, act_dtype=FP32, u_dtype=FP32, requests=3,
+                steps=6, decode_p=0.0, force_p=0.25)  # fmt: skip
+    split_lockstep(case, F8, seed=15)
+    assert spies[0].launches and spies[1].launches  # the no-copy run and the copy's
+    assert_fold_tile(spies, 8, 4, case.V, head_grid=True)
 
 
 @pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
