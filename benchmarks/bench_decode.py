@@ -154,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--commit", default=None, help="commit id recorded in the outputs "
                    "(default: git rev-parse HEAD, when available)")
+    p.add_argument("--gdn-decode-launch", default=None, metavar="KEY=INT,...",
+                   help="override the GDN decode launch's tile (keywords of "
+                        "gdn_replay_decode_fwd: block_v, fold_rows, nonflush_rows; powers of two), "
+                        "e.g. block_v=16,fold_rows=8, for a launch sweep; default: the kernel's")
     p.add_argument("--kernels-module", default="replayssm_kernels",
                    help=argparse.SUPPRESS)  # tests: a module with the same API
     p.add_argument("--out", type=Path, required=True, help="output folder (created)")
@@ -188,6 +192,24 @@ class Config:
     out: Path
     argv: list[str] = field(default_factory=list)
     read_dtype: str = "same"
+    gdn_decode_launch: dict[str, int] = field(default_factory=dict)
+
+
+#: ``gdn_replay_decode_fwd``'s keywords that ``--gdn-decode-launch`` may set.
+GDN_DECODE_LAUNCH_FIELDS = ("block_v", "fold_rows", "nonflush_rows")
+
+
+def int_fields(text: str, fields: Sequence[str], flag: str,
+               parser: argparse.ArgumentParser) -> dict[str, int]:
+    """``FIELD=INT,...`` of a launch-override flag; unknown fields or non-integers end the parse
+    with the fields that exist."""
+    out: dict[str, int] = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if name not in fields or not value.lstrip("-").isdigit():
+            parser.error(f"{flag}: expected FIELD=INT with FIELD in {list(fields)}, got {item!r}")
+        out[name] = int(value)
+    return out
 
 
 def _has_cuda() -> bool:
@@ -239,8 +261,18 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     if a.read_dtype == a.state_dtype:
         parser.error(f"--read-dtype {a.read_dtype}: the read copy must differ from --state-dtype "
                      f"{a.state_dtype} (pass --read-dtype same to read the checkpoint)")
+    gdn_launch = int_fields(a.gdn_decode_launch, GDN_DECODE_LAUNCH_FIELDS, "--gdn-decode-launch",
+                            parser) if a.gdn_decode_launch else {}
+    if gdn_launch:
+        from replayssm_kernels.gdn_decode.kernel import launch_tile
+
+        try:
+            launch_tile(128, **gdn_launch)
+        except ValueError as e:
+            parser.error(f"--gdn-decode-launch: {e}")
     return Config(
         read_dtype=a.read_dtype,
+        gdn_decode_launch=gdn_launch,
         families=["mamba2", "gdn"] if a.family == "all" else [a.family],
         batches=list(a.batch),
         L=a.window,
@@ -1665,6 +1697,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             # GPU row-sum order: our GDN fold vs SGLang's packed decode (crosscheck) bit for bit
             meta["cpu_shims"] = _cpu_shims.apply(sglang=not cfg.skip_peers, gpu_sum_order=True)
+        if cfg.gdn_decode_launch:  # launch sweep: keywords of gdn_replay_decode_fwd, looked up per call
+            import functools
+
+            import replayssm_kernels.gdn_decode.kernel as gdk
+
+            gdk.gdn_replay_decode_fwd = functools.partial(gdk.gdn_replay_decode_fwd,
+                                                          **cfg.gdn_decode_launch)
+            meta["gdn_decode_launch"] = dict(cfg.gdn_decode_launch)
+            _log(f"GDN decode: launch tile overridden: {cfg.gdn_decode_launch}")
         kernels, refs, kerr = load_ours(cfg)
         peers, perr = load_peers(cfg)
         for k, e in {**{f"ours/{k}": v for k, v in kerr.items()},

@@ -165,7 +165,7 @@ def parse_launch_overrides(text: str | None,
     from replayssm_kernels.mamba2_verify.kernel import LaunchConfig
 
     fields = [f for f in LaunchConfig._fields if f not in ("impl", "act_tf32_exact")]
-    out = _int_fields(text, fields, "--mamba2-verify-launch", parser)
+    out = bd.int_fields(text, fields, "--mamba2-verify-launch", parser)
     return {k: None if k == "maxnreg" and v == 0 else v for k, v in out.items()}
 
 
@@ -178,22 +178,9 @@ GDN_LAUNCH_FIELDS = ("block_v", "block_k", "num_warps", "num_stages", "maxnreg",
 def parse_gdn_launch(text: str | None, parser: argparse.ArgumentParser) -> dict[str, int]:
     """``--gdn-verify-launch`` as ``{keyword: value}`` for ``gdn_replay_verify_fwd``; unknown
     keywords or non-positive / non-integer values end the parse with the keywords that exist."""
-    out = _int_fields(text, GDN_LAUNCH_FIELDS, "--gdn-verify-launch", parser) if text else {}
+    out = bd.int_fields(text, GDN_LAUNCH_FIELDS, "--gdn-verify-launch", parser) if text else {}
     if any(v < 1 for v in out.values()):
         parser.error(f"--gdn-verify-launch: expected positive values, got {text!r}")
-    return out
-
-
-def _int_fields(text: str, fields: Sequence[str], flag: str,
-                parser: argparse.ArgumentParser) -> dict[str, int]:
-    """``FIELD=INT,...`` of a launch-override flag; unknown fields or non-integers end the parse
-    with the fields that exist."""
-    out: dict[str, int] = {}
-    for item in text.split(","):
-        name, _, value = item.partition("=")
-        if name not in fields or not value.lstrip("-").isdigit():
-            parser.error(f"{flag}: expected FIELD=INT with FIELD in {list(fields)}, got {item!r}")
-        out[name] = int(value)
     return out
 
 

@@ -48,11 +48,38 @@ __all__ = [
     "BLOCK_R",
 ]
 
-# The launch configuration (fixed; measured, benchmarks/notes/gdn_decode.md).
+# The launch configuration (measured, benchmarks/notes/gdn_decode.md). The tile (value rows per
+# program, rows on lanes of each path) does not change a flush row's bits (the reduction tree is
+# written out); gdn_replay_decode_fwd's keywords override it for a sweep.
 BLOCK_V = 32  # value rows per program, one warp: SGLang's packed-decode tile
 FOLD_ROWS = 16  # flush rows: rows on lanes of the tree-form fold
 NONFLUSH_ROWS = 4  # non-flush rows: rows on lanes of the inner-product sums
 BLOCK_R = 16  # non-flush rows: records per chunk (R <= 16: one chunk)
+
+
+def launch_tile(V: int, block_v: int | None = None, fold_rows: int | None = None,
+                nonflush_rows: int | None = None) -> tuple[int, int, int]:
+    """``(BV, RL_FOLD, RL_OUT)`` for ``V`` value rows: ``BV`` = ``min(next_pow2(V), block_v)``
+    and each rows-on-lanes count at most ``BV`` (``None``: the module's ``BLOCK_V`` /
+    ``FOLD_ROWS`` / ``NONFLUSH_ROWS``, read at call time).
+
+    Raises
+    ------
+    ValueError
+        A given value that is not a power of two, or given rows on lanes above ``block_v``.
+    """
+    given = {"block_v": block_v, "fold_rows": fold_rows, "nonflush_rows": nonflush_rows}
+    for name, val in given.items():
+        if val is not None and (val < 1 or val & (val - 1)):
+            raise ValueError(f"{name}: expected a power of two, got {val}")
+    block_v = BLOCK_V if block_v is None else block_v
+    for name in ("fold_rows", "nonflush_rows"):
+        if given[name] is not None and given[name] > block_v:
+            raise ValueError(f"{name}: expected at most block_v = {block_v}, got {given[name]}")
+    bv = min(triton.next_power_of_2(V), block_v)
+    fold = FOLD_ROWS if fold_rows is None else fold_rows
+    out = NONFLUSH_ROWS if nonflush_rows is None else nonflush_rows
+    return bv, min(fold, bv), min(out, bv)
 
 
 @triton.jit(do_not_specialize=["sr_layer"])
@@ -242,12 +269,23 @@ def gdn_replay_decode_fwd(
     read_scale: torch.Tensor | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
+    block_v: int | None = None,
+    fold_rows: int | None = None,
+    nonflush_rows: int | None = None,
 ) -> None:
     """Launch the kernel without checks (callers: the validated wrapper, benchmarks).
 
-    One launch, grid ``(cdiv(V, BLOCK_V), HV, batch)``, one warp per program, ``K <= 128``.
+    One launch, grid ``(cdiv(V, BV), HV, batch)``, one warp per program, ``K <= 128``.
     ``read_state`` (and ``read_scale`` for fp8): split precision (``HAS_READ`` compiled in).
     ``sr_seed`` (fp16 ``state``): stochastic rounding of the flush store (``SR`` compiled in).
+    ``block_v`` / ``fold_rows`` / ``nonflush_rows``: the tile (``launch_tile``; ``None``: the
+    module's constants), for a launch sweep; flush rows give the same bits at any tile, non-flush
+    outputs may differ in the last bits (their sums' order follows the tile).
+
+    Raises
+    ------
+    ValueError
+        A tile value that is not a power of two or exceeds ``block_v`` (``launch_tile``).
     """
     batch, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -255,7 +293,7 @@ def gdn_replay_decode_fwd(
     if batch == 0:
         return
     BK = max(triton.next_power_of_2(K), 4)  # whole 4-column chunks (``_tree._cols``)
-    BV = min(triton.next_power_of_2(V), BLOCK_V)
+    BV, RL_FOLD, RL_OUT = launch_tile(V, block_v, fold_rows, nonflush_rows)
     BR = min(triton.next_power_of_2(R), BLOCK_R)
     has_read = read_state is not None
     read_strides = (*read_state.stride(), *(read_scale.stride() if read_scale is not None
@@ -268,7 +306,7 @@ def gdn_replay_decode_fwd(
         *ring_g.stride(), *ring_beta.stride(), *q.stride(), *k.stride(), *v.stride(),
         *a.stride(), *b.stride(), *out.stride(), *read_strides,
         H=Hk, HV=HV, K=K, V=V, BK=BK, BV=BV, BR=BR, ONE_CHUNK=R <= BR,
-        RL_FOLD=min(FOLD_ROWS, BV), RL_OUT=min(NONFLUSH_ROWS, BV), SOFTPLUS_THRESHOLD=20.0,
+        RL_FOLD=RL_FOLD, RL_OUT=RL_OUT, SOFTPLUS_THRESHOLD=20.0,
         USE_QK_L2NORM=use_qk_l2norm,
         HAS_READ=has_read, READ_FP8=read_scale is not None, SR=sr_seed is not None,
         num_warps=1, num_stages=1,

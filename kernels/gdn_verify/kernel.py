@@ -24,7 +24,7 @@ import triton
 
 from replayssm_kernels._checks import interpreting
 from replayssm_kernels.gdn_decode._validate import MAX_K_DECODE, validate_gdn_verify
-from replayssm_kernels.gdn_decode.kernel import BLOCK_V, FOLD_ROWS
+from replayssm_kernels.gdn_decode.kernel import BLOCK_V, FOLD_ROWS, launch_tile
 from replayssm_kernels.gdn_verify.fold import gdn_verify_fold_kernel, gdn_verify_fold_read_kernel
 from replayssm_kernels.gdn_verify.window import gdn_verify_window_kernel
 from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
@@ -65,17 +65,14 @@ def _precision(q: torch.Tensor, k: torch.Tensor) -> str:
 
 
 def _fold_tile(V: int, block_v: int | None, rows: int | None) -> tuple[int, int]:
-    """``(BV, RL)`` of the tree-form fold launch for ``V`` value rows (module defaults for
-    ``None``; ``BV`` at most ``next_pow2(V)``, ``RL`` at most ``BV``)."""
-    block_v = FOLD_BLOCK_V if block_v is None else block_v
-    rows = FOLD_TREE_ROWS if rows is None else rows
-    for name, val in (("fold_block_v", block_v), ("fold_rows", rows)):
-        if val < 1 or val & (val - 1):
-            raise ValueError(f"{name}: expected a power of two, got {val}")
-    if rows > block_v:
-        raise ValueError(f"fold_rows: expected at most fold_block_v = {block_v}, got {rows}")
-    bv = min(triton.next_power_of_2(V), block_v)
-    return bv, min(rows, bv)
+    """``(BV, RL)`` of the tree-form fold launch for ``V`` value rows (``None``: the module's
+    ``FOLD_BLOCK_V`` / ``FOLD_TREE_ROWS``; given values checked as the decode kernel's
+    ``launch_tile`` checks them)."""
+    try:
+        bv, rl, _ = launch_tile(V, FOLD_BLOCK_V if block_v is None else block_v, rows, 1)
+    except ValueError as e:  # name the keywords of this function
+        raise ValueError(str(e).replace("block_v", "fold_block_v")) from None
+    return bv, (min(FOLD_TREE_ROWS, bv) if rows is None else rl)
 
 
 def gdn_replay_verify_fwd(

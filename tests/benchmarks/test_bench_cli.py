@@ -98,12 +98,34 @@ def test_parse_cpu_picks_tiny_shapes(tmp_path):
         (["--window", "8", "--ring-size", "4"], "--ring-size"),
         (["--batch", "16", "--slots", "16"], "--slots"),
         (["--family", "rwkv"], "invalid choice"),
+        (["--gdn-decode-launch", "wave_prefetch=16"], "--gdn-decode-launch: expected FIELD=INT"),
+        (["--gdn-decode-launch", "block_v=24"], "block_v: expected a power of two, got 24"),
+        (["--gdn-decode-launch", "block_v=8,fold_rows=16"], "fold_rows: expected at most"),
     ],
 )
 def test_parse_errors(tmp_path, capsys, argv, msg):
     with pytest.raises(SystemExit):
         bd.parse_args(["--dry-run", "--out", str(tmp_path), *argv])
     assert msg in capsys.readouterr().err
+
+
+def test_gdn_decode_launch_override_reaches_the_kernel(tmp_path, monkeypatch):
+    """``--gdn-decode-launch`` wraps ``gdn_replay_decode_fwd`` (which the public function looks up at
+    call time) with the given keywords and records them in the run's metadata."""
+    import replayssm_kernels.gdn_decode.kernel as gdk
+
+    cfg = bd.parse_args(["--dry-run", "--out", str(tmp_path), "--gdn-decode-launch",
+                         "block_v=16,fold_rows=8,nonflush_rows=4"])
+    assert cfg.gdn_decode_launch == {"block_v": 16, "fold_rows": 8, "nonflush_rows": 4}
+    seen = {}
+    monkeypatch.setattr(gdk, "gdn_replay_decode_fwd", lambda *a, **k: seen.update(k))
+    monkeypatch.setattr(bd, "load_ours", lambda cfg: (_ for _ in ()).throw(
+        RuntimeError("stop after the override")))
+    with pytest.raises(RuntimeError, match="stop after the override"):
+        bd.main(["--device", "cpu", "--family", "gdn", "--batch", "1", "--out", str(tmp_path),
+                 "--gdn-decode-launch", "block_v=8"])
+    gdk.gdn_replay_decode_fwd(None, scale=1.0)
+    assert seen == {"block_v": 8, "scale": 1.0}
 
 
 def test_byte_models_per_family(tmp_path):

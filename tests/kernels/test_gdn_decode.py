@@ -364,6 +364,74 @@ def test_bitwise_vs_sglang_packed_decode_gpu(L, nc):
     _bitwise_vs_sglang(case, steps=3 * L + 2, seed=5)
 
 
+#: Launch tiles other than the default (``BLOCK_V``, ``FOLD_ROWS``, ``NONFLUSH_ROWS``): fewer
+#: value rows per program or rows on lanes, for fewer registers (offline sm_90a at the Qwen3.5-4B
+#: shape: 255 at the default, 174 at 16 / 8 / 4, 168 at 8 / 8 / 4; ``notes/gdn_decode.md``).
+DECODE_TILES = [(16, 8, 4), (8, 8, 4), (16, 16, 2), (8, 4, 8)]
+_TILE_IDS = [f"bv{b}-fold{f}-out{o}" for b, f, o in DECODE_TILES]
+
+
+def _set_tile(monkeypatch, tile) -> list:
+    """Make ``tile`` the decode launch's default and spy on the launches' constexprs."""
+    from replayssm_kernels.gdn_decode import kernel as K_
+
+    bv, fold, out = tile
+    monkeypatch.setattr(K_, "BLOCK_V", bv)
+    monkeypatch.setattr(K_, "FOLD_ROWS", fold)
+    monkeypatch.setattr(K_, "NONFLUSH_ROWS", out)
+    kern, seen = K_.gdn_replay_decode_fwd_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen.append((kw["BV"], kw["RL_FOLD"], kw["RL_OUT"]))
+                return kern[grid](*a, **kw)
+
+            return launch
+
+    monkeypatch.setattr(K_, "gdn_replay_decode_fwd_kernel", Spy())
+    return seen
+
+
+@pytest.mark.usefixtures("sglang_fla_interpret", "interpreter_gpu_sum_order")
+@pytest.mark.parametrize("tile", DECODE_TILES, ids=_TILE_IDS)
+def test_tiles_bitwise_vs_sglang_cpu(monkeypatch, tile):
+    """Other launch tiles (masked K and V: K 80, V 48 in tiles of 16 or 8 rows): flushed
+    checkpoints and flush outputs bit for bit SGLang's packed decode, non-flush outputs and every
+    checkpoint vs float64, untouched slots and padding rows (``Sim``)."""
+    if HAS_CUDA:
+        pytest.skip("CPU interpreter case; test_tiles_bitwise_vs_sglang_gpu covers the GPU")
+    seen = _set_tile(monkeypatch, tile)
+    case = Case(HV=2, Hk=1, K=80, V=48, L=16, R=16, u_dtype=FP32, pad_rows=1, force_p=0.2,
+                steps=20)  # fmt: skip
+    checked = _bitwise_vs_sglang(case, steps=case.steps, seed=8)
+    assert seen and set(seen) == {tile}
+    print(f"\n[bitwise tile {tile}] {checked} flushed rows == SGLang's packed decode")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", DECODE_TILES, ids=_TILE_IDS)
+def test_tiles_bitwise_vs_sglang_gpu(monkeypatch, tile):
+    """Other launch tiles in compiled code at the Qwen3.5-4B shape (L = 16): flush rows SGLang's
+    bits, everything else vs float64."""
+    seen = _set_tile(monkeypatch, tile)
+    case = Case(HV=32, Hk=16, K=128, V=128, L=16, R=16, requests=16, pad_rows=2, force_p=0.1)
+    _bitwise_vs_sglang(case, steps=3 * 16 + 2, seed=9)
+    assert seen and set(seen) == {tile}
+
+
+def test_launch_tile_value_errors():
+    """Bad tiles name the keyword, what it expects and what it got."""
+    from replayssm_kernels.gdn_decode.kernel import launch_tile
+
+    assert launch_tile(48, 16, 8, 4) == (16, 8, 4) and launch_tile(8, None, None, None) == (8, 8, 4)
+    for args, msg in (((128, 24, 8, 4), "block_v: expected a power of two, got 24"),
+                      ((128, 16, 32, 4), "fold_rows: expected at most block_v = 16, got 32"),
+                      ((128, 16, 8, 0), "nonflush_rows: expected a power of two, got 0")):
+        with pytest.raises(ValueError, match=msg):
+            launch_tile(*args)
+
+
 # ---------------------------------------------------------------------------------------------
 # Validation
 
