@@ -567,6 +567,8 @@ sg_c = build(
 )
 sg = sg_c.asm["ttgir"]
 VARIANT = sys.argv[1]  # "none", "bf16" / "fp8" (read copy), "sr" (fp16 checkpoint + SR)
+# the launch tile (block_v, fold_rows, nonflush_rows): the launcher's defaults unless given
+TILE = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else K_.launch_tile(V)
 strides = dict(
     R=R, sr_layer=0, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
     stride_u_n=HV * R * V, stride_u_h=R * V, stride_u_r=V, stride_u_v=1,
@@ -584,9 +586,9 @@ ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
             ring_len="*i32", flush="*i1", scale="fp32")
 # the launcher's configuration (gdn_replay_decode_fwd)
-const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=K_.BLOCK_V, BR=K_.BLOCK_R,
-             ONE_CHUNK=R <= K_.BLOCK_R, RL_FOLD=K_.FOLD_ROWS,
-             RL_OUT=K_.NONFLUSH_ROWS, SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True,
+const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=TILE[0], BR=K_.BLOCK_R,
+             ONE_CHUNK=R <= K_.BLOCK_R, RL_FOLD=TILE[1],
+             RL_OUT=TILE[2], SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True,
              HAS_READ=False, READ_FP8=False, SR=False, read_ptr=None, read_scale_ptr=None,
              sr_seed=None)
 if VARIANT in ("bf16", "fp8"):
@@ -674,14 +676,15 @@ json.dump(dict(reds=[{k: r[k] for k in ("axis", "shape", "layout", "add")} for r
 '''
 
 
-def _codegen(variant: str) -> dict:
+def _codegen(variant: str, tile: tuple[int, int, int] | None = None) -> dict:
     import json
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _CODEGEN_SCRIPT, variant], env=env,
+    argv = [variant] + ([",".join(map(str, tile))] if tile else [])
+    proc = subprocess.run([sys.executable, "-c", _CODEGEN_SCRIPT, *argv], env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     err = proc.stderr.lower()
     if proc.returncode != 0 and "nvidia" in err and "backend" in err:
@@ -690,9 +693,12 @@ def _codegen(variant: str) -> dict:
     return json.loads(proc.stdout)
 
 
-@pytest.mark.parametrize("variant", ["none", "bf16", "fp8", "sr"],
-                         ids=["no-copy", "bf16-copy", "fp8-copy", "fp16-sr"])
-def test_fold_codegen(variant):
+@pytest.mark.parametrize("variant,tile",
+                         [("none", None), ("bf16", None), ("fp8", None), ("sr", None),
+                          ("none", (16, 8, 4)), ("none", (8, 8, 4))],
+                         ids=["no-copy", "bf16-copy", "fp8-copy", "fp16-sr", "tile16-8-4",
+                              "tile8-8-4"])
+def test_fold_codegen(variant, tile):
     '''Compile the decode launch for sm_90a (no GPU needed) and check what the fold's bits rest on.
 
     * each k / q norm reduces on SGLang's layout (the same ``tt.reshape allow_reorder`` line as
@@ -706,11 +712,13 @@ def test_fold_codegen(variant):
       32 chains x 3, 128 update FMAs, 3 for the norm; ptxas adds none of its own) and needs few
       shuffles (SGLang's layout: 165 per record and 32 rows);
     * ptxas: no spill without SR (registers and spills recorded in kernels/README.md).
-    The order of the levels is checked on the CPU (``test_bitwise_vs_sglang_packed_decode_cpu``).
+    The same for other launch tiles (``tile``: block_v, fold_rows, nonflush_rows), whose fold
+    loop has ``7 · block_v + 3`` FFMA.  The order of the levels is checked on the CPU
+    (``test_bitwise_vs_sglang_packed_decode_cpu``, ``test_tiles_bitwise_vs_sglang_cpu``).
     '''
     import re
 
-    got = _codegen(variant)
+    got = _codegen(variant, tile)
     assert len(got["sg_norm"]) == 2 and got["sg_norm"][0] == got["sg_norm"][1]
     # flush: prologue record, loop record, current q and k; non-flush: current q and k, k̂·q̃
     assert len(got["norm"]) == 7, got["norm"]
@@ -728,9 +736,10 @@ def test_fold_codegen(variant):
             assert int(vals[7]) == want, f"{key} of the 4-column dim: {lay}"
         assert [r["axis"] for r in levels] == [6, 5, 4, 2, 1], [r["axis"] for r in levels]
         assert all(r["add"] and r["shape"][r["axis"]] == 2 for r in levels)
-    fold = [c for c in got["loops"] if c["FFMA"] == 32 * 3 + 128 + 3 and c["SHFL"] < 20]
-    assert fold, f"no fold loop with 227 FFMA and < 20 SHFL: {got['loops']}"
+    bv = tile[0] if tile else 32
+    fold = [c for c in got["loops"] if c["FFMA"] == 7 * bv + 3 and c["SHFL"] < 20]
+    assert fold, f"no fold loop with {7 * bv + 3} FFMA and < 20 SHFL: {got['loops']}"
     px = got["ptxas"]
     # SR's hash and rounding at the store spill (as they did in the previous default: 376-388 B)
     assert (px["spill_st"] == 0 and px["spill_ld"] == 0) or variant == "sr", px
-    print(f"\n[codegen {variant}] ptxas {px}; loops {got['loops']}")
+    print(f"\n[codegen {variant} {tile}] ptxas {px}; loops {got['loops']}")
