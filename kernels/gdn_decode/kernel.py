@@ -46,6 +46,7 @@ __all__ = [
     "FOLD_ROWS",
     "NONFLUSH_ROWS",
     "BLOCK_R",
+    "launch_tile",
 ]
 
 # The launch configuration (measured, benchmarks/notes/gdn_decode.md). The tile (value rows per
@@ -59,9 +60,22 @@ BLOCK_R = 16  # non-flush rows: records per chunk (R <= 16: one chunk)
 
 def launch_tile(V: int, block_v: int | None = None, fold_rows: int | None = None,
                 nonflush_rows: int | None = None) -> tuple[int, int, int]:
-    """``(BV, RL_FOLD, RL_OUT)`` for ``V`` value rows: ``BV`` = ``min(next_pow2(V), block_v)``
-    and each rows-on-lanes count at most ``BV`` (``None``: the module's ``BLOCK_V`` /
-    ``FOLD_ROWS`` / ``NONFLUSH_ROWS``, read at call time).
+    """The decode launch's tile for ``V`` value rows.
+
+    Parameters
+    ----------
+    V : int
+        Value rows per head.
+    block_v, fold_rows, nonflush_rows : int, optional
+        Value rows per program and rows on lanes of the flush / non-flush paths, powers of two
+        (``None``: the module's ``BLOCK_V`` / ``FOLD_ROWS`` / ``NONFLUSH_ROWS``, read at call
+        time).
+
+    Returns
+    -------
+    tuple of int
+        ``(BV, RL_FOLD, RL_OUT)``: ``BV = min(next_pow2(V), block_v)``, each rows-on-lanes count
+        at most ``BV``.
 
     Raises
     ------
