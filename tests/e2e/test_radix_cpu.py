@@ -10,12 +10,18 @@ SGLang 0.5.17 resolves on a CPU, see ``sglang_replayssm/radix.py``), one with
   server's cache hit rate (``--cache-report``) non-zero;
 - parallel sampling, ``n = 3`` greedy: every sample's tokens identical to the other server's;
 - a follow-up request that extends a finished request's prompt and output: its hit must reach past
-  the prompt (a finished-request donation, ring materialised), tokens identical.
+  the prompt (a finished-request donation, ring materialised), tokens identical;
+- sequential shared-prefix requests (two system prompts, three questions each, and the first
+  question extended by its own output; one at a time, so the tree's contents do not depend on
+  timing) on the radix server and on a third one with
+  ``--replayssm-window 1`` (every step flushes, nothing is left in a ring to materialise): each
+  request's cached-token count and greedy tokens identical, i.e. what the rings donate claims the
+  same lengths as the conventional update's donations (issue 7's "same cache hit rate", at c = 1).
 
 Greedy tokens must be identical; logprobs differ by fp32 rounding only (a hit resumes from a cached
 checkpoint instead of recomputing the prefix): measured max 3.7e-6 on Nemotron-H.
 
-Servers listen on 127.0.0.1 only and are killed (process group) at the end.  About 2-3 minutes per
+Servers listen on 127.0.0.1 only and are killed (process group) at the end.  About 3-4 minutes per
 model on 2 cores.  ``test_default_strategy_on_cpu_is_refused_at_startup``: the default strategy
 (``extra_buffer``) is refused on a CPU by SGLang itself, before any model code runs.
 """
@@ -82,8 +88,24 @@ def _bench_gsp(url: str, tokenizer: Path, workdir: Path) -> dict:
     return json.loads(out.read_text().strip().splitlines()[-1])
 
 
+def _sequential_prefix(url: str) -> list[tuple[list[int], list[float], int]]:
+    """Two 60-token system prompts, three questions each, then the first question extended by its
+    own output (a finished request's donation), sent one at a time (greedy, 20 tokens each)."""
+    out = []
+    for g in range(2):
+        system = [(13 * j + 7 * g) % 350 + 5 for j in range(60)]
+        for i in range(3):
+            question = [(17 * i + 5 * j + g) % 280 + 9 for j in range(8 + 3 * i)]
+            out += [_summary(o) for o in _generate(url, system + question, 20)]
+        first = system + [(5 * j + g) % 280 + 9 for j in range(8)]
+        out += [_summary(o) for o in _generate(url, first + out[-3][0] + [11, 12], 20)]
+    return out
+
+
 def _workload(url: str, model: Path, workdir: Path) -> dict:
-    res: dict = {"gsp": _bench_gsp(url, model, workdir)}
+    # first, on the fresh tree: the timing-independent sequence the window must not change
+    res: dict = {"seq": _sequential_prefix(url)}
+    res["gsp"] = _bench_gsp(url, model, workdir)
     shared = [(11 * j) % 400 + 4 for j in range(90)]
     prompts = {f"q{i}": shared + [(5 * i + 3 * j) % 300 + 7 for j in range(6 + 3 * i)] for i in range(3)}
     with cf.ThreadPoolExecutor(4) as ex:
@@ -105,15 +127,26 @@ def _workload(url: str, model: Path, workdir: Path) -> dict:
 def test_radix_cache_equals_no_cache(model_name: str, family: str, tmp_path: Path, tmp_path_factory):
     model = make_model.materialize(model_name, tmp_path_factory.mktemp("models") / model_name)
     results = {}
-    for tag, extra in (("radix", []), ("plain", ["--disable-radix-cache"])):
+    for tag, extra in (("radix", []), ("plain", ["--disable-radix-cache"]),
+                       ("radix_l1", ["--replayssm-window", "1"])):
         args = ["--ssm-backend", "replay", "--chunked-prefill-size", "43", *extra]
         work = tmp_path / tag
         work.mkdir()
         log = work / "server.log"
         with srv.server(model, args, log) as url:
-            results[tag] = _workload(url, model, work)
+            results[tag] = _workload(url, model, work) if tag != "radix_l1" else {
+                "seq": _sequential_prefix(url)}
         assert f"ReplaySSM rings are allocated. family={family}" in log.read_text()
     radix, plain = results["radix"], results["plain"]
+
+    # sequential shared prefixes: the same hits (and tokens) at L = 16 as at L = 1
+    seq16, seq1 = radix["seq"], results["radix_l1"]["seq"]
+    hits16, hits1 = [c for _, _, c in seq16], [c for _, _, c in seq1]
+    print(f"\n{model_name}: sequential shared-prefix hits L=16 {hits16}, L=1 {hits1}")
+    assert hits16 == hits1, f"cached tokens differ: L=16 {hits16}, L=1 {hits1}"
+    assert all(h > 0 for k, h in enumerate(hits16) if k % 4), f"a repeated system prompt missed: {hits16}"
+    assert all(hits16[k] > 68 for k in (3, 7)), f"an extension did not reach past its prompt: {hits16}"
+    assert [t for t, _, _ in seq16] == [t for t, _, _ in seq1], "greedy tokens differ between L = 16 and 1"
 
     hit = radix["gsp"]["cache_report"]["cache_hit_rate_pct"]
     print(f"\n{model_name}: generated-shared-prefix cache hit rate {hit}% (no-cache server: "
