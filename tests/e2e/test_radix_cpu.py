@@ -13,10 +13,11 @@ SGLang 0.5.17 resolves on a CPU, see ``sglang_replayssm/radix.py``), one with
   the prompt (a finished-request donation, ring materialised), tokens identical;
 - sequential shared-prefix requests (two system prompts, three questions each, and the first
   question extended by its own output; one at a time, so the tree's contents do not depend on
-  timing) on the radix server and on a third one with
-  ``--replayssm-window 1`` (every step flushes, nothing is left in a ring to materialise): each
-  request's cached-token count and greedy tokens identical, i.e. what the rings donate claims the
-  same lengths as the conventional update's donations (issue 7's "same cache hit rate", at c = 1).
+  timing) on the radix server and on a third one with ``--replayssm-window 1`` (every step
+  flushes, nothing is left in a ring to materialise): each request's cached-token count and greedy
+  tokens identical, logprobs within ``LOGPROB_TOL``, i.e. what the rings donate holds the state of
+  the lengths the conventional update's donations claim (issue 7's "same cache hit rate", at c = 1;
+  a donation that skips the ring's fold keeps the counts and fails the logprobs).
 
 Greedy tokens must be identical; logprobs differ by fp32 rounding only (a hit resumes from a cached
 checkpoint instead of recomputing the prefix): measured max 3.7e-6 on Nemotron-H.
@@ -147,6 +148,8 @@ def test_radix_cache_equals_no_cache(model_name: str, family: str, tmp_path: Pat
     assert all(h > 0 for k, h in enumerate(hits16) if k % 4), f"a repeated system prompt missed: {hits16}"
     assert all(hits16[k] > 68 for k in (3, 7)), f"an extension did not reach past its prompt: {hits16}"
     assert [t for t, _, _ in seq16] == [t for t, _, _ in seq1], "greedy tokens differ between L = 16 and 1"
+    seq_lp = max(abs(a - b) for (_, l16, _), (_, l1, _) in zip(seq16, seq1) for a, b in zip(l16, l1))
+    assert seq_lp < LOGPROB_TOL, f"sequential requests: max |logprob(L=16) - logprob(L=1)| = {seq_lp:.3g}"
 
     hit = radix["gsp"]["cache_report"]["cache_hit_rate_pct"]
     print(f"\n{model_name}: generated-shared-prefix cache hit rate {hit}% (no-cache server: "
