@@ -109,6 +109,7 @@ def gdn_replay_verify_fwd(
     maxnreg: int | None = None,
     fold_block_v: int | None = None,
     fold_rows: int | None = None,
+    fold_tiles: int | None = None,
 ) -> None:
     """Both launches without checks (caller: ``gdn_replay_verify``).
 
@@ -121,12 +122,15 @@ def gdn_replay_verify_fwd(
     thread (ptxas; ``None``: the compiler's choice; ignored by the interpreter). ``fold_block_v``
     / ``fold_rows`` shape the fold launch's tree form (value rows per tile, rows on lanes; powers
     of two; ``None``: ``FOLD_BLOCK_V`` / ``FOLD_TREE_ROWS``), the same bits at any value; SGLang's
-    tile (``K > 128``) ignores them.
+    tile (``K > 128``) ignores them. ``fold_tiles``: value tiles per fold program, folded one after
+    another (a divisor of the head's tile count; ``None``: all of them from ``FOLD_HEAD_GRID``
+    (row, head) pairs on, else 1).
 
     Raises
     ------
     ValueError
-        ``fold_block_v`` or ``fold_rows`` not a power of two, or ``fold_rows > fold_block_v``.
+        ``fold_block_v`` or ``fold_rows`` not a power of two, ``fold_rows > fold_block_v``, or
+        ``fold_tiles`` not a divisor of the head's tile count.
     """
     batch, T, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -148,7 +152,12 @@ def gdn_replay_verify_fwd(
                      RL=fold_rl, USE_QK_L2NORM=use_qk_l2norm, SR=sr_seed is not None,
                      num_warps=1, num_stages=1)  # fmt: skip
     n_tiles = triton.cdiv(V, fold_bv)
-    fold_meta["TILES"] = n_tiles if batch * HV >= FOLD_HEAD_GRID else 1
+    if fold_tiles is None:
+        fold_tiles = n_tiles if batch * HV >= FOLD_HEAD_GRID else 1
+    elif fold_tiles < 1 or n_tiles % fold_tiles:
+        raise ValueError(f"fold_tiles: expected a divisor of the {n_tiles} value tiles per head, "
+                         f"got {fold_tiles}")
+    fold_meta["TILES"] = fold_tiles
     grid = (n_tiles // fold_meta["TILES"], HV, batch)
     if read_state is None:
         gdn_verify_fold_kernel[grid](

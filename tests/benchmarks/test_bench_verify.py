@@ -37,9 +37,9 @@ def test_parse_launch_overrides(tmp_path):
                          "num_warps=4,maxnreg=0,block_p=8"])
     assert cfg.mamba2_verify_launch == {"num_warps": 4, "maxnreg": None, "block_p": 8}
     cfg = bv.parse_args(["--device", "cpu", "--out", str(tmp_path), "--gdn-verify-launch",
-                         "block_v=64,num_stages=3,maxnreg=204,fold_block_v=16,fold_rows=8"])
+                         "block_v=64,num_stages=3,maxnreg=204,fold_block_v=16,fold_rows=8,fold_tiles=4"])
     assert cfg.gdn_verify_launch == {"block_v": 64, "num_stages": 3, "maxnreg": 204,
-                                     "fold_block_v": 16, "fold_rows": 8}
+                                     "fold_block_v": 16, "fold_rows": 8, "fold_tiles": 4}
 
 
 def test_gdn_launch_override_reaches_the_kernel(tmp_path, monkeypatch):

@@ -507,6 +507,27 @@ def test_kernel_fold_tiles(monkeypatch, bv, rl, head_grid):
           f"state {sim.max_state_err:.2e} (flushes {sim.flushes})")
 
 
+def test_kernel_fold_tiles_per_program(monkeypatch):
+    """``fold_tiles`` between 1 and all: 8-row tiles, three per program over V = 72 (nine tiles per
+    head, the last partial), bitwise vs the decode fold; a count that does not divide the head's
+    tiles is refused."""
+    import functools
+
+    spies = spy_fold_launches(monkeypatch, 8, 8, head_grid=False)
+    monkeypatch.setattr(gdn_verify_kernel, "gdn_replay_verify_fwd", functools.partial(
+        gdn_verify_kernel.gdn_replay_verify_fwd, fold_tiles=3))
+    case = Case(HV=2, Hk=1, K=24, V=72, L=4, T=2, act_dtype=FP32, tol_out=1e-5, requests=2,
+                decode_p=0.0, force_p=0.3, steps=8)  # fmt: skip
+    sim = Sim(case, seed=23, ops="kernel").run()
+    assert sum(sim.flushes) >= 3 and sim.bitwise and sim.bitwise_checks >= 3
+    launches = [lc for sp in spies for lc in sp.launches]
+    assert launches and all(g[0] == 3 and m["TILES"] == 3 and m["BV"] == 8 for g, m in launches)
+    monkeypatch.setattr(gdn_verify_kernel, "gdn_replay_verify_fwd", functools.partial(
+        gdn_verify_kernel.gdn_replay_verify_fwd.func, fold_tiles=2))
+    with pytest.raises(ValueError, match="fold_tiles: expected a divisor of the 9 value tiles"):
+        Sim(case, seed=23, ops="kernel").run()
+
+
 @pytest.mark.parametrize("bv,rl,msg", [(12, 4, "fold_block_v: expected a power of two, got 12"),
                                        (16, 3, "fold_rows: expected a power of two, got 3"),
                                        (8, 16, "fold_rows: expected at most fold_block_v = 8")])
