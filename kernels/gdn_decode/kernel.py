@@ -51,7 +51,8 @@ __all__ = [
 
 # The launch configuration (measured, benchmarks/notes/gdn_decode.md). The tile (value rows per
 # program, rows on lanes of each path) does not change a flush row's bits (the reduction tree is
-# written out); gdn_replay_decode_fwd's keywords override it for a sweep.
+# written out; GPU-tested at four other tiles); gdn_replay_decode_fwd's keywords override it for a
+# sweep. Smaller tiles were slower on the H200 from batch 64 up (twenty-second session).
 BLOCK_V = 32  # value rows per program, one warp: SGLang's packed-decode tile
 FOLD_ROWS = 16  # flush rows: rows on lanes of the tree-form fold
 NONFLUSH_ROWS = 4  # non-flush rows: rows on lanes of the inner-product sums

@@ -50,10 +50,12 @@ SMALL_BLOCK_V = 64
 #: 19.4 vs 15.4 us with a program per head; ``benchmarks/RESULTS.md``).
 FOLD_HEAD_GRID = 1024
 #: Fold launch, tree form (``K <= 128``): value rows per program tile and rows on lanes (``RL``).
-#: The bits do not depend on them (the reduction tree is written out, ``_tree.py``); registers do:
-#: offline sm_90a at the Qwen3.5-4B head (T = 4, program per head) ``32 / 16`` compiles to 240 per
-#: thread (8 one-warp programs per SM), ``16 / 8`` to 167 (12), ``8 / 8`` to 128 (16), for 21% /
-#: 50% more instructions per state row in the record loop (twenty-second session, untimed).
+#: The bits do not depend on them (the reduction tree is written out, ``_tree.py``; GPU-tested at
+#: four other tiles); registers do: offline sm_90a at the Qwen3.5-4B head ``32 / 16`` compiles to
+#: 240 per thread (8 one-warp programs per SM), ``16 / 8`` to 167 (12), ``8 / 8`` to 128 (16), for
+#: 21% / 50% more instructions per state row. H200 (twenty-second session, ``benchmarks/RESULTS.md``):
+#: every smaller tile is slower from batch 64 up (T = 4, batch 256 flush step 744 vs 841-977 us),
+#: so ``32 / 16`` stays.
 FOLD_BLOCK_V = BLOCK_V
 FOLD_TREE_ROWS = FOLD_ROWS
 

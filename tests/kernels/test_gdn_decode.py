@@ -366,7 +366,8 @@ def test_bitwise_vs_sglang_packed_decode_gpu(L, nc):
 
 #: Launch tiles other than the default (``BLOCK_V``, ``FOLD_ROWS``, ``NONFLUSH_ROWS``): fewer
 #: value rows per program or rows on lanes, for fewer registers (offline sm_90a at the Qwen3.5-4B
-#: shape: 255 at the default, 174 at 16 / 8 / 4, 168 at 8 / 8 / 4; ``notes/gdn_decode.md``).
+#: shape: 255 at the default, 174 at 16 / 8 / 4, 168 at 8 / 8 / 4; timed slower on the H200,
+#: ``benchmarks/RESULTS.md``, twenty-second session).  All four on the GPU; two on the CPU.
 DECODE_TILES = [(16, 8, 4), (8, 8, 4), (16, 16, 2), (8, 4, 8)]
 _TILE_IDS = [f"bv{b}-fold{f}-out{o}" for b, f, o in DECODE_TILES]
 
@@ -394,7 +395,7 @@ def _set_tile(monkeypatch, tile) -> list:
 
 
 @pytest.mark.usefixtures("sglang_fla_interpret", "interpreter_gpu_sum_order")
-@pytest.mark.parametrize("tile", DECODE_TILES, ids=_TILE_IDS)
+@pytest.mark.parametrize("tile", [DECODE_TILES[0], DECODE_TILES[2]], ids=[_TILE_IDS[0], _TILE_IDS[2]])
 def test_tiles_bitwise_vs_sglang_cpu(monkeypatch, tile):
     """Other launch tiles (masked K and V: K 80, V 48 in tiles of 16 or 8 rows): flushed
     checkpoints and flush outputs bit for bit SGLang's packed decode, non-flush outputs and every
