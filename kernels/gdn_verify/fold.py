@@ -4,8 +4,8 @@
 both inline ``_fold_program``) runs before the window launch (``window.py``). Grid ``(cdiv(V, BV) /
 TILES, HV, batch)``, one warp per program, which folds ``TILES`` ``[BV, K]`` tiles of one value
 head's checkpoint one after another (``TILES`` divides the head's tile count: by default 1 or all
-of them; the arithmetic of each tile does not depend on it). For ``K <= 128`` (``RL > 0``) the decode kernel's flush path
-(``_tree.flush_tree`` without a current token: ``RL`` rows on lanes, SGLang's reduction tree written
+of them; the arithmetic of each tile does not depend on it). For ``K <= 128`` (``RL > 0``) the
+decode kernel's flush path (``_tree.flush_tree`` without a current token: ``RL`` rows on lanes, SGLang's reduction tree written
 out); above, ``BV = 32``, SGLang's packed-decode tile, so ``fold_records`` compiles to that kernel's
 reduction trees (``tests/kernels/test_gdn_verify.py::test_fold_codegen_matches_sglang``). Both give
 the packed decode's bits. A flush row folds its records ``[0, len)`` from the raw inputs in the

@@ -163,3 +163,31 @@ def interpreter_fp16_fp8_rtne(interpreter_bf16_rtne):
         interpreter._convert_float = _rtne_fp16_fp8_convert(orig)
     yield
     interpreter._convert_float = orig
+
+
+class LaunchSpy:
+    """Stands in for a Triton kernel in its launcher's module: records each launch's grid and
+    constexpr (upper-case) keywords in ``launches``, then launches the kernel."""
+
+    def __init__(self, kern):
+        self.kern, self.launches = kern, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.launches.append((tuple(grid), {k: v for k, v in kw.items() if k.isupper()}))
+            return self.kern[grid](*args, **kw)
+
+        return launch
+
+
+@pytest.fixture
+def launch_spy(monkeypatch):
+    """``launch_spy(module, name)``: replace the kernel ``module.name`` by a ``LaunchSpy`` for the
+    test and return it."""
+
+    def spy(module, name: str) -> LaunchSpy:
+        s = LaunchSpy(getattr(module, name))
+        monkeypatch.setattr(module, name, s)
+        return s
+
+    return spy

@@ -372,53 +372,42 @@ DECODE_TILES = [(16, 8, 4), (8, 8, 4), (16, 16, 2), (8, 4, 8)]
 _TILE_IDS = [f"bv{b}-fold{f}-out{o}" for b, f, o in DECODE_TILES]
 
 
-def _set_tile(monkeypatch, tile) -> list:
-    """Make ``tile`` the decode launch's default and spy on the launches' constexprs."""
+def _set_tile(monkeypatch, launch_spy, tile):
+    """Make ``tile`` the decode launch's default; returns the launches' ``(BV, RL_FOLD, RL_OUT)``
+    as a spy records them."""
     from replayssm_kernels.gdn_decode import kernel as K_
 
-    bv, fold, out = tile
-    monkeypatch.setattr(K_, "BLOCK_V", bv)
-    monkeypatch.setattr(K_, "FOLD_ROWS", fold)
-    monkeypatch.setattr(K_, "NONFLUSH_ROWS", out)
-    kern, seen = K_.gdn_replay_decode_fwd_kernel, []
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*a, **kw):
-                seen.append((kw["BV"], kw["RL_FOLD"], kw["RL_OUT"]))
-                return kern[grid](*a, **kw)
-
-            return launch
-
-    monkeypatch.setattr(K_, "gdn_replay_decode_fwd_kernel", Spy())
-    return seen
+    for name, val in zip(("BLOCK_V", "FOLD_ROWS", "NONFLUSH_ROWS"), tile):
+        monkeypatch.setattr(K_, name, val)
+    spy = launch_spy(K_, "gdn_replay_decode_fwd_kernel")
+    return lambda: [(m["BV"], m["RL_FOLD"], m["RL_OUT"]) for _, m in spy.launches]
 
 
 @pytest.mark.usefixtures("sglang_fla_interpret", "interpreter_gpu_sum_order")
 @pytest.mark.parametrize("tile", [DECODE_TILES[0], DECODE_TILES[2]], ids=[_TILE_IDS[0], _TILE_IDS[2]])
-def test_tiles_bitwise_vs_sglang_cpu(monkeypatch, tile):
+def test_tiles_bitwise_vs_sglang_cpu(monkeypatch, launch_spy, tile):
     """Other launch tiles (masked K and V: K 80, V 48 in tiles of 16 or 8 rows): flushed
     checkpoints and flush outputs bit for bit SGLang's packed decode, non-flush outputs and every
     checkpoint vs float64, untouched slots and padding rows (``Sim``)."""
     if HAS_CUDA:
         pytest.skip("CPU interpreter case; test_tiles_bitwise_vs_sglang_gpu covers the GPU")
-    seen = _set_tile(monkeypatch, tile)
+    seen = _set_tile(monkeypatch, launch_spy, tile)
     case = Case(HV=2, Hk=1, K=80, V=48, L=16, R=16, u_dtype=FP32, pad_rows=1, force_p=0.2,
                 steps=20)  # fmt: skip
     checked = _bitwise_vs_sglang(case, steps=case.steps, seed=8)
-    assert seen and set(seen) == {tile}
+    assert seen() and set(seen()) == {tile}
     print(f"\n[bitwise tile {tile}] {checked} flushed rows == SGLang's packed decode")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile", DECODE_TILES, ids=_TILE_IDS)
-def test_tiles_bitwise_vs_sglang_gpu(monkeypatch, tile):
+def test_tiles_bitwise_vs_sglang_gpu(monkeypatch, launch_spy, tile):
     """Other launch tiles in compiled code at the Qwen3.5-4B shape (L = 16): flush rows SGLang's
     bits, everything else vs float64."""
-    seen = _set_tile(monkeypatch, tile)
+    seen = _set_tile(monkeypatch, launch_spy, tile)
     case = Case(HV=32, Hk=16, K=128, V=128, L=16, R=16, requests=16, pad_rows=2, force_p=0.1)
     _bitwise_vs_sglang(case, steps=3 * 16 + 2, seed=9)
-    assert seen and set(seen) == {tile}
+    assert seen() and set(seen()) == {tile}
 
 
 def test_launch_tile_value_errors():

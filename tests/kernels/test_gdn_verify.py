@@ -453,35 +453,17 @@ def test_kernel_fold_head_grid(monkeypatch, K, V):
 FOLD_TILES = [(16, 16), (16, 8), (8, 8), (8, 4)]
 
 
-class _LaunchSpy:
-    """Stands in for a Triton kernel in ``gdn_verify_kernel``: records each launch's grid and
-    constexpr keywords, then launches the kernel."""
-
-    def __init__(self, kern):
-        self.kern, self.launches = kern, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kw):
-            self.launches.append((tuple(grid), {k: v for k, v in kw.items() if k.isupper()}))
-            return self.kern[grid](*args, **kw)
-
-        return launch
-
-
-def spy_fold_launches(monkeypatch, bv: int, rl: int, head_grid: bool) -> list[_LaunchSpy]:
+def spy_fold_launches(monkeypatch, launch_spy, bv: int, rl: int, head_grid: bool) -> list:
     """Set the fold tile (``FOLD_BLOCK_V`` / ``FOLD_TREE_ROWS``) and the head-grid rule, and spy
-    on both fold kernels (with and without a read copy)."""
+    on both fold kernels (without and with a read copy)."""
     monkeypatch.setattr(gdn_verify_kernel, "FOLD_BLOCK_V", bv)
     monkeypatch.setattr(gdn_verify_kernel, "FOLD_TREE_ROWS", rl)
     monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_GRID", 1 if head_grid else 1 << 30)
-    spies = []
-    for name in ("gdn_verify_fold_kernel", "gdn_verify_fold_read_kernel"):
-        spies.append(_LaunchSpy(getattr(gdn_verify_kernel, name)))
-        monkeypatch.setattr(gdn_verify_kernel, name, spies[-1])
-    return spies
+    return [launch_spy(gdn_verify_kernel, name)
+            for name in ("gdn_verify_fold_kernel", "gdn_verify_fold_read_kernel")]
 
 
-def assert_fold_tile(spies: list[_LaunchSpy], bv: int, rl: int, V: int, head_grid: bool) -> None:
+def assert_fold_tile(spies: list, bv: int, rl: int, V: int, head_grid: bool) -> None:
     """Every fold launch ran ``bv``-row tiles with ``rl`` rows on lanes, over ``cdiv(V, bv)``
     tiles per head (all in one program with the head grid)."""
     launches = [lc for sp in spies for lc in sp.launches]
@@ -494,11 +476,11 @@ def assert_fold_tile(spies: list[_LaunchSpy], bv: int, rl: int, V: int, head_gri
 
 @pytest.mark.parametrize("head_grid", [True, False], ids=["head", "tile"])
 @pytest.mark.parametrize("bv,rl", [(16, 8), (8, 4)], ids=["bv16-rl8", "bv8-rl4"])
-def test_kernel_fold_tiles(monkeypatch, bv, rl, head_grid):
+def test_kernel_fold_tiles(monkeypatch, launch_spy, bv, rl, head_grid):
     """The fold launch with other tree-form tiles (``FOLD_BLOCK_V`` / ``FOLD_TREE_ROWS``), a
     program per value head or per tile, V = 72 (a partial last tile): outputs and checkpoints vs
     float64, the fp32 checkpoint bitwise vs the decode kernel's fold."""
-    spies = spy_fold_launches(monkeypatch, bv, rl, head_grid)
+    spies = spy_fold_launches(monkeypatch, launch_spy, bv, rl, head_grid)
     case = Case(HV=2, Hk=1, K=24, V=72, L=4, T=2, act_dtype=FP32, tol_out=1e-5, requests=2,
                 decode_p=0.0, force_p=0.3, steps=8)  # fmt: skip
     sim = Sim(case, seed=22, ops="kernel").run()
@@ -508,13 +490,13 @@ def test_kernel_fold_tiles(monkeypatch, bv, rl, head_grid):
           f"state {sim.max_state_err:.2e} (flushes {sim.flushes})")
 
 
-def test_kernel_fold_tiles_per_program(monkeypatch):
+def test_kernel_fold_tiles_per_program(monkeypatch, launch_spy):
     """``fold_tiles`` between 1 and all: 8-row tiles, three per program over V = 72 (nine tiles per
     head, the last partial), bitwise vs the decode fold; a count that does not divide the head's
     tiles is refused."""
     import functools
 
-    spies = spy_fold_launches(monkeypatch, 8, 8, head_grid=False)
+    spies = spy_fold_launches(monkeypatch, launch_spy, 8, 8, head_grid=False)
     monkeypatch.setattr(gdn_verify_kernel, "gdn_replay_verify_fwd", functools.partial(
         gdn_verify_kernel.gdn_replay_verify_fwd, fold_tiles=3))
     case = Case(HV=2, Hk=1, K=24, V=72, L=4, T=2, act_dtype=FP32, tol_out=1e-5, requests=2,
@@ -586,11 +568,11 @@ def test_kernel_fold_head_grid_gpu(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bv,rl", FOLD_TILES, ids=[f"bv{b}-rl{r}" for b, r in FOLD_TILES])
-def test_kernel_fold_tiles_gpu(monkeypatch, bv, rl):
+def test_kernel_fold_tiles_gpu(monkeypatch, launch_spy, bv, rl):
     """The Qwen3.5-4B shape with other tree-form fold tiles, a program per value head: the fp32
     checkpoint bitwise vs the decode kernel's fold in compiled code (the layouts differ, the
     written-out reduction tree must not)."""
-    spies = spy_fold_launches(monkeypatch, bv, rl, head_grid=True)
+    spies = spy_fold_launches(monkeypatch, launch_spy, bv, rl, head_grid=True)
     case = GPU_CASES[1]
     sim = Sim(case, seed=7, ops="kernel").run()
     assert sum(sim.flushes) >= 3 and sim.bitwise and sim.bitwise_checks >= 3
@@ -1042,10 +1024,10 @@ def test_split_fold_head_grid(monkeypatch):
 
 
 @pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
-def test_split_fold_tile(monkeypatch):
+def test_split_fold_tile(monkeypatch, launch_spy):
     """The read-copy fold launch with an 8-row tree-form tile (4 rows on lanes), a program per
     value head, nine value tiles each: the fp8 copy's per-row scales over partial tiles."""
-    spies = spy_fold_launches(monkeypatch, 8, 4, head_grid=True)
+    spies = spy_fold_launches(monkeypatch, launch_spy, 8, 4, head_grid=True)
     case = Case(HV=2, Hk=1, K=24, V=72, L=6, T=2, act_dtype=FP32, u_dtype=FP32, requests=3,
                 steps=6, decode_p=0.0, force_p=0.25)  # fmt: skip
     split_lockstep(case, F8, seed=15)
