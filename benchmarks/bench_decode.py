@@ -156,8 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: git rev-parse HEAD, when available)")
     p.add_argument("--gdn-decode-launch", default=None, metavar="KEY=INT,...",
                    help="override the GDN decode launch's tile (keywords of "
-                        "gdn_replay_decode_fwd: block_v, fold_rows, nonflush_rows; powers of two), "
-                        "e.g. block_v=16,fold_rows=8, for a launch sweep; default: the kernel's")
+                        "gdn_replay_decode_fwd: block_v, fold_rows, nonflush_rows, tiles; powers "
+                        "of two), e.g. block_v=16,fold_rows=8 or tiles=2, for a launch sweep; "
+                        "default: the kernel's")
     p.add_argument("--kernels-module", default="replayssm_kernels",
                    help=argparse.SUPPRESS)  # tests: a module with the same API
     p.add_argument("--out", type=Path, required=True, help="output folder (created)")
@@ -196,7 +197,7 @@ class Config:
 
 
 #: ``gdn_replay_decode_fwd``'s keywords that ``--gdn-decode-launch`` may set.
-GDN_DECODE_LAUNCH_FIELDS = ("block_v", "fold_rows", "nonflush_rows")
+GDN_DECODE_LAUNCH_FIELDS = ("block_v", "fold_rows", "nonflush_rows", "tiles")
 
 
 def int_fields(text: str, fields: Sequence[str], flag: str,

@@ -273,34 +273,40 @@ def _ring_row(x, R):
 
 
 @triton.jit
-def _chunk_loads(
-    base, p_rg, p_rk, p_ru, r_start, r_len, R, o_r, rec2, rec_u, row2, mask_v2, col8, mask_c8,
-    stride_g_r, stride_rk_r, stride_rk_k, stride_u_r, stride_u_v,
+def _chunk_key_loads(
+    base, p_rg, p_rk, r_start, r_len, R, o_r, rec2, col8, mask_c8, stride_g_r, stride_rk_r,
+    stride_rk_k,
 ):  # fmt: skip
     """Records ``base .. base + BR − 1`` of a non-flush row (masked past ``r_len``): gates
-    ``[BR]``, raw keys in the dots layout ``[PL, QL]`` × the state tile's K chunks, and ``u`` in
-    the sum layout ``[RL, UL, RH, UH]`` (stored dtypes; ``nonflush_rows``)."""
+    ``[BR]`` and raw keys in the dots layout ``[PL, QL]`` × the state tile's K chunks (stored
+    dtypes; one per key head, whatever the value tile)."""
     o_rc = base + o_r
     c_g = tl.load(p_rg + _ring_row(r_start + o_rc, R) * stride_g_r, mask=o_rc < r_len, other=0.0)
     r8 = _r8(base + rec2)
     c_k = tl.load(p_rk + _ring_row(r_start + r8, R) * stride_rk_r + col8 * stride_rk_k,
                   mask=(r8 < r_len) & mask_c8, other=0)
-    rr = base + rec_u
-    c_u = tl.load(
-        p_ru + _ring_row(r_start + rr, R) * stride_u_r + row2[:, None, :, None] * stride_u_v,
-        mask=(rr < r_len) & mask_v2[:, None, :, None], other=0,
-    )
-    return c_g, c_k, c_u
+    return c_g, c_k
 
 
 @triton.jit
-def _chunk_sums(
-    c_g, c_k, c_u, base, r_len, o_r, k8, q8, b_acc_k, b_acc_q, b_gsum, BR: tl.constexpr,
-    QL: tl.constexpr, PL: tl.constexpr, UL: tl.constexpr, UH: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr,
+def _chunk_u_loads(base, p_ru, r_start, r_len, R, rec_u, row2, mask_v2, stride_u_r, stride_u_v):
+    """The same records' ``u`` for the value rows ``row2``, in the sum layout
+    ``[RL, UL, RH, UH]`` (stored dtype)."""
+    rr = base + rec_u
+    return tl.load(
+        p_ru + _ring_row(r_start + rr, R) * stride_u_r + row2[:, None, :, None] * stride_u_v,
+        mask=(rr < r_len) & mask_v2[:, None, :, None], other=0,
+    )
+
+
+@triton.jit
+def _chunk_coefs(
+    c_g, c_k, base, r_len, o_r, k8, q8, b_gsum, BR: tl.constexpr, QL: tl.constexpr,
+    PL: tl.constexpr, UL: tl.constexpr, UH: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
 ):  # fmt: skip
-    """One chunk's ``Σ_j ω_j (k̂_j·k̂_c) u_j`` and ``Σ_j ω_j (k̂_j·q̃_c) u_j`` added to the
-    accumulators, and its gates to the suffix sum (``nonflush_rows``; chunks newest first)."""
+    """One chunk's record coefficients ``ω_j (k̂_j·k̂_c)`` and ``ω_j (k̂_j·q̃_c)`` in the ``u``
+    sum layout ``[1, UL, 1, UH]``, and its gates added to the suffix sum (chunks newest first).
+    Per key head: the same for every value tile of a program."""
     # 1-D: the gates and their suffix sums
     mask_r = base + o_r < r_len
     b_w = tl.where(mask_r, tl.exp(tl.cumsum(c_g, 0, reverse=True) - c_g + b_gsum), 0.0)
@@ -319,11 +325,40 @@ def _chunk_sums(
     cq = tl.reshape(tl.permute(w2 * b_kq, (1, 0)), (BR,))
     ck = tl.permute(tl.reshape(ck, (UH, UL)), (1, 0))[None, :, None, :]
     cq = tl.permute(tl.reshape(cq, (UH, UL)), (1, 0))[None, :, None, :]
-    # Σ_j c_j u_j: value rows on lanes (a lane's RH rows contiguous), records in registers
+    return ck, cq, b_gsum
+
+
+@triton.jit
+def _chunk_acc(c_u, ck, cq, b_acc_k, b_acc_q):
+    """``Σ_j c_j u_j`` of one chunk added to the accumulators: value rows on lanes (a lane's
+    ``RH`` rows contiguous), records in registers."""
     c_u = c_u.to(tl.float32)
     b_acc_k += tl.sum(tl.sum(c_u * ck, 3), 1)
     b_acc_q += tl.sum(tl.sum(c_u * cq, 3), 1)
-    return b_acc_k, b_acc_q, b_gsum
+    return b_acc_k, b_acc_q
+
+
+@triton.jit
+def _tile_loads(
+    p_s_head, p_rd_head, p_rs_head, p_v, row2, mask_v2, col8, mask_c8, stride_s_v, stride_s_k,
+    stride_rd_v, stride_rd_k, stride_rs_v, stride_v_v, V: tl.constexpr, HAS_READ: tl.constexpr,
+    READ_FP8: tl.constexpr,
+):  # fmt: skip
+    """One value tile's ``S0`` (fp32 ``[RL, b0, b1, RH, b2, b3, b4, 4]``; with ``HAS_READ`` the
+    read copy, with fp8 also its row scales ``[RL, RH]``, else a placeholder) and raw ``v``."""
+    row8 = _r8(row2)
+    if HAS_READ:
+        b_h0 = tl.load(p_rd_head + row8 * stride_rd_v + col8 * stride_rd_k,
+                       mask=(row8 < V) & mask_c8, other=0.0).to(tl.float32)
+    else:
+        b_h0 = tl.load(p_s_head + row8 * stride_s_v + col8 * stride_s_k,
+                       mask=(row8 < V) & mask_c8, other=0).to(tl.float32)
+    if READ_FP8:
+        b_rs = tl.load(p_rs_head + row2 * stride_rs_v, mask=mask_v2, other=0.0)
+    else:
+        b_rs = tl.zeros(row2.shape, dtype=tl.float32)
+    b_v_raw = tl.load(p_v + row2 * stride_v_v, mask=mask_v2, other=0)
+    return b_h0, b_rs, b_v_raw
 
 
 @triton.jit
@@ -341,7 +376,7 @@ def nonflush_rows(
     p_rd_head,
     p_rs_head,
     i_hv,
-    i_v,
+    i_g,
     r_start,
     r_len,
     R,
@@ -373,6 +408,7 @@ def nonflush_rows(
     BV: tl.constexpr,
     BR: tl.constexpr,
     RL: tl.constexpr,
+    TILES: tl.constexpr,
     ONE_CHUNK: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     HAS_READ: tl.constexpr,
@@ -392,26 +428,25 @@ def nonflush_rows(
     records on lanes) and the records' ``Σ_j c_j u_j`` (value rows on lanes, records in registers)
     each need 2 or fewer shuffle levels.
 
-    Rows of the program are ``i_v·BV + rl·RH + rh`` (``rl`` on lanes, ``RH = BV / RL`` rows in
-    registers, so a lane's rows of ``u`` are contiguous); records come in chunks of ``BR``
-    (``BR // 8`` per lane), newest chunk first (with ``R <= BR`` exactly one chunk); the record
-    ``(u_c, raw k_c, raw v_c, g_c, β_c)`` is appended at logical row ``len`` (k by one program per
-    key head, g and β by the first V tile).  ``ONE_CHUNK`` (``R <= BR``): the one chunk's record
-    loads are issued before the checkpoint tile's, so both arrive in one memory round trip
-    instead of two (the arithmetic is the loop's)."""
+    The program owns ``TILES`` value tiles ``i_g·TILES + t`` of one head, one after another; a
+    tile's rows are ``(i_g·TILES + t)·BV + rl·RH + rh`` (``rl`` on lanes, ``RH = BV / RL`` rows in
+    registers, so a lane's rows of ``u`` are contiguous).  The per-key-head work (q / k norms and,
+    with ``ONE_CHUNK``, the records' gates, dots and coefficients) is done once per program; the
+    next tile's loads are issued before the current tile's record sums and stores.  Records come
+    in chunks of ``BR`` (``BR // 8`` per lane), newest chunk first; ``ONE_CHUNK`` (``R <= BR``,
+    every decode-only ring): the one chunk's loads are issued with the first tile's, so both
+    arrive in one memory round trip; otherwise every tile loops over the chunks (coefficients per
+    tile).  The record ``(u_c, raw k_c, raw v_c, g_c, β_c)`` is appended at logical row ``len``
+    (k by one program per key head, g and β by the first tile group)."""
     RH: tl.constexpr = BV // RL
     # records of a chunk: dots on [8 lanes, BR // 8 regs]; the u sum on [4 lanes, BR // 4 regs]
     QL: tl.constexpr = BR // 8 if BR >= 8 else 1
     PL: tl.constexpr = BR // QL
     UL: tl.constexpr = 4 if BR >= 4 else BR
     UH: tl.constexpr = BR // UL
-    rl = tl.arange(0, RL)
-    rh = tl.arange(0, RH)
-    row2 = i_v * BV + rl[:, None] * RH + rh[None, :]  # [RL, RH]
-    mask_v2 = row2 < V
+    rows = tl.arange(0, RL)[:, None] * RH + tl.arange(0, RH)[None, :]  # [RL, RH]
     col8 = _col8(BK)
     mask_c8 = col8 < K
-    row8 = _r8(row2)
     ql = tl.arange(0, PL)
     qh = tl.arange(0, QL)
     rec2 = qh[None, :] * PL + ql[:, None]  # [PL, QL]: record of a chunk, dots layout
@@ -419,72 +454,96 @@ def nonflush_rows(
     uh = tl.arange(0, UH)
     rec_u = (uh[None, None, None, :] * UL + ul[None, :, None, None])  # [1, UL, 1, UH]
     o_r = tl.arange(0, BR)
+    w_row = (r_start + r_len) % R
+
+    row2 = i_g * TILES * BV + rows
+    mask_v2 = row2 < V
     if ONE_CHUNK:
-        c_g0, c_k0, c_u0 = _chunk_loads(
-            0, p_rg, p_rk, p_ru, r_start, r_len, R, o_r, rec2, rec_u, row2, mask_v2, col8,
-            mask_c8, stride_g_r, stride_rk_r, stride_rk_k, stride_u_r, stride_u_v,
+        c_g0, c_k0 = _chunk_key_loads(
+            0, p_rg, p_rk, r_start, r_len, R, o_r, rec2, col8, mask_c8, stride_g_r, stride_rk_r,
+            stride_rk_k,
         )  # fmt: skip
-    if HAS_READ:
-        b_h0 = tl.load(p_rd_head + row8 * stride_rd_v + col8 * stride_rd_k,
-                       mask=(row8 < V) & mask_c8, other=0.0).to(tl.float32)
-        if READ_FP8:
-            b_rs = tl.load(p_rs_head + row2 * stride_rs_v, mask=mask_v2, other=0.0)
-    else:
-        b_h0 = tl.load(p_s_head + row8 * stride_s_v + col8 * stride_s_k,
-                       mask=(row8 < V) & mask_c8, other=0).to(tl.float32)
+        c_u0 = _chunk_u_loads(0, p_ru, r_start, r_len, R, rec_u, row2, mask_v2, stride_u_r,
+                              stride_u_v)
+    b_h0, b_rs, b_v_raw = _tile_loads(
+        p_s_head, p_rd_head, p_rs_head, p_v, row2, mask_v2, col8, mask_c8, stride_s_v,
+        stride_s_k, stride_rd_v, stride_rd_k, stride_rs_v, stride_v_v, V, HAS_READ, READ_FP8,
+    )  # fmt: skip
 
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
     b_q_raw = tl.load(p_q + o_k * stride_q_k, mask=mask_k, other=0)
     b_k_raw = tl.load(p_k + o_k * stride_k_k, mask=mask_k, other=0)
-    b_v_raw = tl.load(p_v + row2 * stride_v_v, mask=mask_v2, other=0)
     b_q = _norm(b_q_raw.to(tl.float32), USE_QK_L2NORM) * scale
     b_k = _norm(b_k_raw.to(tl.float32), USE_QK_L2NORM)
     b_kq_c = tl.sum(b_k * b_q)
     k8 = _cols(b_k, BK)
     q8 = _cols(b_q, BK)
-    b_hk = _rows(b_h0 * k8)
-    b_hq = _rows(b_h0 * q8)
-    if READ_FP8:
-        b_hk = b_hk * b_rs
-        b_hq = b_hq * b_rs
-
-    # Records, newest chunk first (ω_j = exp(Σ_{i>j} g_i) as a suffix sum).
-    b_acc_k = tl.zeros([RL, RH], dtype=tl.float32)
-    b_acc_q = tl.zeros([RL, RH], dtype=tl.float32)
-    b_gsum = tl.sum(tl.zeros([BR], dtype=tl.float32), 0)
-    if ONE_CHUNK:
-        b_acc_k, b_acc_q, b_gsum = _chunk_sums(
-            c_g0, c_k0, c_u0, 0, r_len, o_r, k8, q8, b_acc_k, b_acc_q, b_gsum, BR, QL, PL, UL,
-            UH, USE_QK_L2NORM,
-        )  # fmt: skip
-    else:
-        n_chunks = tl.cdiv(r_len, BR)
-        for i_c in range(0, n_chunks):
-            base = (n_chunks - 1 - i_c) * BR
-            c_g, c_k, c_u = _chunk_loads(
-                base, p_rg, p_rk, p_ru, r_start, r_len, R, o_r, rec2, rec_u, row2, mask_v2,
-                col8, mask_c8, stride_g_r, stride_rk_r, stride_rk_k, stride_u_r, stride_u_v,
-            )  # fmt: skip
-            b_acc_k, b_acc_q, b_gsum = _chunk_sums(
-                c_g, c_k, c_u, base, r_len, o_r, k8, q8, b_acc_k, b_acc_q, b_gsum, BR, QL, PL,
-                UL, UH, USE_QK_L2NORM,
-            )  # fmt: skip
-
-    b_decay = tl.exp(b_gsum)
-    b_hk = b_decay * b_hk + b_acc_k
-    b_hq = b_decay * b_hq + b_acc_q
     b_alpha = tl.exp(g_val)
-    b_v = b_v_raw.to(tl.float32)
-    b_u_c = beta_val * (b_v - b_alpha * b_hk)
-    b_o = b_alpha * b_hq + b_kq_c * b_u_c
-    tl.store(p_o_head + row2 * stride_o_v, b_o.to(o_dtype), mask=mask_v2)
 
-    # Append the current record at logical row len.
-    w_row = (r_start + r_len) % R
-    tl.store(p_ru + w_row * stride_u_r + row2 * stride_u_v, b_u_c.to(u_dtype), mask=mask_v2)
-    tl.store(p_rv + w_row * stride_rv_r + row2 * stride_rv_v, b_v_raw.to(v_dtype), mask=mask_v2)
-    if i_v == 0:
+    for t in tl.static_range(TILES):
+        b_hk = _rows(b_h0 * k8)
+        b_hq = _rows(b_h0 * q8)
+        if READ_FP8:
+            b_hk = b_hk * b_rs
+            b_hq = b_hq * b_rs
+        b_v = b_v_raw.to(tl.float32)
+        if ONE_CHUNK and t == 0:  # the records' coefficients, once per program
+            ck0, cq0, b_gsum = _chunk_coefs(
+                c_g0, c_k0, 0, r_len, o_r, k8, q8, tl.sum(tl.zeros([BR], dtype=tl.float32), 0),
+                BR, QL, PL, UL, UH, USE_QK_L2NORM,
+            )  # fmt: skip
+            b_decay = tl.exp(b_gsum)
+        if t + 1 < TILES:  # the next tile's loads, before this tile's record sums and stores
+            n_row2 = row2 + BV
+            n_mask_v2 = n_row2 < V
+            n_h0, n_rs, n_v_raw = _tile_loads(
+                p_s_head, p_rd_head, p_rs_head, p_v, n_row2, n_mask_v2, col8, mask_c8,
+                stride_s_v, stride_s_k, stride_rd_v, stride_rd_k, stride_rs_v, stride_v_v, V,
+                HAS_READ, READ_FP8,
+            )  # fmt: skip
+            if ONE_CHUNK:
+                n_u0 = _chunk_u_loads(0, p_ru, r_start, r_len, R, rec_u, n_row2, n_mask_v2,
+                                      stride_u_r, stride_u_v)
+
+        # Records, newest chunk first (ω_j = exp(Σ_{i>j} g_i) as a suffix sum).
+        b_acc_k = tl.zeros([RL, RH], dtype=tl.float32)
+        b_acc_q = tl.zeros([RL, RH], dtype=tl.float32)
+        if ONE_CHUNK:
+            b_acc_k, b_acc_q = _chunk_acc(c_u0, ck0, cq0, b_acc_k, b_acc_q)
+        else:
+            b_gsum = tl.sum(tl.zeros([BR], dtype=tl.float32), 0)
+            n_chunks = tl.cdiv(r_len, BR)
+            for i_c in range(0, n_chunks):
+                base = (n_chunks - 1 - i_c) * BR
+                c_g, c_k = _chunk_key_loads(
+                    base, p_rg, p_rk, r_start, r_len, R, o_r, rec2, col8, mask_c8, stride_g_r,
+                    stride_rk_r, stride_rk_k,
+                )  # fmt: skip
+                c_u = _chunk_u_loads(base, p_ru, r_start, r_len, R, rec_u, row2, mask_v2,
+                                     stride_u_r, stride_u_v)
+                ck, cq, b_gsum = _chunk_coefs(
+                    c_g, c_k, base, r_len, o_r, k8, q8, b_gsum, BR, QL, PL, UL, UH,
+                    USE_QK_L2NORM,
+                )  # fmt: skip
+                b_acc_k, b_acc_q = _chunk_acc(c_u, ck, cq, b_acc_k, b_acc_q)
+            b_decay = tl.exp(b_gsum)
+
+        b_hk = b_decay * b_hk + b_acc_k
+        b_hq = b_decay * b_hq + b_acc_q
+        b_u_c = beta_val * (b_v - b_alpha * b_hk)
+        b_o = b_alpha * b_hq + b_kq_c * b_u_c
+        tl.store(p_o_head + row2 * stride_o_v, b_o.to(o_dtype), mask=mask_v2)
+        # Append the current record's value rows at logical row len.
+        tl.store(p_ru + w_row * stride_u_r + row2 * stride_u_v, b_u_c.to(u_dtype), mask=mask_v2)
+        tl.store(p_rv + w_row * stride_rv_r + row2 * stride_rv_v, b_v_raw.to(v_dtype),
+                 mask=mask_v2)
+        if t + 1 < TILES:
+            row2, mask_v2, b_h0, b_rs, b_v_raw = n_row2, n_mask_v2, n_h0, n_rs, n_v_raw
+            if ONE_CHUNK:
+                c_u0 = n_u0
+
+    if i_g == 0:
         tl.store(p_rg + w_row * stride_g_r, g_val)
         tl.store(p_rb + w_row * stride_beta_r, beta_val)
         if i_hv % (HV // H) == 0:

@@ -5,7 +5,8 @@ Layers (fla style): ``gdn_replay_decode_fwd_kernel`` (Triton jit), ``gdn_replay_
 
 Launch layout: grid ``(cdiv(V, BV), HV, batch)`` with ``BV = 32``, one warp per program; a
 program owns one ``[BV, K]`` tile of one value head's checkpoint, so the checkpoint is read exactly
-once per row and head and the flush writes it exactly once.  Per row the program branches on
+once per row and head and the flush writes it exactly once.  (``TILES > 1``, a sweep keyword: a
+program owns that many of the head's tiles, one after another.)  Per row the program branches on
 ``flush[b]`` (``_tree.py``; every row sum laid out rows-on-lanes):
 
 * flush: the exact fold, ``_tree.flush_tree`` (16 rows on lanes).  Records ``[0, len)`` and then
@@ -46,6 +47,7 @@ __all__ = [
     "FOLD_ROWS",
     "NONFLUSH_ROWS",
     "BLOCK_R",
+    "TILES",
     "launch_tile",
 ]
 
@@ -57,10 +59,12 @@ BLOCK_V = 32  # value rows per program, one warp: SGLang's packed-decode tile
 FOLD_ROWS = 16  # flush rows: rows on lanes of the tree-form fold
 NONFLUSH_ROWS = 4  # non-flush rows: rows on lanes of the inner-product sums
 BLOCK_R = 16  # non-flush rows: records per chunk (R <= 16: one chunk)
+TILES = 1  # value tiles per program, one after another (the per-key-head work once)
 
 
 def launch_tile(V: int, block_v: int | None = None, fold_rows: int | None = None,
-                nonflush_rows: int | None = None) -> tuple[int, int, int]:
+                nonflush_rows: int | None = None,
+                tiles: int | None = None) -> tuple[int, int, int, int]:
     """The decode launch's tile for ``V`` value rows.
 
     Parameters
@@ -68,22 +72,25 @@ def launch_tile(V: int, block_v: int | None = None, fold_rows: int | None = None
     V : int
         Value rows per head.
     block_v, fold_rows, nonflush_rows : int, optional
-        Value rows per program and rows on lanes of the flush / non-flush paths, powers of two
+        Value rows per tile and rows on lanes of the flush / non-flush paths, powers of two
         (``None``: the module's ``BLOCK_V`` / ``FOLD_ROWS`` / ``NONFLUSH_ROWS``, read at call
         time).
+    tiles : int, optional
+        Value tiles per program, a power of two (``None``: the module's ``TILES``).
 
     Returns
     -------
     tuple of int
-        ``(BV, RL_FOLD, RL_OUT)``: ``BV = min(next_pow2(V), block_v)``, each rows-on-lanes count
-        at most ``BV``.
+        ``(BV, RL_FOLD, RL_OUT, TILES)``: ``BV = min(next_pow2(V), block_v)``, each
+        rows-on-lanes count at most ``BV``, ``TILES`` at most ``next_pow2(cdiv(V, BV))``.
 
     Raises
     ------
     ValueError
         A given value that is not a power of two, or given rows on lanes above ``block_v``.
     """
-    given = {"block_v": block_v, "fold_rows": fold_rows, "nonflush_rows": nonflush_rows}
+    given = {"block_v": block_v, "fold_rows": fold_rows, "nonflush_rows": nonflush_rows,
+             "tiles": tiles}
     for name, val in given.items():
         if val is not None and (val < 1 or val & (val - 1)):
             raise ValueError(f"{name}: expected a power of two, got {val}")
@@ -94,7 +101,8 @@ def launch_tile(V: int, block_v: int | None = None, fold_rows: int | None = None
     bv = min(triton.next_power_of_2(V), block_v)
     fold = FOLD_ROWS if fold_rows is None else fold_rows
     out = NONFLUSH_ROWS if nonflush_rows is None else nonflush_rows
-    return bv, min(fold, bv), min(out, bv)
+    n_tiles = min(TILES if tiles is None else tiles, triton.next_power_of_2(triton.cdiv(V, bv)))
+    return bv, min(fold, bv), min(out, bv), n_tiles
 
 
 @triton.jit(do_not_specialize=["sr_layer"])
@@ -182,6 +190,7 @@ def gdn_replay_decode_fwd_kernel(
     ONE_CHUNK: tl.constexpr,
     RL_FOLD: tl.constexpr,
     RL_OUT: tl.constexpr,
+    TILES: tl.constexpr,
     SOFTPLUS_THRESHOLD: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     HAS_READ: tl.constexpr,
@@ -193,8 +202,9 @@ def gdn_replay_decode_fwd_kernel(
     per-row scale) and flush rows refresh it after storing the checkpoint (``None`` pointers and
     zero strides without a copy).  ``SR``: flush rows store the fp16 checkpoint with stochastic
     rounding (``sr_seed`` counter, ``sr_layer`` stream).  ``RL_FOLD`` / ``RL_OUT``: rows on lanes
-    of the flush / non-flush rows (``_tree.py``)."""
-    i_v, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    of the flush / non-flush rows (``_tree.py``); ``TILES``: value tiles of the program (group
+    ``i_g`` of the head's tiles), one after another."""
+    i_g, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
 
     # Every per-row scalar is requested at once (one memory round trip); padding rows read their
@@ -237,22 +247,23 @@ def gdn_replay_decode_fwd_kernel(
             p_rs = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
 
     if is_flush:
-        flush_tree(
-            state, p_s_head, p_rk, p_rv, p_rg, p_rb, p_q, p_k, p_v, p_o, p_rd, p_rs, sr_seed,
-            sr_layer, i_s, i_hv, i_v, r_start, r_len, R, g_val, beta_val, scale,
-            stride_s_v, stride_s_k, stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v,
-            stride_g_r, stride_beta_r, stride_q_k, stride_k_k, stride_v_v, stride_o_v,
-            stride_rd_v, stride_rd_k, stride_rs_v,
-            K, V, BK, BV, RL_FOLD, USE_QK_L2NORM, HAS_READ, READ_FP8, SR, o.dtype.element_ty,
-        )  # fmt: skip
+        for i_t in range(TILES):
+            flush_tree(
+                state, p_s_head, p_rk, p_rv, p_rg, p_rb, p_q, p_k, p_v, p_o, p_rd, p_rs, sr_seed,
+                sr_layer, i_s, i_hv, i_g * TILES + i_t, r_start, r_len, R, g_val, beta_val,
+                scale, stride_s_v, stride_s_k, stride_rk_r, stride_rk_k, stride_rv_r,
+                stride_rv_v, stride_g_r, stride_beta_r, stride_q_k, stride_k_k, stride_v_v,
+                stride_o_v, stride_rd_v, stride_rd_k, stride_rs_v,
+                K, V, BK, BV, RL_FOLD, USE_QK_L2NORM, HAS_READ, READ_FP8, SR, o.dtype.element_ty,
+            )  # fmt: skip
     else:
         nonflush_rows(
             p_s_head, p_ru, p_rk, p_rv, p_rg, p_rb, p_q, p_k, p_v, p_o, p_rd, p_rs,
-            i_hv, i_v, r_start, r_len, R, g_val, beta_val, scale,
+            i_hv, i_g, r_start, r_len, R, g_val, beta_val, scale,
             stride_s_v, stride_s_k, stride_u_r, stride_u_v, stride_rk_r, stride_rk_k,
             stride_rv_r, stride_rv_v, stride_g_r, stride_beta_r, stride_q_k, stride_k_k,
             stride_v_v, stride_o_v, stride_rd_v, stride_rd_k, stride_rs_v,
-            H, HV, K, V, BK, BV, BR, RL_OUT, ONE_CHUNK, USE_QK_L2NORM, HAS_READ, READ_FP8,
+            H, HV, K, V, BK, BV, BR, RL_OUT, TILES, ONE_CHUNK, USE_QK_L2NORM, HAS_READ, READ_FP8,
             o.dtype.element_ty, ring_u.dtype.element_ty, ring_k.dtype.element_ty,
             ring_v.dtype.element_ty,
         )  # fmt: skip
@@ -287,15 +298,18 @@ def gdn_replay_decode_fwd(
     block_v: int | None = None,
     fold_rows: int | None = None,
     nonflush_rows: int | None = None,
+    tiles: int | None = None,
 ) -> None:
     """Launch the kernel without checks (callers: the validated wrapper, benchmarks).
 
-    One launch, grid ``(cdiv(V, BV), HV, batch)``, one warp per program, ``K <= 128``.
+    One launch, grid ``(cdiv(cdiv(V, BV), TILES), HV, batch)``, one warp per program,
+    ``K <= 128``.
     ``read_state`` (and ``read_scale`` for fp8): split precision (``HAS_READ`` compiled in).
     ``sr_seed`` (fp16 ``state``): stochastic rounding of the flush store (``SR`` compiled in).
-    ``block_v`` / ``fold_rows`` / ``nonflush_rows``: the tile (``launch_tile``; ``None``: the
-    module's constants), for a launch sweep; flush rows give the same bits at any tile, non-flush
-    outputs may differ in the last bits (their sums' order follows the tile).
+    ``block_v`` / ``fold_rows`` / ``nonflush_rows`` / ``tiles``: the tile and the tiles per
+    program (``launch_tile``; ``None``: the module's constants), for a launch sweep; flush rows
+    give the same bits at any tile, non-flush outputs may differ in the last bits (their sums'
+    order follows the tile; not with ``tiles``).
 
     Raises
     ------
@@ -308,12 +322,12 @@ def gdn_replay_decode_fwd(
     if batch == 0:
         return
     BK = max(triton.next_power_of_2(K), 4)  # whole 4-column chunks (``_tree._cols``)
-    BV, RL_FOLD, RL_OUT = launch_tile(V, block_v, fold_rows, nonflush_rows)
+    BV, RL_FOLD, RL_OUT, TILES_ = launch_tile(V, block_v, fold_rows, nonflush_rows, tiles)
     BR = min(triton.next_power_of_2(R), BLOCK_R)
     has_read = read_state is not None
     read_strides = (*read_state.stride(), *(read_scale.stride() if read_scale is not None
                                             else (0, 0, 0))) if has_read else (0,) * 7
-    grid = (triton.cdiv(V, BV), HV, batch)
+    grid = (triton.cdiv(triton.cdiv(V, BV), TILES_), HV, batch)
     gdn_replay_decode_fwd_kernel[grid](
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, float(scale), read_state, read_scale, sr_seed, R,
@@ -321,7 +335,7 @@ def gdn_replay_decode_fwd(
         *ring_g.stride(), *ring_beta.stride(), *q.stride(), *k.stride(), *v.stride(),
         *a.stride(), *b.stride(), *out.stride(), *read_strides,
         H=Hk, HV=HV, K=K, V=V, BK=BK, BV=BV, BR=BR, ONE_CHUNK=R <= BR,
-        RL_FOLD=RL_FOLD, RL_OUT=RL_OUT, SOFTPLUS_THRESHOLD=20.0,
+        RL_FOLD=RL_FOLD, RL_OUT=RL_OUT, TILES=TILES_, SOFTPLUS_THRESHOLD=20.0,
         USE_QK_L2NORM=use_qk_l2norm,
         HAS_READ=has_read, READ_FP8=read_scale is not None, SR=sr_seed is not None,
         num_warps=1, num_stages=1,

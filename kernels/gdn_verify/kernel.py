@@ -71,7 +71,7 @@ def _fold_tile(V: int, block_v: int | None, rows: int | None) -> tuple[int, int]
     ``FOLD_BLOCK_V`` / ``FOLD_TREE_ROWS``; given values checked as the decode kernel's
     ``launch_tile`` checks them)."""
     try:
-        bv, rl, _ = launch_tile(V, FOLD_BLOCK_V if block_v is None else block_v, rows, 1)
+        bv, rl, _, _ = launch_tile(V, FOLD_BLOCK_V if block_v is None else block_v, rows, 1)
     except ValueError as e:  # name the keywords of this function
         raise ValueError(str(e).replace("block_v", "fold_block_v")) from None
     return bv, (min(FOLD_TREE_ROWS, bv) if rows is None else rl)

@@ -101,6 +101,7 @@ def test_parse_cpu_picks_tiny_shapes(tmp_path):
         (["--gdn-decode-launch", "wave_prefetch=16"], "--gdn-decode-launch: expected FIELD=INT"),
         (["--gdn-decode-launch", "block_v=24"], "block_v: expected a power of two, got 24"),
         (["--gdn-decode-launch", "block_v=8,fold_rows=16"], "fold_rows: expected at most"),
+        (["--gdn-decode-launch", "tiles=3"], "tiles: expected a power of two, got 3"),
     ],
 )
 def test_parse_errors(tmp_path, capsys, argv, msg):
@@ -115,8 +116,9 @@ def test_gdn_decode_launch_override_reaches_the_kernel(tmp_path, monkeypatch):
     import replayssm_kernels.gdn_decode.kernel as gdk
 
     cfg = bd.parse_args(["--dry-run", "--out", str(tmp_path), "--gdn-decode-launch",
-                         "block_v=16,fold_rows=8,nonflush_rows=4"])
-    assert cfg.gdn_decode_launch == {"block_v": 16, "fold_rows": 8, "nonflush_rows": 4}
+                         "block_v=16,fold_rows=8,nonflush_rows=4,tiles=2"])
+    assert cfg.gdn_decode_launch == {"block_v": 16, "fold_rows": 8, "nonflush_rows": 4,
+                                     "tiles": 2}
     seen = {}
     monkeypatch.setattr(gdk, "gdn_replay_decode_fwd", lambda *a, **k: seen.update(k))
     monkeypatch.setattr(bd, "load_ours", lambda cfg: (_ for _ in ()).throw(

@@ -24,6 +24,7 @@ Measured bounds are printed (``pytest -s``) and recorded in kernels/README.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -370,17 +371,24 @@ def test_bitwise_vs_sglang_packed_decode_gpu(L, nc):
 #: ``benchmarks/RESULTS.md``, twenty-second session).  All four on the GPU; two on the CPU.
 DECODE_TILES = [(16, 8, 4), (8, 8, 4), (16, 16, 2), (8, 4, 8)]
 _TILE_IDS = [f"bv{b}-fold{f}-out{o}" for b, f, o in DECODE_TILES]
+#: Value tiles per program (``TILES``: one program over several of a head's tiles, the non-flush
+#: rows' per-key-head work once), at the default tile; not timed yet.
+PROGRAM_TILES = [(32, 16, 4, 2), (32, 16, 4, 4)]
+_PROGRAM_TILE_IDS = [f"tiles{t[3]}" for t in PROGRAM_TILES]
 
 
 def _set_tile(monkeypatch, launch_spy, tile):
-    """Make ``tile`` the decode launch's default; returns the launches' ``(BV, RL_FOLD, RL_OUT)``
-    as a spy records them."""
+    """Make ``tile`` (``BLOCK_V``, ``FOLD_ROWS``, ``NONFLUSH_ROWS`` and optionally ``TILES``) the
+    decode launch's default; returns the launches' ``(BV, RL_FOLD, RL_OUT[, TILES])`` as a spy
+    records them."""
     from replayssm_kernels.gdn_decode import kernel as K_
 
-    for name, val in zip(("BLOCK_V", "FOLD_ROWS", "NONFLUSH_ROWS"), tile):
+    names = ("BLOCK_V", "FOLD_ROWS", "NONFLUSH_ROWS", "TILES")
+    for name, val in zip(names, tile):
         monkeypatch.setattr(K_, name, val)
     spy = launch_spy(K_, "gdn_replay_decode_fwd_kernel")
-    return lambda: [(m["BV"], m["RL_FOLD"], m["RL_OUT"]) for _, m in spy.launches]
+    keys = ("BV", "RL_FOLD", "RL_OUT", "TILES")[: len(tile)]
+    return lambda: [tuple(m[k] for k in keys) for _, m in spy.launches]
 
 
 @pytest.mark.usefixtures("sglang_fla_interpret", "interpreter_gpu_sum_order")
@@ -400,7 +408,7 @@ def test_tiles_bitwise_vs_sglang_cpu(monkeypatch, launch_spy, tile):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", DECODE_TILES, ids=_TILE_IDS)
+@pytest.mark.parametrize("tile", DECODE_TILES + PROGRAM_TILES, ids=_TILE_IDS + _PROGRAM_TILE_IDS)
 def test_tiles_bitwise_vs_sglang_gpu(monkeypatch, launch_spy, tile):
     """Other launch tiles in compiled code at the Qwen3.5-4B shape (L = 16): flush rows SGLang's
     bits, everything else vs float64."""
@@ -410,14 +418,68 @@ def test_tiles_bitwise_vs_sglang_gpu(monkeypatch, launch_spy, tile):
     assert seen() and set(seen()) == {tile}
 
 
+def _lockstep_tiles(case: Case, seed: int, base: dict, launch: dict) -> int:
+    """Two pools from the same seed driven step by step through ``gdn_replay_decode_fwd``, one
+    with the keywords ``base``, one with ``launch``: every output and pool element bit for bit
+    after every step (each pool also checked by ``Sim``).  Returns the flushed rows seen."""
+    from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_fwd
+
+    sims = Sim(case, seed=seed), Sim(case, seed=seed)
+    ops = [functools.partial(gdn_replay_decode_fwd, **kw) for kw in (base, launch)]
+    flushed = 0
+    for step in range(case.steps):
+        (out0, flush), (out1, _) = [s.step(op, s.make_inputs()) for s, op in zip(sims, ops)]
+        assert_bits_equal(out1, out0, f"step {step}: outputs")
+        for t0, t1 in zip(sims[0].full_tensors(), sims[1].full_tensors()):
+            assert_bits_equal(t1, t0, f"step {step}: pool tensor")
+        flushed += int(flush.sum())
+    return flushed
+
+
+#: (case, keywords) of programs over several value tiles, CPU.
+_TILES_CPU = [
+    # V 48 in tiles of 16: programs over tiles (0, 1) and (2, a masked 3); one record chunk
+    (Case(HV=2, Hk=1, K=80, V=48, L=16, R=16, u_dtype=FP32, pad_rows=1, force_p=0.2, steps=12),
+     dict(block_v=16, tiles=2)),
+    # every tile of a head in one program; R > 16 (records in chunks: coefficients per tile);
+    # non-contiguous pool, bf16 u
+    (Case(HV=2, Hk=1, K=16, V=64, L=16, R=20, noncontig=True, requests=2, steps=22),
+     dict(block_v=16, tiles=4)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case,launch", _TILES_CPU, ids=["bv16-tiles2", "bv16-tiles4-chunks"])
+def test_program_tiles_bitwise_vs_one_tile(case, launch):
+    """A program over several of a head's value tiles gives the one-tile launch's bits
+    everywhere (outputs of both row kinds, checkpoints, every ring tensor): each tile runs the
+    same expressions; only the per-key-head part is done once per program."""
+    base = dict(block_v=launch["block_v"])
+    assert _lockstep_tiles(case, 12, base, launch) >= 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [2, 4])
+def test_program_tiles_bitwise_vs_one_tile_gpu(tiles):
+    """Compiled, at the Qwen3.5-4B shape (4 tiles of 32 rows per head): the unrolled tiles must
+    keep the one-tile launch's FMA contraction, so the non-flush outputs and records too are the
+    same bits."""
+    case = Case(HV=32, Hk=16, K=128, V=128, L=16, R=16, requests=16, pad_rows=2, force_p=0.1,
+                steps=34)  # fmt: skip
+    assert _lockstep_tiles(case, 13, {}, dict(tiles=tiles)) >= 3
+
+
 def test_launch_tile_value_errors():
     """Bad tiles name the keyword, what it expects and what it got."""
     from replayssm_kernels.gdn_decode.kernel import launch_tile
 
-    assert launch_tile(48, 16, 8, 4) == (16, 8, 4) and launch_tile(8, None, None, None) == (8, 8, 4)
+    assert launch_tile(48, 16, 8, 4) == (16, 8, 4, 1)
+    assert launch_tile(8, None, None, None) == (8, 8, 4, 1)
+    assert launch_tile(48, 16, 8, 4, 4) == (16, 8, 4, 4)  # 3 tiles: at most 4 per program
+    assert launch_tile(128, None, None, None, 8) == (32, 16, 4, 4)
     for args, msg in (((128, 24, 8, 4), "block_v: expected a power of two, got 24"),
                       ((128, 16, 32, 4), "fold_rows: expected at most block_v = 16, got 32"),
-                      ((128, 16, 8, 0), "nonflush_rows: expected a power of two, got 0")):
+                      ((128, 16, 8, 0), "nonflush_rows: expected a power of two, got 0"),
+                      ((128, 16, 8, 4, 3), "tiles: expected a power of two, got 3")):
         with pytest.raises(ValueError, match=msg):
             launch_tile(*args)
 
@@ -557,8 +619,9 @@ sg_c = build(
 )
 sg = sg_c.asm["ttgir"]
 VARIANT = sys.argv[1]  # "none", "bf16" / "fp8" (read copy), "sr" (fp16 checkpoint + SR)
-# the launch tile (block_v, fold_rows, nonflush_rows): the launcher's defaults unless given
+# the launch tile (block_v, fold_rows, nonflush_rows[, tiles]): the launcher's defaults unless given
 TILE = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else K_.launch_tile(V)
+TILE = [*TILE, 1] if len(TILE) == 3 else TILE
 strides = dict(
     R=R, sr_layer=0, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
     stride_u_n=HV * R * V, stride_u_h=R * V, stride_u_r=V, stride_u_v=1,
@@ -578,7 +641,7 @@ ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_
 # the launcher's configuration (gdn_replay_decode_fwd)
 const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=TILE[0], BR=K_.BLOCK_R,
              ONE_CHUNK=R <= K_.BLOCK_R, RL_FOLD=TILE[1],
-             RL_OUT=TILE[2], SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True,
+             RL_OUT=TILE[2], TILES=TILE[3], SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True,
              HAS_READ=False, READ_FP8=False, SR=False, read_ptr=None, read_scale_ptr=None,
              sr_seed=None)
 if VARIANT in ("bf16", "fp8"):

@@ -158,6 +158,26 @@ def test_gpu_qwen35_flush_rows_equal_the_launch_without_copy(rd):
     assert _lockstep_vs_no_copy(case, rd, seed=6) >= 3
 
 
+@pytest.mark.parametrize("rd", [BF16, F8], ids=["bf16", "fp8"])
+def test_program_tiles_with_copy_bitwise_vs_one_tile(rd):
+    """A program over two value tiles (V 48 in tiles of 16: a masked fourth tile) with a read
+    copy: outputs, checkpoints, rings, the copy and its fp8 scales bit for bit the one-tile
+    launch's after every step."""
+    from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_fwd
+
+    case = _with_tol(Case(HV=2, Hk=1, K=32, V=48, L=4, R=6, force_p=0.25, steps=10), rd)
+    sims = SplitSim(case, rd, seed=7), SplitSim(case, rd, seed=7)
+    ops = [functools.partial(gdn_replay_decode_fwd, block_v=16, **kw) for kw in ({}, {"tiles": 2})]
+    flushed = 0
+    for step in range(case.steps):
+        (out0, flush), (out1, _) = [s.step(op, s.make_inputs()) for s, op in zip(sims, ops)]
+        assert_bits_equal(out1, out0, f"step {step}: outputs")
+        for t0, t1 in zip(sims[0].full_tensors(), sims[1].full_tensors()):
+            assert_bits_equal(t1, t0, f"step {step}: pool tensor")
+        flushed += int(flush.sum())
+    assert flushed >= 3
+
+
 @pytest.mark.parametrize("op", ["kernel", "ref"])
 def test_nonflush_rows_never_read_the_checkpoint(op):
     """NaN in every checkpoint: non-flush rows still give finite outputs equal to the same step
