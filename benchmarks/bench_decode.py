@@ -1331,6 +1331,17 @@ def format_text_table(rows: list[Row]) -> str:
     return "\n".join(text)
 
 
+#: Metadata keys of launch overrides (``--*-launch``), named in results.md when present.
+LAUNCH_META_KEYS = ("gdn_decode_launch", "mamba2_verify_launch", "gdn_verify_launch")
+
+
+def launch_override_lines(meta: dict) -> list[str]:
+    """Markdown bullet lines naming the launch overrides a run used (none: no line)."""
+    return [f"- **launch override** `{k}`: "
+            + ", ".join(f"{f}={v}" for f, v in meta[k].items())
+            for k in LAUNCH_META_KEYS if meta.get(k)]
+
+
 def format_markdown(rows: list[Row], meta: dict) -> str:
     cols = TABLE_COLS
     md = [f"# Decode kernel benchmark ({meta.get('device_name', '?')})", ""]
@@ -1352,6 +1363,7 @@ def format_markdown(rows: list[Row], meta: dict) -> str:
         "(flush step included); `mixed`: one launch with rows spread over the phases; "
         "`MB moved`: byte model (benchmarks/bytes_model.py) for the whole batch; "
         "`± %`: spread between passes",
+        *launch_override_lines(meta),
         "",
         "| " + " | ".join(cols) + " |",
         "|" + "|".join("---" if i < 2 else "---:" for i in range(len(cols))) + "|",

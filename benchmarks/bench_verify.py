@@ -526,6 +526,7 @@ def format_markdown(rows: list[Row], meta: dict) -> str:
           "last step flushing), `median us` = mean of the cycle steps' medians; `mixed`: rows "
           "spread over the cycle in one launch; `x vs ...` = that SGLang kernel / this row; "
           "`/ decode step` = this row / one conventional decode step (T=1) at the same batch",
+          *bd.launch_override_lines(meta),
           "", "| " + " | ".join(COLS) + " |",
           "|" + "|".join("---" if i < 2 else "---:" for i in range(len(COLS))) + "|"]
     md += ["| " + " | ".join(x) + " |" for x in table_lines(rows)]

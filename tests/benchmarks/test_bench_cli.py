@@ -215,7 +215,9 @@ def test_table_markdown_json_and_plot(tmp_path):
             "repeats": 3, "passes": 2}
     md = bd.format_markdown(rows, meta)
     assert md.count("\n| mamba2 |") == len(rows)
-    assert "abc" in md and "4.00 TB/s" in md
+    assert "abc" in md and "4.00 TB/s" in md and "launch override" not in md
+    md = bd.format_markdown(rows, {**meta, "gdn_decode_launch": {"tiles": 2, "block_v": 16}})
+    assert "- **launch override** `gdn_decode_launch`: tiles=2, block_v=16\n" in md
     safe = bd._json_safe({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 2}})
     assert safe == {"a": None, "b": [1.0, None], "c": {"d": 2}}
     png = tmp_path / "p.png"

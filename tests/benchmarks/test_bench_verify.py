@@ -154,6 +154,15 @@ def test_finish_rows():
     assert "x vs snapshot+commit" in text and "5.00" in text
 
 
+def test_markdown_names_launch_overrides():
+    """A launch sweep's results.md says which launch it timed (not only in its command line)."""
+    assert "launch override" not in bv.format_markdown([], {})
+    md = bv.format_markdown([], {"gdn_verify_launch": {"fold_rows": 8},
+                                 "mamba2_verify_launch": {"n_chunks": 4, "maxnreg": None}})
+    assert "- **launch override** `mamba2_verify_launch`: n_chunks=4, maxnreg=None\n" in md
+    assert "- **launch override** `gdn_verify_launch`: fold_rows=8\n" in md
+
+
 def test_cpu_smoke(tmp_path):
     """Both families through the CLI on CPU: refcheck passes, ours and SGLang's snapshot verify,
     built-in spec verify and decode steps are timed, outputs are written."""
