@@ -265,6 +265,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     gdn_launch = int_fields(a.gdn_decode_launch, GDN_DECODE_LAUNCH_FIELDS, "--gdn-decode-launch",
                             parser) if a.gdn_decode_launch else {}
     if gdn_launch:
+        if cpu and not a.dry_run:  # as main(): the kernels are defined at this import
+            os.environ.setdefault("TRITON_INTERPRET", "1")
         from replayssm_kernels.gdn_decode.kernel import launch_tile
 
         try:
