@@ -148,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refcheck", action="store_true",
                    help="check our kernels against our torch references before timing")
     p.add_argument("--skip-peers", action="store_true", help="time our kernels only")
+    p.add_argument("--flush-first", action="store_true",
+                   help="our GDN kernel runs the rows in flush-first order (row_order from "
+                        "replayssm_kernels.row_order.flush_first_order, built before the timed "
+                        "launches, as a forward would once for all layers)")
     p.add_argument("--dry-run", action="store_true",
                    help="no device work: synthetic timings from the byte model, to exercise the "
                         "table / JSON / plot writing")
@@ -194,6 +198,7 @@ class Config:
     argv: list[str] = field(default_factory=list)
     read_dtype: str = "same"
     gdn_decode_launch: dict[str, int] = field(default_factory=dict)
+    flush_first: bool = False
 
 
 #: ``gdn_replay_decode_fwd``'s keywords that ``--gdn-decode-launch`` may set.
@@ -295,6 +300,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         graph=(not a.no_graph) and not cpu,
         refcheck=a.refcheck,
         skip_peers=a.skip_peers,
+        flush_first=a.flush_first,
         dry_run=a.dry_run,
         seed=a.seed,
         commit=a.commit or _git_commit(),
@@ -526,15 +532,16 @@ def _row_slots(rng: _Rand, slots: int, batch: int):
 class _Cursors:
     """Static per-row cursor tensors of our kernels (and write_pos of SGLang's built-in)."""
 
-    def __init__(self, rng: _Rand, batch: int, L: int, R: int):
+    def __init__(self, rng: _Rand, batch: int, L: int, R: int, flush_first: bool = False):
         import torch
 
-        self.L = L
+        self.L, self.flush_first = L, flush_first
         dev = rng.device
         self.ring_start = rng.ints((batch,), R, torch.int32)  # rings wrap, as in serving
         self.ring_len = torch.zeros(batch, dtype=torch.int32, device=dev)
         self.flush = torch.zeros(batch, dtype=torch.bool, device=dev)
         self.write_pos = torch.zeros(batch, dtype=torch.int32, device=dev)  # SGLang built-in
+        self.row_order = torch.arange(batch, dtype=torch.int32, device=dev)  # --flush-first
         order = rng.perm(batch).tolist()
         self.mixed = [order[i] % L for i in range(batch)]
         self._mixed_t = torch.tensor(self.mixed, dtype=torch.int32, device=dev)
@@ -543,11 +550,19 @@ class _Cursors:
         self.ring_len.fill_(w)
         self.write_pos.fill_(w)
         self.flush.fill_(w == self.L - 1)
+        self._order()
 
     def set_mixed(self) -> None:
         self.ring_len.copy_(self._mixed_t)
         self.write_pos.copy_(self._mixed_t)
         self.flush.copy_(self._mixed_t == self.L - 1)
+        self._order()
+
+    def _order(self) -> None:
+        if self.flush_first:
+            from replayssm_kernels.row_order import flush_first_order
+
+            flush_first_order(self.flush, self.row_order)
 
 
 class _ReadCopy:
@@ -804,7 +819,7 @@ class GDNFamily(_ReadCopy):
     def cases(self, batch: int) -> list[Case]:
         cfg = self.cfg
         inp = self.inputs(batch, contiguous=getattr(self, "_contiguous", False))
-        cur = _Cursors(self.rng, batch, cfg.L, cfg.R)
+        cur = _Cursors(self.rng, batch, cfg.L, cfg.R, cfg.flush_first)
         out: list[Case] = []
         if self.kernels.get("gdn") is not None:
             fn_ours = self.kernels["gdn"]
@@ -816,7 +831,8 @@ class GDNFamily(_ReadCopy):
                 fn(self.state, self.ring_u, self.ring_k, self.ring_v, self.ring_g, self.ring_beta,
                    i["q"], i["k"], i["v"], i["a"], i["b"], A_log, dt_bias, i["out"],
                    i["slot_idx"], c.ring_start, c.ring_len, c.flush,
-                   scale=self.scale, use_qk_l2norm=True, **self._read_kwargs())
+                   scale=self.scale, use_qk_l2norm=True, **self._read_kwargs(),
+                   **({"row_order": c.row_order} if cfg.flush_first else {}))
 
             out.append(Case("gdn", "ours", ours, inp["out"], cur.set_phase, cur.set_mixed,
                             cur.mixed, note=getattr(self, "_note", "")))
@@ -1339,9 +1355,12 @@ LAUNCH_META_KEYS = ("gdn_decode_launch", "mamba2_verify_launch", "gdn_verify_lau
 
 def launch_override_lines(meta: dict) -> list[str]:
     """Markdown bullet lines naming the launch overrides a run used (none: no line)."""
-    return [f"- **launch override** `{k}`: "
-            + ", ".join(f"{f}={v}" for f, v in meta[k].items())
-            for k in LAUNCH_META_KEYS if meta.get(k)]
+    lines = [f"- **launch override** `{k}`: " + ", ".join(f"{f}={v}" for f, v in meta[k].items())
+             for k in LAUNCH_META_KEYS if meta.get(k)]
+    if meta.get("flush_first"):
+        lines.append("- **launch override** `--flush-first`: our GDN kernel runs the rows flush "
+                     "rows first (`row_order`)")
+    return lines
 
 
 def format_markdown(rows: list[Row], meta: dict) -> str:
@@ -1721,6 +1740,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                           **cfg.gdn_decode_launch)
             meta["gdn_decode_launch"] = dict(cfg.gdn_decode_launch)
             _log(f"GDN decode: launch tile overridden: {cfg.gdn_decode_launch}")
+        meta["flush_first"] = cfg.flush_first
         kernels, refs, kerr = load_ours(cfg)
         peers, perr = load_peers(cfg)
         for k, e in {**{f"ours/{k}": v for k, v in kerr.items()},

@@ -16,6 +16,7 @@ from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_re
 from replayssm_kernels.gdn_verify import gdn_replay_verify, gdn_replay_verify_ref
 from replayssm_kernels.mamba2_decode import mamba2_replay_decode, mamba2_replay_decode_ref
 from replayssm_kernels.mamba2_verify import mamba2_replay_verify, mamba2_replay_verify_ref
+from replayssm_kernels.row_order import flush_first_order, flush_first_order_ref
 
 __all__ = [
     "decode_cursor_step",
@@ -25,6 +26,8 @@ __all__ = [
     "verify_commit",
     "verify_commit_ref",
     "min_ring_size",
+    "flush_first_order",
+    "flush_first_order_ref",
     "mamba2_replay_decode",
     "mamba2_replay_decode_ref",
     "mamba2_replay_verify",

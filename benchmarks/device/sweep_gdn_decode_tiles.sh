@@ -7,8 +7,9 @@
 #   usage (one device call, from the repository root):
 #     bash benchmarks/device/on_device.sh bash benchmarks/device/sweep_gdn_decode_tiles.sh [VARIANT ...]
 #
-#   VARIANT   a --gdn-decode-launch value, e.g. tiles=2 or tiles=4,nonflush_rows=8 (default: the
-#             four of the notes); "base" (the default launch) always runs first.
+#   VARIANT   a --gdn-decode-launch value, e.g. tiles=2 or tiles=4,nonflush_rows=8, or "base" (the
+#             default launch); a "+ff" suffix adds --flush-first (rows launched flush rows first).
+#             Default: tiles=2 tiles=4 base+ff tiles=2+ff tiles=4+ff; "base" always runs first.
 # Environment: COMMIT (recorded as the commit id; default git's HEAD), BATCH (default 1,64,256),
 # OUT (the device tool's output folder).
 set -uo pipefail
@@ -17,15 +18,16 @@ cd "$(dirname "$0")/../.."
 work=/tmp/gdn_tiles && rm -rf "$work" && mkdir -p "$work"
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 variants=("$@")
-[ ${#variants[@]} -eq 0 ] && variants=(tiles=2 tiles=4 tiles=2,nonflush_rows=8 tiles=4,nonflush_rows=8)
+[ ${#variants[@]} -eq 0 ] && variants=(tiles=2 tiles=4 base+ff tiles=2+ff tiles=4+ff)
 status=0
 python3 -m pytest -q -m gpu tests/kernels/test_gdn_decode.py -k "program_tiles or tiles_bitwise" \
   > "$work/gpu_tests.log" 2>&1 || status=1
 tail -n 3 "$work/gpu_tests.log"
 for v in base "${variants[@]}"; do
-  name=${v//[=,]/_}
+  name=${v//[=,+]/_}
   launch=()
-  [ "$v" = base ] || launch=(--gdn-decode-launch "$v")
+  case $v in *+ff) launch=(--flush-first); v=${v%+ff};; esac
+  [ "$v" = base ] || launch+=(--gdn-decode-launch "$v")
   python3 -m benchmarks.bench_decode --family gdn --batch "${BATCH:-1,64,256}" --skip-peers \
     --refcheck --commit "$commit" "${launch[@]}" --out "$work/$name" > "$work/$name.log" 2>&1 \
     || { status=1; echo "bench_decode $v failed (log: $name.log)"; }

@@ -37,6 +37,7 @@ import triton.language as tl
 from replayssm_kernels.gdn_decode._tree import flush_tree, nonflush_rows
 from replayssm_kernels.gdn_decode._validate import validate_gdn_decode
 from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
+from replayssm_kernels.row_order import validate_row_order
 from replayssm_kernels.stochastic_round import validate_stochastic_rounding
 
 __all__ = [
@@ -130,6 +131,7 @@ def gdn_replay_decode_fwd_kernel(
     read_ptr,
     read_scale_ptr,
     sr_seed,
+    row_order,
     # Matrix dimensions
     R,
     sr_layer,
@@ -196,6 +198,7 @@ def gdn_replay_decode_fwd_kernel(
     HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr,
     SR: tl.constexpr,
+    HAS_ORDER: tl.constexpr,
 ):
     """One program of the decode launch (module docstring).  ``HAS_READ``: split precision,
     non-flush rows read ``S0`` from the read copy (``read_ptr``, fp8: times ``read_scale_ptr``'s
@@ -203,8 +206,11 @@ def gdn_replay_decode_fwd_kernel(
     zero strides without a copy).  ``SR``: flush rows store the fp16 checkpoint with stochastic
     rounding (``sr_seed`` counter, ``sr_layer`` stream).  ``RL_FOLD`` / ``RL_OUT``: rows on lanes
     of the flush / non-flush rows (``_tree.py``); ``TILES``: value tiles of the program (group
-    ``i_g`` of the head's tiles), one after another."""
+    ``i_g`` of the head's tiles), one after another.  ``HAS_ORDER``: the program's row is
+    ``row_order[z]`` (``row_order.py``: flush rows first), else ``z``."""
     i_g, i_hv, i_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if HAS_ORDER:
+        i_n = tl.load(row_order + i_n)
     i_h = i_hv // (HV // H)
 
     # Every per-row scalar is requested at once (one memory round trip); padding rows read their
@@ -299,6 +305,7 @@ def gdn_replay_decode_fwd(
     fold_rows: int | None = None,
     nonflush_rows: int | None = None,
     tiles: int | None = None,
+    row_order: torch.Tensor | None = None,
 ) -> None:
     """Launch the kernel without checks (callers: the validated wrapper, benchmarks).
 
@@ -309,7 +316,8 @@ def gdn_replay_decode_fwd(
     ``block_v`` / ``fold_rows`` / ``nonflush_rows`` / ``tiles``: the tile and the tiles per
     program (``launch_tile``; ``None``: the module's constants), for a launch sweep; flush rows
     give the same bits at any tile, non-flush outputs may differ in the last bits (their sums'
-    order follows the tile; not with ``tiles``).
+    order follows the tile; not with ``tiles``).  ``row_order``: program ``z`` of the grid's
+    batch dimension runs row ``row_order[z]`` (``HAS_ORDER`` compiled in).
 
     Raises
     ------
@@ -330,7 +338,8 @@ def gdn_replay_decode_fwd(
     grid = (triton.cdiv(triton.cdiv(V, BV), TILES_), HV, batch)
     gdn_replay_decode_fwd_kernel[grid](
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
-        slot_idx, ring_start, ring_len, flush, float(scale), read_state, read_scale, sr_seed, R,
+        slot_idx, ring_start, ring_len, flush, float(scale), read_state, read_scale, sr_seed,
+        row_order, R,
         sr_layer, *state.stride(), *ring_u.stride(), *ring_k.stride(), *ring_v.stride(),
         *ring_g.stride(), *ring_beta.stride(), *q.stride(), *k.stride(), *v.stride(),
         *a.stride(), *b.stride(), *out.stride(), *read_strides,
@@ -338,7 +347,7 @@ def gdn_replay_decode_fwd(
         RL_FOLD=RL_FOLD, RL_OUT=RL_OUT, TILES=TILES_, SOFTPLUS_THRESHOLD=20.0,
         USE_QK_L2NORM=use_qk_l2norm,
         HAS_READ=has_read, READ_FP8=read_scale is not None, SR=sr_seed is not None,
-        num_warps=1, num_stages=1,
+        HAS_ORDER=row_order is not None, num_warps=1, num_stages=1,
     )  # fmt: skip
 
 
@@ -368,6 +377,7 @@ def gdn_replay_decode(
     read_scale: torch.Tensor | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
+    row_order: torch.Tensor | None = None,
 ) -> None:
     """One Gated DeltaNet ReplaySSM decode step for a batch of rows (one token per row).
 
@@ -446,6 +456,10 @@ def gdn_replay_decode(
         Not written.
     sr_layer : int
         Stream id mixed into the bits (the layer index), ``[0, 2^31)``; a runtime argument.
+    row_order : torch.Tensor, optional
+        ``[batch]`` int32 permutation of the rows: the launch runs the rows in this order
+        (``replayssm_kernels.row_order.flush_first_order``: flush rows first, so their long
+        programs start in the first wave).  Changes no result.  Its contents are not checked.
 
     Raises
     ------
@@ -459,8 +473,11 @@ def gdn_replay_decode(
     )  # fmt: skip
     validate_read_copy(state, read_state, read_scale)
     validate_stochastic_rounding(state, sr_seed, sr_layer)
+    if row_order is not None:
+        validate_row_order(row_order, slot_idx.shape[0], slot_idx.device)
     gdn_replay_decode_fwd(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
         slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
         read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,
+        row_order=row_order,
     )  # fmt: skip

@@ -15,6 +15,7 @@ from replayssm_kernels.mamba2_decode.read_copy import (
     quantize_rows,
     validate_read_copy,
 )
+from replayssm_kernels.row_order import validate_row_order
 from replayssm_kernels.stochastic_round import round_slot_sr_ref, validate_stochastic_rounding
 
 __all__ = ["gdn_replay_decode_ref"]
@@ -53,6 +54,7 @@ def gdn_replay_decode_ref(
     read_scale: torch.Tensor | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
+    row_order: torch.Tensor | None = None,
 ) -> None:
     """Reference of ``replayssm_kernels.gdn_decode.gdn_replay_decode`` (see its docstring).
 
@@ -65,6 +67,8 @@ def gdn_replay_decode_ref(
     )  # fmt: skip
     validate_read_copy(state, read_state, read_scale)
     validate_stochastic_rounding(state, sr_seed, sr_layer)
+    if row_order is not None:  # a launch order: no effect on the results
+        validate_row_order(row_order, slot_idx.shape[0], slot_idx.device)
     seed = None if sr_seed is None else int(sr_seed[0])
     group = dims.HV // dims.Hk
     R = dims.R

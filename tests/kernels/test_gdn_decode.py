@@ -33,6 +33,7 @@ import torch
 from replayssm_kernels.conventional.gdn import gdn_conventional_f64
 from replayssm_kernels.cursors import decode_cursor_step
 from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
+from replayssm_kernels.row_order import flush_first_order
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -418,14 +419,23 @@ def test_tiles_bitwise_vs_sglang_gpu(monkeypatch, launch_spy, tile):
     assert seen() and set(seen()) == {tile}
 
 
-def _lockstep_tiles(case: Case, seed: int, base: dict, launch: dict) -> int:
+def _lockstep_tiles(case: Case, seed: int, base: dict, launch: dict,
+                    flush_first: bool = False) -> int:
     """Two pools from the same seed driven step by step through ``gdn_replay_decode_fwd``, one
-    with the keywords ``base``, one with ``launch``: every output and pool element bit for bit
-    after every step (each pool also checked by ``Sim``).  Returns the flushed rows seen."""
+    with the keywords ``base``, one with ``launch`` (and, with ``flush_first``, the rows launched
+    in ``flush_first_order``): every output and pool element bit for bit after every step (each
+    pool also checked by ``Sim``).  Returns the flushed rows seen."""
     from replayssm_kernels.gdn_decode.kernel import gdn_replay_decode_fwd
 
+    def ordered(*args, **kw):
+        flush = args[17]
+        order = torch.full(flush.shape, -1, dtype=torch.int32, device=flush.device)
+        flush_first_order(flush, order)
+        gdn_replay_decode_fwd(*args, **kw, **launch, row_order=order)
+
     sims = Sim(case, seed=seed), Sim(case, seed=seed)
-    ops = [functools.partial(gdn_replay_decode_fwd, **kw) for kw in (base, launch)]
+    ops = [functools.partial(gdn_replay_decode_fwd, **base),
+           ordered if flush_first else functools.partial(gdn_replay_decode_fwd, **launch)]
     flushed = 0
     for step in range(case.steps):
         (out0, flush), (out1, _) = [s.step(op, s.make_inputs()) for s, op in zip(sims, ops)]
@@ -457,15 +467,25 @@ def test_program_tiles_bitwise_vs_one_tile(case, launch):
     assert _lockstep_tiles(case, 12, base, launch) >= 3
 
 
+@pytest.mark.parametrize("tiles", [1, 2])
+def test_flush_first_order_bitwise(tiles):
+    """Rows launched flush rows first (``row_order``, with one and two tiles per program): every
+    written bit equal to the launch in batch order, padding rows still untouched."""
+    case = Case(HV=2, Hk=1, K=32, V=32, L=4, R=4, requests=5, pad_rows=2, force_p=0.2, steps=8)
+    assert _lockstep_tiles(case, 14, dict(block_v=16), dict(block_v=16, tiles=tiles),
+                           flush_first=True) >= 3
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", [2, 4])
-def test_program_tiles_bitwise_vs_one_tile_gpu(tiles):
+@pytest.mark.parametrize("tiles,flush_first", [(2, False), (4, False), (1, True), (4, True)],
+                         ids=["tiles2", "tiles4", "flush-first", "tiles4-flush-first"])
+def test_program_tiles_bitwise_vs_one_tile_gpu(tiles, flush_first):
     """Compiled, at the Qwen3.5-4B shape (4 tiles of 32 rows per head): the unrolled tiles must
     keep the one-tile launch's FMA contraction, so the non-flush outputs and records too are the
-    same bits."""
+    same bits; and so must a launch in flush-first row order."""
     case = Case(HV=32, Hk=16, K=128, V=128, L=16, R=16, requests=16, pad_rows=2, force_p=0.1,
                 steps=34)  # fmt: skip
-    assert _lockstep_tiles(case, 13, {}, dict(tiles=tiles)) >= 3
+    assert _lockstep_tiles(case, 13, {}, dict(tiles=tiles), flush_first) >= 3
 
 
 def test_launch_tile_value_errors():
@@ -642,8 +662,8 @@ ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_
 const = dict(H=H, HV=HV, K=K, V=V, BK=128, BV=TILE[0], BR=K_.BLOCK_R,
              ONE_CHUNK=R <= K_.BLOCK_R, RL_FOLD=TILE[1],
              RL_OUT=TILE[2], TILES=TILE[3], SOFTPLUS_THRESHOLD=20.0, USE_QK_L2NORM=True,
-             HAS_READ=False, READ_FP8=False, SR=False, read_ptr=None, read_scale_ptr=None,
-             sr_seed=None)
+             HAS_READ=False, READ_FP8=False, SR=False, HAS_ORDER=False, read_ptr=None,
+             read_scale_ptr=None, sr_seed=None, row_order=None)
 if VARIANT in ("bf16", "fp8"):
     del const["read_ptr"], const["read_scale_ptr"]
     ptrs.update(read_ptr={"bf16": "*bf16", "fp8": "*fp8e4nv"}[VARIANT], read_scale_ptr="*fp32")
