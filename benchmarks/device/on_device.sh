@@ -11,11 +11,11 @@
 # `replayssm` entry point exists), selects only this plug-in (SGLANG_PLUGINS=replayssm) and runs
 # COMMAND. See README.md here for the one-call pattern.
 #
-# Compile cache: if .device/triton-cache.tar.xz was carried too (a tarball of a warm machine's
-# ~/.triton/cache, made by `tar cJf $OUT/triton-cache.tar.xz -C ~/.triton cache` at the end of an
-# earlier call and copied into .device/ here), it is unpacked into ~/.triton once per machine, so a
-# cold machine's first server start skips the Triton compiles that match (SGLang's kernels; entries
-# of changed sources are simply not hit).
+# Compile caches: if .device/home-cache.tar.xz was carried too (a tarball, relative to $HOME, of a
+# warm machine's Triton and FlashInfer JIT caches, made at the end of an earlier call by
+# `benchmarks/device/save_caches.sh` and copied into .device/ here), it is unpacked into $HOME once
+# per machine, so a cold machine's first server start skips the compiles that match (SGLang's
+# kernels; entries of changed sources are simply not hit).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 archive=.device/sgl517-bench.tar.xz
@@ -37,10 +37,9 @@ export PYTEST_ADDOPTS="-p no:xdist -o addopts= ${PYTEST_ADDOPTS:-}"
     tar -C /tmp/sgl -xJf "$archive"
     echo "$sum" > /tmp/sgl/.archive-md5
   fi
-  cache=.device/triton-cache.tar.xz
-  if [ -f "$cache" ] && [ ! -f "$HOME/.triton/.carried-cache" ]; then
-    mkdir -p "$HOME/.triton" && tar -C "$HOME/.triton" -xJf "$cache"
-    touch "$HOME/.triton/.carried-cache"
+  cache=.device/home-cache.tar.xz
+  if [ -f "$cache" ] && [ ! -f "$HOME/.carried-home-cache" ]; then
+    tar -C "$HOME" -xJf "$cache" && touch "$HOME/.carried-home-cache"
   fi
   if [ "$(cat /tmp/sgl/.installed-from 2>/dev/null)" != "$PWD" ]; then
     python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >&2

@@ -2,7 +2,7 @@
 # The GDN decode's tiles-per-program sweep (benchmarks/notes/gdn_decode.md, "A program over
 # several of a head's value tiles"): GPU tests of the launch first, then bench_decode at the
 # default launch and at each variant, one after another in one call; everything under OUT_DIR,
-# then one tarball of it (and of Triton's compile cache, for the next cold machine) in $OUT.
+# then one tarball of it (and the compile caches, save_caches.sh, for the next cold machine) in $OUT.
 #
 #   usage (one device call, from the repository root):
 #     bash benchmarks/device/on_device.sh bash benchmarks/device/sweep_gdn_decode_tiles.sh [VARIANT ...]
@@ -34,5 +34,5 @@ for v in base "${variants[@]}"; do
   grep -h "replayssm" "$work/$name/results.md" 2>/dev/null | head -n 8
 done
 tar czf "$OUT/gdn_tiles.tgz" -C "$work" .
-[ -d "$HOME/.triton/cache" ] && tar cJf "$OUT/triton-cache.tar.xz" -C "$HOME/.triton" cache
+bash benchmarks/device/save_caches.sh || true
 exit $status
