@@ -24,7 +24,9 @@ Everything else (decay, ``v −= S·k̂``, ``v *= β``, ``S += v k̂ᵀ``, ``y =
 SGLang's expressions, element for element.
 
 ``nonflush_rows`` (non-flush rows: the inner-product form, math.md §4) lays its sums out the same
-way (``RL = 4`` rows on lanes); its outputs never feed a checkpoint, so their order is free.
+way (``RL = 4`` rows on lanes); its outputs never feed a checkpoint, so their order is free.  A
+program may own several of a head's value tiles (``TILES``): ``nonflush_rows`` then does the
+per-key-head work once and the tiles in turn, flush rows call ``flush_tree`` once per tile.
 
 Bitwise status: on the GPU the flushed checkpoint and the flush output equal SGLang's packed
 decode run token by token (``gpu``-marked tests).  The Triton interpreter does not run the GPU's
