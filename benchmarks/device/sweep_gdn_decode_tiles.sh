@@ -20,7 +20,7 @@ commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 variants=("$@")
 [ ${#variants[@]} -eq 0 ] && variants=(tiles=2 tiles=4 base+ff tiles=2+ff tiles=4+ff)
 status=0
-python3 -m pytest -q -m gpu tests/kernels/test_gdn_decode.py -k "program_tiles or tiles_bitwise" \
+python3 -m pytest -q -m gpu tests/kernels/test_gdn_decode.py -k "program_tiles or tiles2 or tiles4" \
   > "$work/gpu_tests.log" 2>&1 || status=1
 tail -n 3 "$work/gpu_tests.log"
 for v in base "${variants[@]}"; do
