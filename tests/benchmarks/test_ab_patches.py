@@ -81,3 +81,18 @@ def test_patch_that_does_not_apply_stops_before_running(tmp_path):
     r = _run(tmp_path, f"m={patch}")
     assert r.returncode == 1 and "does not apply" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+#: Untimed kernel experiments waiting for a GPU A/B (benchmarks/notes/*.patch; the ablations under
+#: notes/ablations/ are records of a timed run at an older commit and may no longer apply).
+PENDING_PATCHES = sorted((ROOT / "benchmarks" / "notes").glob("*.patch"))
+
+
+@pytest.mark.parametrize("patch", PENDING_PATCHES, ids=[p.name for p in PENDING_PATCHES])
+def test_pending_patches_apply(patch):
+    """A pending A/B patch still applies to this checkout (ab_patches.sh would stop otherwise)."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    r = subprocess.run(["git", "apply", "--check", str(patch)], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
