@@ -436,8 +436,15 @@ def _lockstep_tiles(case: Case, seed: int, base: dict, launch: dict,
     sims = Sim(case, seed=seed), Sim(case, seed=seed)
     ops = [functools.partial(gdn_replay_decode_fwd, **base),
            ordered if flush_first else functools.partial(gdn_replay_decode_fwd, **launch)]
+    return lockstep(sims, ops, case.steps)
+
+
+def lockstep(sims, ops, steps: int) -> int:
+    """Drive twin pools (``Sim``s from one seed) through ``steps`` steps, ``ops[i]`` on
+    ``sims[i]``: every output and pool element bit for bit after every step.  Returns the flushed
+    rows seen."""
     flushed = 0
-    for step in range(case.steps):
+    for step in range(steps):
         (out0, flush), (out1, _) = [s.step(op, s.make_inputs()) for s, op in zip(sims, ops)]
         assert_bits_equal(out1, out0, f"step {step}: outputs")
         for t0, t1 in zip(sims[0].full_tensors(), sims[1].full_tensors()):

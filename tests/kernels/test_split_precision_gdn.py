@@ -18,7 +18,7 @@ import math
 
 import pytest
 import torch
-from test_gdn_decode import DEVICE, Case, Sim, assert_bits_equal
+from test_gdn_decode import DEVICE, Case, Sim, assert_bits_equal, lockstep
 
 from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
 from replayssm_kernels.mamba2_decode.read_copy import quantize_rows, refresh_read_copy
@@ -168,14 +168,7 @@ def test_program_tiles_with_copy_bitwise_vs_one_tile(rd):
     case = _with_tol(Case(HV=2, Hk=1, K=32, V=48, L=4, R=6, force_p=0.25, steps=10), rd)
     sims = SplitSim(case, rd, seed=7), SplitSim(case, rd, seed=7)
     ops = [functools.partial(gdn_replay_decode_fwd, block_v=16, **kw) for kw in ({}, {"tiles": 2})]
-    flushed = 0
-    for step in range(case.steps):
-        (out0, flush), (out1, _) = [s.step(op, s.make_inputs()) for s, op in zip(sims, ops)]
-        assert_bits_equal(out1, out0, f"step {step}: outputs")
-        for t0, t1 in zip(sims[0].full_tensors(), sims[1].full_tensors()):
-            assert_bits_equal(t1, t0, f"step {step}: pool tensor")
-        flushed += int(flush.sum())
-    assert flushed >= 3
+    assert lockstep(sims, ops, case.steps) >= 3
 
 
 @pytest.mark.parametrize("op", ["kernel", "ref"])
