@@ -897,11 +897,19 @@ class GDNFamily(_ReadCopy):
 
     def refcheck_call(self, fn, a: dict) -> None:
         dt_bias = self.dt_bias.float() if getattr(self, "_fp32_params", False) else self.dt_bias
+        order = {}
+        if self.cfg.flush_first:  # check the launch that is timed: rows in flush-first order
+            import torch
+
+            from replayssm_kernels.row_order import flush_first_order_ref
+
+            order["row_order"] = torch.empty_like(a["slot_idx"], dtype=torch.int32)
+            flush_first_order_ref(a["flush"], order["row_order"])
         fn(a["state"], a["ring_u"], a["ring_k"], a["ring_v"], a["ring_g"], a["ring_beta"],
            a["q"], a["k"], a["v"], a["a"], a["b"], self.A_log, dt_bias, a["out"],
            a["slot_idx"], a["ring_start"], a["ring_len"], a["flush"],
            scale=self.scale, use_qk_l2norm=True,
-           **self._read_kwargs(a.get("read_state"), a.get("read_scale")))
+           **self._read_kwargs(a.get("read_state"), a.get("read_scale")), **order)
 
     ring_names = ("ring_u", "ring_k", "ring_v", "ring_g", "ring_beta")
 

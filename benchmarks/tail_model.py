@@ -66,8 +66,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="non-flush time per tile relative to one tile, per --tiles entry")
     p.add_argument("--draws", type=int, default=20)
     a = p.parse_args(argv)
+    tiles, scales = [int(x) for x in a.tiles.split(",")], [float(x) for x in a.scale.split(",")]
+    if len(tiles) != len(scales):
+        p.error(f"--scale: expected {len(tiles)} values (one per --tiles entry), got {len(scales)}")
     n_flush = a.batch // a.window
-    for t, r in zip((int(x) for x in a.tiles.split(",")), (float(x) for x in a.scale.split(","))):
+    for t, r in zip(tiles, scales):
         nf, fl, per_head = a.nonflush_us * r * t, a.flush_us * t, a.head_tiles // t
         mixed = [makespan(launch(a.batch, a.heads, per_head,
                                  set(random.Random(s).sample(range(a.batch), n_flush)), nf, fl),

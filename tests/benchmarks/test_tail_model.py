@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.tail_model import launch, main, makespan
 
 
@@ -25,3 +27,9 @@ def test_launch_order_and_long_programs_first(capsys):
         mixed = float(x.split("mixed median ")[1].split(" ")[0])
         first = float(x.split("flush rows first ")[1].split(",")[0])
         assert first <= mixed
+
+
+def test_scale_per_tiles_entry(capsys):
+    with pytest.raises(SystemExit):
+        main(["--nonflush-us", "1", "--flush-us", "8", "--tiles", "1,2", "--scale", "1"])
+    assert "--scale: expected 2 values" in capsys.readouterr().err
