@@ -11,6 +11,7 @@
 #             default launch); a "+ff" suffix adds --flush-first (rows launched flush rows first).
 #             Default: tiles=2 tiles=4 base+ff tiles=2+ff tiles=4+ff; "base" always runs first.
 # Environment: COMMIT (recorded as the commit id; default git's HEAD), BATCH (default 1,64,256),
+# PEERS=1 (time SGLang's kernels too in every variant's process: the ratios; default skipped),
 # OUT (the device tool's output folder).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,6 +21,8 @@ commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 variants=("$@")
 [ ${#variants[@]} -eq 0 ] && variants=(tiles=2 tiles=4 base+ff tiles=2+ff tiles=4+ff)
 status=0
+peers=(--skip-peers)
+[ "${PEERS:-0}" = 1 ] && peers=()
 python3 -m pytest -q -m gpu tests/kernels/test_gdn_decode.py -k "program_tiles or tiles2 or tiles4" \
   > "$work/gpu_tests.log" 2>&1 || status=1
 tail -n 3 "$work/gpu_tests.log"
@@ -28,7 +31,7 @@ for v in base "${variants[@]}"; do
   launch=()
   case $v in *+ff) launch=(--flush-first); v=${v%+ff};; esac
   [ "$v" = base ] || launch+=(--gdn-decode-launch "$v")
-  python3 -m benchmarks.bench_decode --family gdn --batch "${BATCH:-1,64,256}" --skip-peers \
+  python3 -m benchmarks.bench_decode --family gdn --batch "${BATCH:-1,64,256}" "${peers[@]}" \
     --refcheck --commit "$commit" "${launch[@]}" --out "$work/$name" > "$work/$name.log" 2>&1 \
     || { status=1; echo "bench_decode $v failed (log: $name.log)"; }
   grep -h "replayssm" "$work/$name/results.md" 2>/dev/null | head -n 8
