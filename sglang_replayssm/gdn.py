@@ -36,6 +36,8 @@ from collections.abc import Callable
 import torch
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
+from replayssm_kernels.gdn_decode.kernel import FLUSH_FIRST_MIN_BATCH
+
 from sglang_replayssm.metadata import GraphBuffers, GraphMetadataMixin, ReplayStep, build_eager
 from sglang_replayssm.pool import ReplayMambaPool
 from sglang_replayssm.spec import VerifyGraphBuffers, VerifyMetadataMixin, VerifyStep, verify_kernel
@@ -66,6 +68,8 @@ def decode_kernel(device: torch.device) -> Callable[..., None]:
 
 class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBackend):
     """``GDNAttnBackend`` that decodes through the ReplaySSM rings (see the module docstring)."""
+
+    order_rows_from = FLUSH_FIRST_MIN_BATCH  # decode rows launched flush rows first from here
 
     def __init__(self, model_runner):
         super().__init__(model_runner)
@@ -124,6 +128,7 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
                 track_mask=forward_batch.mamba_track_mask,
                 window=self.window,
                 rows=self.rows,
+                order_rows_from=self.order_rows_from,
             )
         else:
             if mode.is_mixed():
@@ -337,6 +342,7 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
             step.flush,
             scale=layer.head_k_dim**-0.5,
             use_qk_l2norm=True,
+            row_order=step.row_order,
         )
         self._track_mamba_state_decode(forward_batch, conv_states, ssm_states, cache_indices, layer.layer_id)
         # SGLang's decode output layout: [1, B, HV, V].

@@ -11,6 +11,11 @@ of the rows in ``forward_batch.mamba_track_mask`` to their track slots after the
 knows nothing of the ring, so exactly those rows must flush in this step; we pass that mask (a
 device tensor, no host sync) as ``force_flush``.
 
+Row order: a backend whose decode kernel takes a launch order (GDN, ``row_order``) sets
+``order_rows_from`` (a batch size); from that many decode rows the snapshot also carries
+``flush_first_order`` of the flush flags (one tiny launch per forward, the flush rows' long programs
+launched first; ``replayssm_kernels.row_order``).
+
 Two builders:
 
 - ``build_eager``: eager forwards (decode, extend, mixed); allocates small tensors per forward.
@@ -24,7 +29,12 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from replayssm_kernels import decode_cursor_step, decode_cursor_step_ref
+from replayssm_kernels import (
+    decode_cursor_step,
+    decode_cursor_step_ref,
+    flush_first_order,
+    flush_first_order_ref,
+)
 
 from sglang_replayssm.radix import check_extend_index, extend_index
 
@@ -43,12 +53,16 @@ class ReplayStep:
         ``[num_decodes]`` int32 cursor snapshot (padding rows 0).
     flush : torch.Tensor
         ``[num_decodes]`` bool, rows that fold their ring into the checkpoint this step.
+    row_order : torch.Tensor or None
+        ``[num_decodes]`` int32 launch order, flush rows first (``flush_first_order``), or None
+        (batch order).
     """
 
     slot_idx: torch.Tensor
     ring_start: torch.Tensor
     ring_len: torch.Tensor
     flush: torch.Tensor
+    row_order: torch.Tensor | None = None
 
 
 def reset_extend_rows(cursors: torch.Tensor, extend_slots: torch.Tensor) -> None:
@@ -93,11 +107,19 @@ def _step_into(
     out_start: torch.Tensor,
     out_len: torch.Tensor,
     out_flush: torch.Tensor,
+    out_order: torch.Tensor | None = None,
 ) -> None:
     if force_flush is not None:
         force_flush = force_flush.to(device=slots.device, dtype=torch.bool)
     step = decode_cursor_step if cursors.is_cuda else decode_cursor_step_ref
     step(cursors, slots, force_flush, window, rows, out_start, out_len, out_flush)
+    if out_order is not None:
+        order = flush_first_order if cursors.is_cuda else flush_first_order_ref
+        order(out_flush, out_order)
+
+
+def _orders(batch: int, order_rows_from: int | None) -> bool:
+    return order_rows_from is not None and batch >= order_rows_from
 
 
 def build_eager(
@@ -111,6 +133,7 @@ def build_eager(
     rows: int,
     extend_prefix_lens: torch.Tensor | None = None,
     extend_prefix_lens_cpu=None,
+    order_rows_from: int | None = None,
 ) -> ReplayStep | None:
     """Cursor work of one eager forward; returns the decode rows' snapshot (None without decode rows).
 
@@ -133,6 +156,8 @@ def build_eager(
     extend_prefix_lens_cpu : sequence of int or None
         ``forward_batch.extend_prefix_lens_cpu``, the same lengths on the host (SGLang's main path
         sets it): picks the checked rows without device work (``_check_extend``).
+    order_rows_from : int or None
+        From this many decode rows the snapshot carries a flush-first ``row_order``; None: never.
 
     Extend rows cost one index (conversion + clamp), the check (none without a prefix; index, compare,
     assert for a batch of one radix hit) and the reset (one ``index_fill_``).
@@ -149,8 +174,11 @@ def build_eager(
     out_start = torch.empty(num_decodes, dtype=torch.int32, device=dev)
     out_len = torch.empty(num_decodes, dtype=torch.int32, device=dev)
     out_flush = torch.empty(num_decodes, dtype=torch.bool, device=dev)
-    _step_into(cursors, slots, force, window, rows, out_start, out_len, out_flush)
-    return ReplayStep(slot_idx=slots, ring_start=out_start, ring_len=out_len, flush=out_flush)
+    out_order = (torch.empty(num_decodes, dtype=torch.int32, device=dev)
+                 if _orders(num_decodes, order_rows_from) else None)
+    _step_into(cursors, slots, force, window, rows, out_start, out_len, out_flush, out_order)
+    return ReplayStep(slot_idx=slots, ring_start=out_start, ring_len=out_len, flush=out_flush,
+                      row_order=out_order)
 
 
 class GraphBuffers:
@@ -159,14 +187,25 @@ class GraphBuffers:
     ``step(bs, slots, track_mask)`` refreshes the buffers of batch size ``bs`` in place and returns
     a ``ReplayStep`` whose tensors are those buffers, so a graph captured with it reads the new
     values on replay.  ``slots`` is SGLang's static ``state_indices_list[bs - 1]`` (already refreshed
-    in place, padded rows ``-1``).
+    in place, padded rows ``-1``).  With ``order_rows_from``, batch sizes from it on also carry a
+    static flush-first ``row_order`` buffer, refreshed by the same step.
     """
 
-    def __init__(self, max_bs: int, device: torch.device | str) -> None:
+    def __init__(self, max_bs: int, device: torch.device | str, order_rows_from: int | None = None) -> None:
         self.max_bs = max_bs
         self.ring_start = [torch.zeros(i + 1, dtype=torch.int32, device=device) for i in range(max_bs)]
         self.ring_len = [torch.zeros(i + 1, dtype=torch.int32, device=device) for i in range(max_bs)]
         self.flush = [torch.zeros(i + 1, dtype=torch.bool, device=device) for i in range(max_bs)]
+        self.row_order = [
+            torch.arange(i + 1, dtype=torch.int32, device=device) if _orders(i + 1, order_rows_from) else None
+            for i in range(max_bs)
+        ]
+
+    def snapshot(self, bs: int, slots: torch.Tensor) -> ReplayStep:
+        """The ``ReplayStep`` of batch size ``bs`` over its static buffers."""
+        i = bs - 1
+        return ReplayStep(slot_idx=slots, ring_start=self.ring_start[i], ring_len=self.ring_len[i],
+                          flush=self.flush[i], row_order=self.row_order[i])
 
     def step(
         self,
@@ -184,10 +223,9 @@ class GraphBuffers:
             raise ValueError(f"slots: expected [{bs}], got {tuple(slots.shape)}")
         i = bs - 1
         force = track_mask[:bs] if track_mask is not None else None
-        _step_into(cursors, slots, force, window, rows, self.ring_start[i], self.ring_len[i], self.flush[i])
-        return ReplayStep(
-            slot_idx=slots, ring_start=self.ring_start[i], ring_len=self.ring_len[i], flush=self.flush[i]
-        )
+        _step_into(cursors, slots, force, window, rows, self.ring_start[i], self.ring_len[i], self.flush[i],
+                   self.row_order[i])
+        return self.snapshot(bs, slots)
 
 
 class GraphMetadataMixin:
@@ -198,12 +236,15 @@ class GraphMetadataMixin:
     ``init_forward_metadata_out_graph`` hands the layers the static buffers of the batch size;
     ``init_forward_metadata_in_graph``, recorded inside the captured graph, runs the cursor step
     into them, so every replay advances the cursors on the device with no host sync (and, with
-    stochastic rounding, the pool's rounding counter: ``pool.advance_rounding``).
+    stochastic rounding, the pool's rounding counter: ``pool.advance_rounding``).  A backend
+    whose decode takes a launch order sets ``order_rows_from`` (module docstring).
     """
+
+    order_rows_from: int | None = None
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         super().init_cuda_graph_state(max_bs, max_num_tokens)
-        self._graph = GraphBuffers(max_bs, self.device)
+        self._graph = GraphBuffers(max_bs, self.device, self.order_rows_from)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
@@ -217,12 +258,7 @@ class GraphMetadataMixin:
         i = bs - 1
         # SGLang refreshed state_indices_list[i] in place just now.
         self._graph_bs = bs
-        self._step = ReplayStep(
-            slot_idx=self.state_indices_list[i],
-            ring_start=self._graph.ring_start[i],
-            ring_len=self._graph.ring_len[i],
-            flush=self._graph.flush[i],
-        )
+        self._step = self._graph.snapshot(bs, self.state_indices_list[i])
 
     def init_forward_metadata_in_graph(self, forward_batch):
         super().init_forward_metadata_in_graph(forward_batch)

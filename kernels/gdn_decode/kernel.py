@@ -49,6 +49,8 @@ __all__ = [
     "NONFLUSH_ROWS",
     "BLOCK_R",
     "TILES",
+    "TILES_MIN_BATCH",
+    "FLUSH_FIRST_MIN_BATCH",
     "launch_tile",
 ]
 
@@ -60,7 +62,11 @@ BLOCK_V = 32  # value rows per program, one warp: SGLang's packed-decode tile
 FOLD_ROWS = 16  # flush rows: rows on lanes of the tree-form fold
 NONFLUSH_ROWS = 4  # non-flush rows: rows on lanes of the inner-product sums
 BLOCK_R = 16  # non-flush rows: records per chunk (R <= 16: one chunk)
-TILES = 1  # value tiles per program, one after another (the per-key-head work once)
+TILES = 1  # value tiles per program, one after another (the per-key-head work once) ...
+TILES_MIN_BATCH = 1  # ... from this batch size (smaller batches: one tile per program)
+# Callers launch the rows flush rows first (``row_order``, ``flush_first_order``) from this batch
+# size: a mixed batch's flush programs then start in the first wave.
+FLUSH_FIRST_MIN_BATCH = 64
 
 
 def launch_tile(V: int, block_v: int | None = None, fold_rows: int | None = None,
@@ -314,7 +320,8 @@ def gdn_replay_decode_fwd(
     ``read_state`` (and ``read_scale`` for fp8): split precision (``HAS_READ`` compiled in).
     ``sr_seed`` (fp16 ``state``): stochastic rounding of the flush store (``SR`` compiled in).
     ``block_v`` / ``fold_rows`` / ``nonflush_rows`` / ``tiles``: the tile and the tiles per
-    program (``launch_tile``; ``None``: the module's constants), for a launch sweep; flush rows
+    program (``launch_tile``; ``None``: the module's constants, ``tiles`` 1 below
+    ``TILES_MIN_BATCH`` rows), for a launch sweep; flush rows
     give the same bits at any tile, non-flush outputs may differ in the last bits (their sums'
     order follows the tile; not with ``tiles``).  ``row_order``: program ``z`` of the grid's
     batch dimension runs row ``row_order[z]`` (``HAS_ORDER`` compiled in).
@@ -329,6 +336,8 @@ def gdn_replay_decode_fwd(
     R = ring_k.shape[2]
     if batch == 0:
         return
+    if tiles is None and batch < TILES_MIN_BATCH:
+        tiles = 1
     BK = max(triton.next_power_of_2(K), 4)  # whole 4-column chunks (``_tree._cols``)
     BV, RL_FOLD, RL_OUT, TILES_ = launch_tile(V, block_v, fold_rows, nonflush_rows, tiles)
     BR = min(triton.next_power_of_2(R), BLOCK_R)

@@ -302,5 +302,6 @@ def gdn_decode_cpu(
         step.flush,
         scale=layer.head_k_dim**-0.5,
         use_qk_l2norm=True,
+        row_order=step.row_order,
     )
     return out.unsqueeze(0)

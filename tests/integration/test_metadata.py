@@ -108,3 +108,29 @@ def test_extend_rows_with_a_prefix_must_have_empty_rings():
         build_eager(cursors=cur, slot_idx=slots, num_prefills=3, num_decodes=0, track_mask=None, window=L,
                     rows=R, extend_prefix_lens=torch.tensor([0, 7]))
     assert cur[5].tolist() == [2, 1]  # refused before any reset
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_row_order_flush_rows_first_from_the_threshold(graph):
+    """With ``order_rows_from``, batches of at least that many decode rows carry the flush-first
+    launch order of this step's flush flags (forced and ring-full rows); smaller batches none."""
+    cur = _cursors()
+    buffers = GraphBuffers(4, "cpu", order_rows_from=3) if graph else None
+
+    def step(slots, track):
+        slots = torch.tensor(slots, dtype=torch.int32)
+        track = torch.tensor(track)
+        if graph:
+            return buffers.step(bs=len(slots), cursors=cur, slots=slots, track_mask=track, window=L, rows=R)
+        return build_eager(cursors=cur, slot_idx=slots, num_prefills=0, num_decodes=len(slots),
+                           track_mask=track, window=L, rows=R, order_rows_from=3)
+
+    assert step([1, 2], [True, False]).row_order is None  # below the threshold
+    s = step([3, 4, 5, 2], [False, True, False, True])
+    assert s.flush.tolist() == [False, True, False, True]
+    assert s.row_order.tolist() == [1, 3, 0, 2]
+    if graph:
+        first = s.row_order
+        s = step([3, 4, 5, 2], [True, False, False, False])
+        assert s.row_order is first  # the static buffer, refreshed in place
+        assert s.row_order.tolist() == [0, 1, 2, 3]
