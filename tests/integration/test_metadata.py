@@ -134,3 +134,26 @@ def test_row_order_flush_rows_first_from_the_threshold(graph):
         s = step([3, 4, 5, 2], [True, False, False, False])
         assert s.row_order is first  # the static buffer, refreshed in place
         assert s.row_order.tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA-graph capture needs a GPU")
+def test_row_order_refreshed_by_graph_replay():
+    """Captured in a CUDA graph, the cursor step and ``flush_first_order`` refresh the static
+    ``row_order`` on every replay (the force mask read by address)."""
+    dev = torch.device("cuda")
+    cur = torch.zeros(8, 2, dtype=torch.int32, device=dev)
+    g = GraphBuffers(4, dev, order_rows_from=4)
+    slots = torch.tensor([3, 4, 5, 2], dtype=torch.int32, device=dev)
+    track = torch.zeros(4, dtype=torch.bool, device=dev)
+    kw = dict(bs=4, cursors=cur, slots=slots, track_mask=track, window=L, rows=R)
+    g.step(**kw)  # warm-up (compiles the kernels) outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g.step(**kw)
+    for mask, want in (([False, True, False, True], [1, 3, 0, 2]), ([True, False, False, False], [0, 1, 2, 3]),
+                       ([False, False, True, False], [2, 0, 1, 3])):
+        track.copy_(torch.tensor(mask))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert g.flush[3].tolist() == mask and g.row_order[3].tolist() == want
