@@ -148,10 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refcheck", action="store_true",
                    help="check our kernels against our torch references before timing")
     p.add_argument("--skip-peers", action="store_true", help="time our kernels only")
-    p.add_argument("--flush-first", action="store_true",
-                   help="our GDN kernel runs the rows in flush-first order (row_order from "
+    p.add_argument("--row-order", choices=ROW_ORDERS, default="serving",
+                   help="our GDN kernel's launch order: flush-first (row_order from "
                         "replayssm_kernels.row_order.flush_first_order, built before the timed "
-                        "launches, as a forward would once for all layers)")
+                        "launches, as a forward does once for all layers), batch (none), or "
+                        "serving (default: flush-first from the serving backend's "
+                        "FLUSH_FIRST_MIN_BATCH rows, else batch)")
     p.add_argument("--dry-run", action="store_true",
                    help="no device work: synthetic timings from the byte model, to exercise the "
                         "table / JSON / plot writing")
@@ -198,8 +200,19 @@ class Config:
     argv: list[str] = field(default_factory=list)
     read_dtype: str = "same"
     gdn_decode_launch: dict[str, int] = field(default_factory=dict)
-    flush_first: bool = False
+    row_order: str = "serving"
 
+    def flush_first(self, batch: int) -> bool:
+        """Whether our GDN launch at ``batch`` rows runs the rows flush rows first."""
+        if self.row_order == "serving":
+            from replayssm_kernels.gdn_decode.kernel import FLUSH_FIRST_MIN_BATCH
+
+            return batch >= FLUSH_FIRST_MIN_BATCH
+        return self.row_order == "flush-first"
+
+
+#: ``--row-order`` values.
+ROW_ORDERS = ("serving", "flush-first", "batch")
 
 #: ``gdn_replay_decode_fwd``'s keywords that ``--gdn-decode-launch`` may set.
 GDN_DECODE_LAUNCH_FIELDS = ("block_v", "fold_rows", "nonflush_rows", "tiles")
@@ -300,7 +313,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         graph=(not a.no_graph) and not cpu,
         refcheck=a.refcheck,
         skip_peers=a.skip_peers,
-        flush_first=a.flush_first,
+        row_order=a.row_order,
         dry_run=a.dry_run,
         seed=a.seed,
         commit=a.commit or _git_commit(),
@@ -541,7 +554,7 @@ class _Cursors:
         self.ring_len = torch.zeros(batch, dtype=torch.int32, device=dev)
         self.flush = torch.zeros(batch, dtype=torch.bool, device=dev)
         self.write_pos = torch.zeros(batch, dtype=torch.int32, device=dev)  # SGLang built-in
-        self.row_order = torch.arange(batch, dtype=torch.int32, device=dev)  # --flush-first
+        self.row_order = torch.arange(batch, dtype=torch.int32, device=dev)  # flush-first order
         order = rng.perm(batch).tolist()
         self.mixed = [order[i] % L for i in range(batch)]
         self._mixed_t = torch.tensor(self.mixed, dtype=torch.int32, device=dev)
@@ -819,7 +832,8 @@ class GDNFamily(_ReadCopy):
     def cases(self, batch: int) -> list[Case]:
         cfg = self.cfg
         inp = self.inputs(batch, contiguous=getattr(self, "_contiguous", False))
-        cur = _Cursors(self.rng, batch, cfg.L, cfg.R, cfg.flush_first)
+        flush_first = cfg.flush_first(batch)
+        cur = _Cursors(self.rng, batch, cfg.L, cfg.R, flush_first)
         out: list[Case] = []
         if self.kernels.get("gdn") is not None:
             fn_ours = self.kernels["gdn"]
@@ -832,7 +846,7 @@ class GDNFamily(_ReadCopy):
                    i["q"], i["k"], i["v"], i["a"], i["b"], A_log, dt_bias, i["out"],
                    i["slot_idx"], c.ring_start, c.ring_len, c.flush,
                    scale=self.scale, use_qk_l2norm=True, **self._read_kwargs(),
-                   **({"row_order": c.row_order} if cfg.flush_first else {}))
+                   **({"row_order": c.row_order} if flush_first else {}))
 
             out.append(Case("gdn", "ours", ours, inp["out"], cur.set_phase, cur.set_mixed,
                             cur.mixed, note=getattr(self, "_note", "")))
@@ -898,7 +912,7 @@ class GDNFamily(_ReadCopy):
     def refcheck_call(self, fn, a: dict) -> None:
         dt_bias = self.dt_bias.float() if getattr(self, "_fp32_params", False) else self.dt_bias
         order = {}
-        if self.cfg.flush_first:  # check the launch that is timed: rows in flush-first order
+        if self.cfg.flush_first(a["slot_idx"].shape[0]):  # the launch that is timed
             import torch
 
             from replayssm_kernels.row_order import flush_first_order_ref
@@ -1365,9 +1379,10 @@ def launch_override_lines(meta: dict) -> list[str]:
     """Markdown bullet lines naming the launch overrides a run used (none: no line)."""
     lines = [f"- **launch override** `{k}`: " + ", ".join(f"{f}={v}" for f, v in meta[k].items())
              for k in LAUNCH_META_KEYS if meta.get(k)]
-    if meta.get("flush_first"):
-        lines.append("- **launch override** `--flush-first`: our GDN kernel runs the rows flush "
-                     "rows first (`row_order`)")
+    if meta.get("row_order", "serving") != "serving":
+        lines.append(f"- **launch override** `--row-order {meta['row_order']}`: our GDN kernel's "
+                     "rows in that order at every batch (default: flush rows first from the "
+                     "serving backend's FLUSH_FIRST_MIN_BATCH)")
     return lines
 
 
@@ -1748,7 +1763,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                           **cfg.gdn_decode_launch)
             meta["gdn_decode_launch"] = dict(cfg.gdn_decode_launch)
             _log(f"GDN decode: launch tile overridden: {cfg.gdn_decode_launch}")
-        meta["flush_first"] = cfg.flush_first
+        meta["row_order"] = cfg.row_order
         kernels, refs, kerr = load_ours(cfg)
         peers, perr = load_peers(cfg)
         for k, e in {**{f"ours/{k}": v for k, v in kerr.items()},

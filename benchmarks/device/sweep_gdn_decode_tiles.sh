@@ -8,8 +8,10 @@
 #     bash benchmarks/device/on_device.sh bash benchmarks/device/sweep_gdn_decode_tiles.sh [VARIANT ...]
 #
 #   VARIANT   a --gdn-decode-launch value, e.g. tiles=2 or tiles=4,nonflush_rows=8, or "base" (the
-#             default launch); a "+ff" suffix adds --flush-first (rows launched flush rows first).
-#             Default: tiles=2 tiles=4 base+ff tiles=2+ff tiles=4+ff; "base" always runs first.
+#             default launch: tiles by batch size, flush rows first from FLUSH_FIRST_MIN_BATCH);
+#             a "+ff" suffix adds --row-order flush-first (every batch), "+bo" --row-order batch.
+#             Default: tiles=1+bo tiles=2+bo tiles=4+bo tiles=1+ff tiles=2+ff tiles=4+ff; "base"
+#             always runs first.
 # Environment: COMMIT (recorded as the commit id; default git's HEAD), BATCH (default 1,64,256),
 # PEERS=1 (time SGLang's kernels too in every variant's process: the ratios; default skipped),
 # OUT (the device tool's output folder).
@@ -19,7 +21,7 @@ cd "$(dirname "$0")/../.."
 work=/tmp/gdn_tiles && rm -rf "$work" && mkdir -p "$work"
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 variants=("$@")
-[ ${#variants[@]} -eq 0 ] && variants=(tiles=2 tiles=4 base+ff tiles=2+ff tiles=4+ff)
+[ ${#variants[@]} -eq 0 ] && variants=(tiles=1+bo tiles=2+bo tiles=4+bo tiles=1+ff tiles=2+ff tiles=4+ff)
 status=0
 peers=(--skip-peers)
 [ "${PEERS:-0}" = 1 ] && peers=()
@@ -29,12 +31,15 @@ tail -n 3 "$work/gpu_tests.log"
 for v in base "${variants[@]}"; do
   name=${v//[=,+]/_}
   launch=()
-  case $v in *+ff) launch=(--flush-first); v=${v%+ff};; esac
+  case $v in
+    *+ff) launch=(--row-order flush-first); v=${v%+ff};;
+    *+bo) launch=(--row-order batch); v=${v%+bo};;
+  esac
   [ "$v" = base ] || launch+=(--gdn-decode-launch "$v")
   python3 -m benchmarks.bench_decode --family gdn --batch "${BATCH:-1,64,256}" "${peers[@]}" \
     --refcheck --commit "$commit" "${launch[@]}" --out "$work/$name" > "$work/$name.log" 2>&1 \
     || { status=1; echo "bench_decode $v failed (log: $name.log)"; }
-  grep -h "replayssm" "$work/$name/results.md" 2>/dev/null | head -n 8
+  grep -h "replayssm" "$work/$name/results.md" 2>/dev/null | head -n 20
 done
 tar czf "$OUT/gdn_tiles.tgz" -C "$work" .
 bash benchmarks/device/save_caches.sh || true

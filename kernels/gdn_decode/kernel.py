@@ -3,10 +3,11 @@
 Layers (fla style): ``gdn_replay_decode_fwd_kernel`` (Triton jit), ``gdn_replay_decode_fwd``
 (launcher, no checks), ``gdn_replay_decode`` (validated public function).
 
-Launch layout: grid ``(cdiv(V, BV), HV, batch)`` with ``BV = 32``, one warp per program; a
+Launch layout: grid ``(cdiv(cdiv(V, BV), TILES), HV, batch)`` with ``BV = 32``, one warp per program; a
 program owns one ``[BV, K]`` tile of one value head's checkpoint, so the checkpoint is read exactly
-once per row and head and the flush writes it exactly once.  (``TILES > 1``, a sweep keyword: a
-program owns that many of the head's tiles, one after another.)  Per row the program branches on
+once per row and head and the flush writes it exactly once.  From batch 64 a program owns two (from
+256 four) of the head's tiles, one after another (``TILES_BY_BATCH``; the per-key-head work once
+per program).  Per row the program branches on
 ``flush[b]`` (``_tree.py``; every row sum laid out rows-on-lanes):
 
 * flush: the exact fold, ``_tree.flush_tree`` (16 rows on lanes).  Records ``[0, len)`` and then
@@ -48,9 +49,9 @@ __all__ = [
     "FOLD_ROWS",
     "NONFLUSH_ROWS",
     "BLOCK_R",
-    "TILES",
-    "TILES_MIN_BATCH",
+    "TILES_BY_BATCH",
     "FLUSH_FIRST_MIN_BATCH",
+    "program_tiles",
     "launch_tile",
 ]
 
@@ -62,11 +63,17 @@ BLOCK_V = 32  # value rows per program, one warp: SGLang's packed-decode tile
 FOLD_ROWS = 16  # flush rows: rows on lanes of the tree-form fold
 NONFLUSH_ROWS = 4  # non-flush rows: rows on lanes of the inner-product sums
 BLOCK_R = 16  # non-flush rows: records per chunk (R <= 16: one chunk)
-TILES = 1  # value tiles per program, one after another (the per-key-head work once) ...
-TILES_MIN_BATCH = 1  # ... from this batch size (smaller batches: one tile per program)
+# (from batch size, value tiles per program), largest first: a program over several of a head's
+# tiles does the per-key-head work once; smaller batches keep one tile (SMs would idle).
+TILES_BY_BATCH = ((256, 4), (64, 2))
 # Callers launch the rows flush rows first (``row_order``, ``flush_first_order``) from this batch
-# size: a mixed batch's flush programs then start in the first wave.
+# size: a mixed batch's flush programs (tiles folded in turn) then start in the first wave.
 FLUSH_FIRST_MIN_BATCH = 64
+
+
+def program_tiles(batch: int) -> int:
+    """Value tiles per program of the default launch for ``batch`` rows (``TILES_BY_BATCH``)."""
+    return next((t for b, t in TILES_BY_BATCH if batch >= b), 1)
 
 
 def launch_tile(V: int, block_v: int | None = None, fold_rows: int | None = None,
@@ -83,7 +90,7 @@ def launch_tile(V: int, block_v: int | None = None, fold_rows: int | None = None
         (``None``: the module's ``BLOCK_V`` / ``FOLD_ROWS`` / ``NONFLUSH_ROWS``, read at call
         time).
     tiles : int, optional
-        Value tiles per program, a power of two (``None``: the module's ``TILES``).
+        Value tiles per program, a power of two (``None``: one).
 
     Returns
     -------
@@ -108,7 +115,7 @@ def launch_tile(V: int, block_v: int | None = None, fold_rows: int | None = None
     bv = min(triton.next_power_of_2(V), block_v)
     fold = FOLD_ROWS if fold_rows is None else fold_rows
     out = NONFLUSH_ROWS if nonflush_rows is None else nonflush_rows
-    n_tiles = min(TILES if tiles is None else tiles, triton.next_power_of_2(triton.cdiv(V, bv)))
+    n_tiles = min(1 if tiles is None else tiles, triton.next_power_of_2(triton.cdiv(V, bv)))
     return bv, min(fold, bv), min(out, bv), n_tiles
 
 
@@ -320,10 +327,10 @@ def gdn_replay_decode_fwd(
     ``read_state`` (and ``read_scale`` for fp8): split precision (``HAS_READ`` compiled in).
     ``sr_seed`` (fp16 ``state``): stochastic rounding of the flush store (``SR`` compiled in).
     ``block_v`` / ``fold_rows`` / ``nonflush_rows`` / ``tiles``: the tile and the tiles per
-    program (``launch_tile``; ``None``: the module's constants, ``tiles`` 1 below
-    ``TILES_MIN_BATCH`` rows), for a launch sweep; flush rows
+    program (``launch_tile``; ``None``: the module's constants, ``tiles`` by the batch size,
+    ``program_tiles``), for a launch sweep; flush rows
     give the same bits at any tile, non-flush outputs may differ in the last bits (their sums'
-    order follows the tile; not with ``tiles``).  ``row_order``: program ``z`` of the grid's
+    order follows the tile; compiled, also between ``tiles`` values: FMA contraction).  ``row_order``: program ``z`` of the grid's
     batch dimension runs row ``row_order[z]`` (``HAS_ORDER`` compiled in).
 
     Raises
@@ -336,8 +343,8 @@ def gdn_replay_decode_fwd(
     R = ring_k.shape[2]
     if batch == 0:
         return
-    if tiles is None and batch < TILES_MIN_BATCH:
-        tiles = 1
+    if tiles is None:
+        tiles = program_tiles(batch)
     BK = max(triton.next_power_of_2(K), 4)  # whole 4-column chunks (``_tree._cols``)
     BV, RL_FOLD, RL_OUT, TILES_ = launch_tile(V, block_v, fold_rows, nonflush_rows, tiles)
     BR = min(triton.next_power_of_2(R), BLOCK_R)

@@ -302,23 +302,23 @@ def test_cpu_smoke_launch_override(tmp_path):
     """``--gdn-decode-launch`` on CPU without ``TRITON_INTERPRET`` in the environment: the flag's
     check imports the kernels while parsing, so the interpreter must be on by then (it was not:
     '0 active drivers'); the run is refchecked and timed at the overridden launch, here with the
-    rows in flush-first order (``--flush-first``)."""
+    rows in flush-first order (``--row-order flush-first``)."""
     _require("gdn_replay_decode")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_decode", "--device", "cpu", "--family", "gdn",
          "--skip-peers", "--batch", "1", "--window", "2", "--repeats", "1", "--warmup", "0",
          "--passes", "1", "--refcheck", "--gdn-decode-launch", "block_v=16,tiles=2",
-         "--flush-first", "--out", str(tmp_path)],
+         "--row-order", "flush-first", "--out", str(tmp_path)],
         cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
         timeout=600, check=False)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["refcheck"]["gdn"]["ok"] and res["rows"], res["status"]
     assert res["meta"]["gdn_decode_launch"] == {"block_v": 16, "tiles": 2}
-    assert res["meta"]["flush_first"] is True
+    assert res["meta"]["row_order"] == "flush-first"
     md = (tmp_path / "results.md").read_text()
-    assert "`gdn_decode_launch`: block_v=16, tiles=2" in md and "`--flush-first`" in md
+    assert "`gdn_decode_launch`: block_v=16, tiles=2" in md and "`--row-order flush-first`" in md
 
 
 def test_refcheck_failure_is_not_timed(tmp_path):

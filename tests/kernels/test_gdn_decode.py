@@ -505,7 +505,22 @@ def test_program_tiles_bitwise_vs_one_tile_gpu(tiles, flush_first):
     same bits; and so must a launch in flush-first row order."""
     case = Case(HV=32, Hk=16, K=128, V=128, L=16, R=16, requests=16, pad_rows=2, force_p=0.1,
                 steps=34)  # fmt: skip
-    assert _lockstep_tiles(case, 13, {}, dict(tiles=tiles), flush_first) >= 3
+    assert _lockstep_tiles(case, 13, dict(tiles=1), dict(tiles=tiles), flush_first) >= 3
+
+
+def test_program_tiles_by_batch():
+    """The default launch's tiles per program follow ``TILES_BY_BATCH`` (one below its smallest
+    batch), and the serving backend orders rows from the batch where programs start to hold
+    several tiles (a flush program folds its tiles in turn: it must start early)."""
+    from replayssm_kernels.gdn_decode.kernel import (
+        FLUSH_FIRST_MIN_BATCH,
+        TILES_BY_BATCH,
+        program_tiles,
+    )
+
+    assert [program_tiles(b) for b in (1, 63, 64, 255, 256, 512)] == [1, 1, 2, 2, 4, 4]
+    assert list(TILES_BY_BATCH) == sorted(TILES_BY_BATCH, reverse=True)
+    assert FLUSH_FIRST_MIN_BATCH <= min(b for b, _ in TILES_BY_BATCH)
 
 
 def test_launch_tile_value_errors():
