@@ -571,7 +571,7 @@ def test_program_tiles_by_batch():
 
     assert [program_tiles(b) for b in (1, 63, 64, 255, 256, 512)] == [1, 1, 2, 2, 4, 4]
     assert list(TILES_BY_BATCH) == sorted(TILES_BY_BATCH, reverse=True)
-    assert FLUSH_FIRST_MIN_BATCH <= min(b for b, _ in TILES_BY_BATCH)
+    assert FLUSH_FIRST_MIN_BATCH == min(b for b, _ in TILES_BY_BATCH)
 
 
 def test_launch_tile_value_errors():
