@@ -45,11 +45,13 @@ from sglang_replayssm.spec import VerifyGraphBuffers, VerifyMetadataMixin, Verif
 __all__ = ["ReplayGDNAttnBackend"]
 
 PERF_NOTE = (
-    "measured on the H200 (benchmarks/RESULTS.md, b870ffe; fp32 state, L=16, full cycle): SGLang's "
-    "packed GDN decode kernel is FASTER than the ReplaySSM GDN decode at batch 1 (ours 0.88x of it); "
-    "ours is faster from batch 64 (1.14x; 1.24x at 256). This build runs the ReplaySSM decode at every "
-    "batch size (no per-batch-size decode switch); speculative verify buckets are chosen by the "
-    "startup probe"
+    "measured on the H200 (benchmarks/RESULTS.md, aea380a; fp32 state, L=16, full cycle): SGLang's "
+    "packed GDN decode kernel is slightly FASTER than the ReplaySSM GDN decode at batch 1 (ours 0.97x "
+    "of it); ours is faster from batch 8 (1.22x at 64, 1.33x at 256), and SGLang's built-in "
+    "ReplaySSM decode kernel (not used here) is faster than ours from batch 32 (ours 0.93x); its flush "
+    "(424 us vs our exact fold's 622 at batch 256) does not reproduce the packed decode's bits. The later tiles-by-batch launch (199.5 us vs 216.8 at batch 256, "
+    "dbdd034) is not yet timed against them. This build runs the ReplaySSM decode at every batch "
+    "size (no per-batch-size decode switch); speculative verify buckets are chosen by the startup probe"
 )
 
 logger = logging.getLogger(__name__)
