@@ -49,8 +49,9 @@ PERF_NOTE = (
     "packed GDN decode kernel is slightly FASTER than the ReplaySSM GDN decode at batch 1 (ours 0.97x "
     "of it); ours is faster from batch 8 (1.22x at 64, 1.33x at 256), and SGLang's built-in "
     "ReplaySSM decode kernel (not used here) is faster than ours from batch 32 (ours 0.93x); its flush "
-    "(424 us vs our exact fold's 622 at batch 256) does not reproduce the packed decode's bits. The later tiles-by-batch launch (199.5 us vs 216.8 at batch 256, "
-    "dbdd034) is not yet timed against them. This build runs the ReplaySSM decode at every batch "
+    "(424 us vs our exact fold's 622 at batch 256) does not reproduce the packed decode's bits. The "
+    "later tiles-by-batch launch (batch 256: cycle 199.4 us vs 216.8, dbdd034) is not yet timed against "
+    "them. This build runs the ReplaySSM decode at every batch "
     "size (no per-batch-size decode switch); speculative verify buckets are chosen by the startup probe"
 )
 
