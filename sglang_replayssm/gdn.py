@@ -45,13 +45,12 @@ from sglang_replayssm.spec import VerifyGraphBuffers, VerifyMetadataMixin, Verif
 __all__ = ["ReplayGDNAttnBackend"]
 
 PERF_NOTE = (
-    "measured on the H200 (benchmarks/RESULTS.md, aea380a; fp32 state, L=16, full cycle): SGLang's "
-    "packed GDN decode kernel is slightly FASTER than the ReplaySSM GDN decode at batch 1 (ours 0.97x "
-    "of it); ours is faster from batch 8 (1.22x at 64, 1.33x at 256), and SGLang's built-in "
-    "ReplaySSM decode kernel (not used here) is faster than ours from batch 32 (ours 0.93x); its flush "
-    "(424 us vs our exact fold's 622 at batch 256) does not reproduce the packed decode's bits. The "
-    "later tiles-by-batch launch (batch 256: cycle 199.4 us vs 216.8, dbdd034) is not yet timed against "
-    "them. This build runs the ReplaySSM decode at every batch "
+    "measured on the H200 (benchmarks/RESULTS.md, 40f2ff4; fp32 state, L=16, full cycle): SGLang's "
+    "packed GDN decode kernel is FASTER than the ReplaySSM GDN decode at batch 1 (ours 0.94x of it); "
+    "ours is faster from batch 64 (1.21x at 64, 1.35x at 256, 1.39x at 512), and SGLang's built-in "
+    "ReplaySSM decode kernel (not used here) is faster than ours at those batches (ours 0.92-0.96x; "
+    "0.99x in a mixed launch at 256); its flush (424 us vs our exact fold's 669 at batch 256) does not "
+    "reproduce the packed decode's bits. This build runs the ReplaySSM decode at every batch "
     "size (no per-batch-size decode switch); speculative verify buckets are chosen by the startup probe"
 )
 
