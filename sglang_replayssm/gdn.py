@@ -47,7 +47,7 @@ __all__ = ["ReplayGDNAttnBackend"]
 PERF_NOTE = (
     "measured on the H200 (benchmarks/RESULTS.md, 40f2ff4; fp32 state, L=16, full cycle): SGLang's "
     "packed GDN decode kernel is FASTER than the ReplaySSM GDN decode at batch 1 (ours 0.94x of it); "
-    "ours is faster from batch 64 (1.21x at 64, 1.35x at 256, 1.39x at 512), and SGLang's built-in "
+    "ours is faster at batch 64 and above (batches 8-32 not timed at that commit; 1.21x at 64, 1.35x at 256, 1.39x at 512), and SGLang's built-in "
     "ReplaySSM decode kernel (not used here) is faster than ours at those batches (ours 0.92-0.96x; "
     "0.99x in a mixed launch at 256); its flush (424 us vs our exact fold's 669 at batch 256) does not "
     "reproduce the packed decode's bits. This build runs the ReplaySSM decode at every batch "
