@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override the GDN verify launches (keywords of "
                         "gdn_replay_verify_fwd: the window's block_v, block_k, num_warps, "
                         "num_stages, maxnreg; the fold's tree-form tile fold_block_v, fold_rows and "
-                        "its tiles per program fold_tiles; "
+                        "its tiles per program fold_tiles (a program grid) or its "
+                        "work-list programs fold_programs; "
                         "e.g. block_v=64,num_stages=3 or fold_block_v=16,fold_rows=8), for a "
                         "launch sweep; default: the kernel's")
     p.add_argument("--commit", default=None)
@@ -173,7 +174,7 @@ def parse_launch_overrides(text: str | None,
 #: ``gdn_replay_verify_fwd``'s launch keywords that ``--gdn-verify-launch`` may set (window launch,
 #: then the fold launch's tree-form tile and its tiles per program).
 GDN_LAUNCH_FIELDS = ("block_v", "block_k", "num_warps", "num_stages", "maxnreg", "fold_block_v",
-                     "fold_rows", "fold_tiles")
+                     "fold_rows", "fold_tiles", "fold_programs")
 
 
 def parse_gdn_launch(text: str | None, parser: argparse.ArgumentParser) -> dict[str, int]:

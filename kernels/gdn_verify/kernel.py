@@ -19,6 +19,8 @@ launches on the caller's stream).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -49,6 +51,13 @@ SMALL_BLOCK_V = 64
 #: folds spread over the SMs (H200, eighteenth session, T = 4: batch 256 322.9 vs 335.9 us, batch 1
 #: 19.4 vs 15.4 us with a program per head; ``benchmarks/RESULTS.md``).
 FOLD_HEAD_GRID = 1024
+#: Fold launch as a work list (``fold.py``): ``FOLD_PROGRAMS_PER_SM`` one-warp programs per SM
+#: over the flush rows' items, when the batch has at most ``FOLD_WORK_LIST_MAX_BATCH`` rows (the
+#: program ranks the flush flags in registers, ``BLOCK_B / 32`` per lane); a (row, head) item when
+#: there are at least ``FOLD_HEAD_ITEMS`` of them per program, else a one-tile item.
+FOLD_PROGRAMS_PER_SM = 8
+FOLD_WORK_LIST_MAX_BATCH = 1024
+FOLD_HEAD_ITEMS = 4
 #: Fold launch, tree form (``K <= 128``): value rows per program tile and rows on lanes (``RL``).
 #: The bits do not depend on them (the reduction tree is written out, ``_tree.py``; GPU-tested at
 #: four other tiles); registers do: offline sm_90a at the Qwen3.5-4B head ``32 / 16`` compiles to
@@ -75,6 +84,41 @@ def _fold_tile(V: int, block_v: int | None, rows: int | None) -> tuple[int, int]
     except ValueError as e:  # name the keywords of this function
         raise ValueError(str(e).replace("block_v", "fold_block_v")) from None
     return bv, (min(FOLD_TREE_ROWS, bv) if rows is None else rl)
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (the interpreter: 4)."""
+    if interpreting() or device.type != "cuda":
+        return 4
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _fold_grid(device: torch.device, batch: int, HV: int, n_tiles: int, tiles: int | None,
+               programs: int | None, meta: dict) -> tuple[int, int, int]:
+    """The fold launch's grid; sets ``meta``'s ``TILES`` / ``WORK_LIST`` / ``BLOCK_B`` /
+    ``HEAD_ITEMS``.  ``tiles`` given: a program per (row, head, ``tiles`` tiles); else a work
+    list of ``programs`` (default ``FOLD_PROGRAMS_PER_SM`` per SM) up to
+    ``FOLD_WORK_LIST_MAX_BATCH`` rows, a program per (row, head) or per tile above."""
+    if tiles is not None and (tiles < 1 or n_tiles % tiles):
+        raise ValueError(f"fold_tiles: expected a divisor of the {n_tiles} value tiles per head, "
+                         f"got {tiles}")
+    if programs is not None and programs < 1:
+        raise ValueError(f"fold_programs: expected >= 1, got {programs}")
+    meta.update(WORK_LIST=False, BLOCK_B=1, HEAD_ITEMS=FOLD_HEAD_ITEMS)
+    if tiles is None and batch <= FOLD_WORK_LIST_MAX_BATCH:
+        if programs is None:
+            programs = FOLD_PROGRAMS_PER_SM * _sm_count(device)
+        meta.update(TILES=1, WORK_LIST=True, BLOCK_B=max(triton.next_power_of_2(batch), 32))
+        return (min(programs, batch * HV * n_tiles), 1, 1)
+    if tiles is None:
+        tiles = n_tiles if batch * HV >= FOLD_HEAD_GRID else 1
+    meta["TILES"] = tiles
+    return (n_tiles // tiles, HV, batch)
 
 
 def gdn_replay_verify_fwd(
@@ -112,6 +156,7 @@ def gdn_replay_verify_fwd(
     fold_block_v: int | None = None,
     fold_rows: int | None = None,
     fold_tiles: int | None = None,
+    fold_programs: int | None = None,
 ) -> None:
     """Both launches without checks (caller: ``gdn_replay_verify``).
 
@@ -124,15 +169,17 @@ def gdn_replay_verify_fwd(
     thread (ptxas; ``None``: the compiler's choice; ignored by the interpreter). ``fold_block_v``
     / ``fold_rows`` shape the fold launch's tree form (value rows per tile, rows on lanes; powers
     of two; ``None``: ``FOLD_BLOCK_V`` / ``FOLD_TREE_ROWS``), the same bits at any value; SGLang's
-    tile (``K > 128``) ignores them. ``fold_tiles``: value tiles per fold program, folded one after
-    another (a divisor of the head's tile count; ``None``: all of them from ``FOLD_HEAD_GRID``
-    (row, head) pairs on, else 1).
+    tile (``K > 128``) ignores them. ``fold_tiles``: a program per (row, head, ``fold_tiles`` value
+    tiles folded one after another; a divisor of the head's tile count); ``None``: the work list
+    (``fold.py``) of ``fold_programs`` programs (``None``: ``FOLD_PROGRAMS_PER_SM`` per SM) up to
+    ``FOLD_WORK_LIST_MAX_BATCH`` rows, above a program per (row, head) from ``FOLD_HEAD_GRID``
+    pairs on, else per tile.  Every choice folds the same tiles in the same op order (same bits).
 
     Raises
     ------
     ValueError
         ``fold_block_v`` or ``fold_rows`` not a power of two, ``fold_rows > fold_block_v``, or
-        ``fold_tiles`` not a divisor of the head's tile count.
+        ``fold_tiles`` not a divisor of the head's tile count, ``fold_programs < 1``.
     """
     batch, T, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]
@@ -154,16 +201,10 @@ def gdn_replay_verify_fwd(
                      RL=fold_rl, USE_QK_L2NORM=use_qk_l2norm, SR=sr_seed is not None,
                      num_warps=1, num_stages=1)  # fmt: skip
     n_tiles = triton.cdiv(V, fold_bv)
-    if fold_tiles is None:
-        fold_tiles = n_tiles if batch * HV >= FOLD_HEAD_GRID else 1
-    elif fold_tiles < 1 or n_tiles % fold_tiles:
-        raise ValueError(f"fold_tiles: expected a divisor of the {n_tiles} value tiles per head, "
-                         f"got {fold_tiles}")
-    fold_meta["TILES"] = fold_tiles
-    grid = (n_tiles // fold_meta["TILES"], HV, batch)
+    grid = _fold_grid(state.device, batch, HV, n_tiles, fold_tiles, fold_programs, fold_meta)
     if read_state is None:
         gdn_verify_fold_kernel[grid](
-            state, ring_k, ring_v, ring_g, ring_beta, *cursors, sr_seed, R, sr_layer,
+            state, ring_k, ring_v, ring_g, ring_beta, *cursors, sr_seed, R, sr_layer, batch,
             *ring_strides, **fold_meta,
         )  # fmt: skip
         read_strides = (0,) * 7
@@ -172,7 +213,7 @@ def gdn_replay_verify_fwd(
                         *(read_scale.stride() if read_scale is not None else (0, 0, 0)))
         gdn_verify_fold_read_kernel[grid](
             state, ring_k, ring_v, ring_g, ring_beta, *cursors, read_state, read_scale, sr_seed,
-            R, sr_layer, *ring_strides, *read_strides, READ_FP8=read_scale is not None,
+            R, sr_layer, batch, *ring_strides, *read_strides, READ_FP8=read_scale is not None,
             **fold_meta,
         )  # fmt: skip
 

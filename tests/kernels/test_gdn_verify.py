@@ -432,13 +432,20 @@ def test_kernel_wide_keys():
           f"state {sim.max_state_err:.2e} (flushes {sim.flushes})")
 
 
+def program_grid(monkeypatch, head: bool) -> None:
+    """Make the fold launch a program per (row, value head) (``head``) or per (row, head, tile)
+    at any batch, instead of the work list (``kernel.FOLD_WORK_LIST_MAX_BATCH``)."""
+    monkeypatch.setattr(gdn_verify_kernel, "FOLD_WORK_LIST_MAX_BATCH", 0)
+    monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_GRID", 1 if head else 1 << 30)
+
+
 @pytest.mark.parametrize("K,V", [(24, 72), (160, 40)], ids=["tree", "sglang-tile"])
 def test_kernel_fold_head_grid(monkeypatch, K, V):
-    """The fold launch with a program per (row, value head) (``kernel.FOLD_HEAD_GRID``, taken at
-    large batches) folding several value tiles in turn, the last one partial: outputs and
-    checkpoints vs float64, the fp32 checkpoint bitwise vs the fold (tree form, and SGLang's tile
-    for K > 128)."""
-    monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_GRID", 1)
+    """The fold launch with a program per (row, value head) (``kernel.FOLD_HEAD_GRID``, taken
+    above the work list's batch) folding several value tiles in turn, the last one partial:
+    outputs and checkpoints vs float64, the fp32 checkpoint bitwise vs the fold (tree form, and
+    SGLang's tile for K > 128)."""
+    program_grid(monkeypatch, head=True)
     case = Case(HV=2, Hk=1, K=K, V=V, L=4, T=2, act_dtype=FP32, tol_out=1e-5, requests=2,
                 decode_p=0.0, force_p=0.3, steps=8)  # fmt: skip
     sim = Sim(case, seed=21, ops="kernel").run()
@@ -454,11 +461,11 @@ FOLD_TILES = [(16, 16), (16, 8), (8, 8), (8, 4)]
 
 
 def spy_fold_launches(monkeypatch, launch_spy, bv: int, rl: int, head_grid: bool) -> list:
-    """Set the fold tile (``FOLD_BLOCK_V`` / ``FOLD_TREE_ROWS``) and the head-grid rule, and spy
-    on both fold kernels (without and with a read copy)."""
+    """Set the fold tile (``FOLD_BLOCK_V`` / ``FOLD_TREE_ROWS``) and a program grid
+    (``program_grid``), and spy on both fold kernels (without and with a read copy)."""
     monkeypatch.setattr(gdn_verify_kernel, "FOLD_BLOCK_V", bv)
     monkeypatch.setattr(gdn_verify_kernel, "FOLD_TREE_ROWS", rl)
-    monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_GRID", 1 if head_grid else 1 << 30)
+    program_grid(monkeypatch, head_grid)
     return [launch_spy(gdn_verify_kernel, name)
             for name in ("gdn_verify_fold_kernel", "gdn_verify_fold_read_kernel")]
 
@@ -511,6 +518,101 @@ def test_kernel_fold_tiles_per_program(monkeypatch, launch_spy):
         Sim(case, seed=23, ops="kernel").run()
 
 
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``‖got − want‖ / ‖want‖`` in float64."""
+    return float((got.double() - want.double()).norm() / want.double().norm())
+
+
+def _work_list_args(device, seed: int, B: int = 9, slots: int = 12, HV: int = 2, Hk: int = 1,
+                    K: int = 16, V: int = 20, T: int = 2, R: int = 8, p_flush: float = 0.5) -> dict:
+    """One verify step's arguments with fresh random pool and inputs: flush rows (two with empty
+    rings), non-flush rows and padding rows (one of them flagged flush) interleaved; above nine
+    rows a random such pattern."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape, dtype=torch.float32, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+    bf, i32 = torch.bfloat16, torch.int32
+    if B <= 9:
+        slot = [3, -1, 0, 7, 5, -1, 11, 2, 9][:B]
+        flush = [True, True, False, True, False, False, True, True, False][:B]
+        rlen = [5, 0, 4, 6, 2, 0, 0, 3, 6][:B]
+    else:  # distinct random slots, every 7th row padding, flush rows with probability p_flush
+        slot = torch.randperm(slots, generator=g)[:B].tolist()
+        slot = [-1 if i % 7 == 3 else x for i, x in enumerate(slot)]
+        flush = (torch.rand(B, generator=g) < p_flush).tolist()
+        rlen = torch.randint(0, R - T + 1, (B,), generator=g).tolist()
+    tens = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
+    return dict(
+        state=rnd(slots, HV, V, K, scale=0.1), ring_u=rnd(slots, HV, R, V, scale=0.1),
+        ring_k=rnd(slots, Hk, R, K, dtype=bf), ring_v=rnd(slots, HV, R, V, dtype=bf),
+        ring_g=-rnd(slots, HV, R).abs() * 0.2, ring_beta=torch.sigmoid(rnd(slots, HV, R)),
+        q=rnd(B, T, Hk, K, dtype=bf), k=rnd(B, T, Hk, K, dtype=bf), v=rnd(B, T, HV, V, dtype=bf),
+        a=rnd(B, T, HV, dtype=bf), b=rnd(B, T, HV, dtype=bf), A_log=rnd(HV, scale=0.5),
+        dt_bias=rnd(HV, scale=0.5), out=torch.full((B, T, HV, V), math.nan, dtype=bf, device=device),
+        slot_idx=tens(slot, i32), ring_start=(torch.arange(B, dtype=i32, device=device) * 3) % R,
+        ring_len=tens(rlen, i32), flush=tens(flush, torch.bool),
+    )
+
+
+@pytest.mark.parametrize("programs,head_items", [(1, 1), (3, 1 << 20), (5, 1), (1000, 1)],
+                         ids=["one-program-heads", "three-programs-tiles", "five-programs-heads",
+                              "grid-capped-tiles"])
+def test_fold_work_list_bitwise_vs_program_grid(monkeypatch, launch_spy, programs, head_items):
+    """The work-list fold (``fold.py``) against a program per (row, head, tile) on the same step:
+    every tensor bit-identical (pool, untouched slots, NaN-poisoned outputs of padding rows), at
+    one program taking every item, a few programs striding over (row, head) items or over one-tile
+    items (8-row tiles, three per head, the last partial) and a grid capped at the item count;
+    then the outputs and checkpoints against the torch reference."""
+    kw = dict(scale=0.25, fold_block_v=8, fold_rows=4)
+    args = _work_list_args(DEVICE, seed=31)
+    want = {k: v.clone() for k, v in args.items()}
+    ref = {k: v.clone() for k, v in args.items()}
+    monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_ITEMS", head_items)
+    spy = launch_spy(gdn_verify_kernel, "gdn_verify_fold_kernel")
+    gdn_verify_kernel.gdn_replay_verify_fwd(**args, **kw, fold_programs=programs)
+    gdn_verify_kernel.gdn_replay_verify_fwd(**want, **kw, fold_tiles=1)
+    (grid_w, meta_w), (grid_p, meta_p) = spy.launches
+    assert meta_w["WORK_LIST"] and grid_w == (min(programs, 9 * 2 * 3), 1, 1), (grid_w, meta_w)
+    assert not meta_p["WORK_LIST"] and grid_p == (3, 2, 9), grid_p
+    for name, t in args.items():
+        assert_bits_equal(t, want[name], name)
+    gdn_replay_verify_ref(**ref, scale=0.25)
+    live = args["slot_idx"] >= 0
+    d_out = rel_err(args["out"][live], ref["out"][live])
+    d_state = rel_err(args["state"], ref["state"])
+    assert args["out"][~live].isnan().all()
+    assert d_out < 2e-2 and d_state < 1e-5, (d_out, d_state)
+    print(f"\n[fold work list P{programs}] out {d_out:.2e} state {d_state:.2e} vs reference")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,p_flush", [(64, 0.125), (256, 0.125), (300, 0.6)],
+                         ids=["b64-mixed", "b256-mixed", "b300-head-items"])
+def test_fold_work_list_bitwise_vs_program_grid_gpu(launch_spy, B, p_flush):
+    """The default work-list fold at the Qwen3.5-4B head shape (one-tile items for an eighth of
+    the rows flushing, (row, head) items for 60%) bit for bit against a program per (row, head)
+    on the same step: every tensor, untouched slots and padding outputs included."""
+    args = _work_list_args(DEVICE, seed=B, B=B, slots=B + 16, HV=32, Hk=16, K=128, V=128, T=4,
+                           R=19, p_flush=p_flush)
+    want = {k: v.clone() for k, v in args.items()}
+    spy = launch_spy(gdn_verify_kernel, "gdn_verify_fold_kernel")
+    gdn_verify_kernel.gdn_replay_verify_fwd(**args, scale=128 ** -0.5)
+    gdn_verify_kernel.gdn_replay_verify_fwd(**want, scale=128 ** -0.5, fold_tiles=4)
+    assert spy.launches[0][1]["WORK_LIST"] and not spy.launches[1][1]["WORK_LIST"]
+    assert int(args["flush"].sum()) > 0
+    for name, t in args.items():
+        assert_bits_equal(t, want[name], name)
+
+
+def test_fold_programs_value_error():
+    """``fold_programs`` below 1 names the keyword."""
+    args = _work_list_args(DEVICE, seed=1)
+    with pytest.raises(ValueError, match="fold_programs: expected >= 1, got 0"):
+        gdn_verify_kernel.gdn_replay_verify_fwd(**args, scale=0.25, fold_programs=0)
+
+
 @pytest.mark.parametrize("bv,rl,msg", [(12, 4, "fold_block_v: expected a power of two, got 12"),
                                        (16, 3, "fold_rows: expected a power of two, got 3"),
                                        (8, 16, "fold_rows: expected at most fold_block_v = 8")])
@@ -557,8 +659,8 @@ def test_kernel_vs_f64_gpu(case):
 @pytest.mark.gpu
 def test_kernel_fold_head_grid_gpu(monkeypatch):
     """The Qwen3.5-4B shape with a program per (row, value head) in the fold launch at any batch
-    (``FOLD_HEAD_GRID`` = 1; served batches of 32 rows and more take it)."""
-    monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_GRID", 1)
+    (``program_grid``; batches above the work list's take it)."""
+    program_grid(monkeypatch, head=True)
     case = GPU_CASES[1]
     sim = Sim(case, seed=5, ops="kernel").run()
     assert sum(sim.flushes) >= 3 and (not sim.bitwise or sim.bitwise_checks >= 3)
@@ -1017,7 +1119,7 @@ def test_split_kernel_vs_ref_and_no_copy(T, rd):
 @pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
 def test_split_fold_head_grid(monkeypatch):
     """The read-copy fold launch with a program per (row, value head), three value tiles each."""
-    monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_GRID", 1)
+    program_grid(monkeypatch, head=True)
     case = Case(HV=2, Hk=1, K=24, V=72, L=6, T=2, act_dtype=FP32, u_dtype=FP32, requests=3,
                 steps=6, decode_p=0.0, force_p=0.25)  # fmt: skip
     split_lockstep(case, F8, seed=14)
