@@ -128,19 +128,64 @@ def _work_list(
     NT: tl.constexpr = (V + BV - 1) // BV
     n_flush = tl.sum(_flush_rows(slot_idx, flush, batch, BLOCK_B), 0)
     n_prog = tl.num_programs(0)
-    groups = tl.where(n_flush * HV >= HEAD_ITEMS * n_prog, 1, NT)  # tile groups per head
-    tiles = NT // groups
-    per_row = HV * groups
+    if n_flush * HV >= HEAD_ITEMS * n_prog:  # (row, head) items
+        _work_items(
+            state, ring_k, ring_v, ring_g, ring_beta, slot_idx, ring_start, ring_len, flush,
+            read_ptr, read_scale_ptr, sr_seed, R, sr_layer, batch, n_flush, n_prog,
+            stride_s_n, stride_s_h, stride_s_v, stride_s_k,
+            stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
+            stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+            stride_g_n, stride_g_h, stride_g_r,
+            stride_beta_n, stride_beta_h, stride_beta_r,
+            stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
+            stride_rs_n, stride_rs_h, stride_rs_v,
+            H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, HAS_READ, READ_FP8, SR, BLOCK_B, NT,
+        )  # fmt: skip
+    else:  # one-tile items
+        _work_items(
+            state, ring_k, ring_v, ring_g, ring_beta, slot_idx, ring_start, ring_len, flush,
+            read_ptr, read_scale_ptr, sr_seed, R, sr_layer, batch, n_flush, n_prog,
+            stride_s_n, stride_s_h, stride_s_v, stride_s_k,
+            stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
+            stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+            stride_g_n, stride_g_h, stride_g_r,
+            stride_beta_n, stride_beta_h, stride_beta_r,
+            stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
+            stride_rs_n, stride_rs_h, stride_rs_v,
+            H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, HAS_READ, READ_FP8, SR, BLOCK_B, 1,
+        )  # fmt: skip
+
+
+@triton.jit
+def _work_items(
+    state, ring_k, ring_v, ring_g, ring_beta, slot_idx, ring_start, ring_len, flush,
+    read_ptr, read_scale_ptr, sr_seed, R, sr_layer, batch, n_flush, n_prog,
+    stride_s_n, stride_s_h, stride_s_v, stride_s_k,
+    stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
+    stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
+    stride_g_n, stride_g_h, stride_g_r,
+    stride_beta_n, stride_beta_h, stride_beta_r,
+    stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
+    stride_rs_n, stride_rs_h, stride_rs_v,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr,
+    READ_FP8: tl.constexpr, SR: tl.constexpr, BLOCK_B: tl.constexpr, TILES: tl.constexpr,
+):  # fmt: skip
+    """This program's items of ``TILES`` value tiles each (the tile count a constant, as in the
+    program grid): items ``z, z + P, ...`` of the ``n_flush · HV · groups``."""
+    NT: tl.constexpr = (V + BV - 1) // BV
+    GROUPS: tl.constexpr = NT // TILES
+    per_row = HV * GROUPS
     for w in range(tl.program_id(0), n_flush * per_row, n_prog):
         rank = w // per_row
-        i_hv = (w % per_row) // groups
-        i_g = w % groups
+        i_hv = (w % per_row) // GROUPS
+        i_g = w % GROUPS
         incl = tl.cumsum(_flush_rows(slot_idx, flush, batch, BLOCK_B), 0)
         i_n = tl.sum((incl <= rank).to(tl.int32), 0)
         i_s = tl.load(slot_idx + i_n).to(tl.int64)
         _fold_head_tiles(
             state, ring_k, ring_v, ring_g, ring_beta, ring_start, ring_len, read_ptr,
-            read_scale_ptr, sr_seed, R, sr_layer, i_n, i_s, i_hv, i_g, tiles,
+            read_scale_ptr, sr_seed, R, sr_layer, i_n, i_s, i_hv, i_g, TILES,
             stride_s_n, stride_s_h, stride_s_v, stride_s_k,
             stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
             stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
@@ -155,7 +200,8 @@ def _work_list(
 @triton.jit
 def _fold_head_tiles(
     state, ring_k, ring_v, ring_g, ring_beta, ring_start, ring_len, read_ptr, read_scale_ptr,
-    sr_seed, R, sr_layer, i_n, i_s, i_hv, i_g, tiles,
+    sr_seed, R, sr_layer, i_n, i_s, i_hv, i_g,
+    TILES: tl.constexpr,
     stride_s_n, stride_s_h, stride_s_v, stride_s_k,
     stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
     stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
@@ -167,7 +213,7 @@ def _fold_head_tiles(
     BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr, SR: tl.constexpr,
 ):  # fmt: skip
-    """Fold value tiles ``i_g · tiles .. + tiles - 1`` of head ``i_hv`` of flush row ``i_n``
+    """Fold value tiles ``i_g · TILES .. + TILES - 1`` of head ``i_hv`` of flush row ``i_n``
     (slot ``i_s``) one after another.  ``RL > 0`` (``K <= 128``): the decode kernel's tree-form
     fold with ``RL`` rows on lanes (``_tree.flush_tree`` without a current token); ``RL = 0``:
     the fold on SGLang's tile (``fold_records``)."""
@@ -186,8 +232,8 @@ def _fold_head_tiles(
         p_rd = read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h
         if READ_FP8:
             p_rs = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
-    for i_t in range(tiles):
-        i_v = i_g * tiles + i_t
+    for i_t in range(TILES):
+        i_v = i_g * TILES + i_t
         if RL > 0:
             flush_tree(
                 state, p_s_head, p_rk, p_rv, p_rg, p_rb, None, None, None, None, p_rd, p_rs,
