@@ -46,15 +46,20 @@ WINDOW_STAGES = 3
 #: batch 1 16.1 vs 22.3 us, batch 4 18.5 vs 23.4; batch 16 keeps the default, 34.5 vs 43.1).
 SMALL_BATCH = 4
 SMALL_BLOCK_V = 64
-#: Fold launch: one program per (row, value head), folding the head's value tiles in turn, once the
+#: Fold launch as a program grid (above ``FOLD_WORK_LIST_MAX_BATCH`` rows, or ``fold_tiles``
+#: given): one program per (row, value head), folding the head's value tiles in turn, once the
 #: grid has at least this many (row, head) programs; below, one program per tile, so a few rows'
 #: folds spread over the SMs (H200, eighteenth session, T = 4: batch 256 322.9 vs 335.9 us, batch 1
 #: 19.4 vs 15.4 us with a program per head; ``benchmarks/RESULTS.md``).
 FOLD_HEAD_GRID = 1024
-#: Fold launch as a work list (``fold.py``): ``FOLD_PROGRAMS_PER_SM`` one-warp programs per SM
-#: over the flush rows' items, when the batch has at most ``FOLD_WORK_LIST_MAX_BATCH`` rows (the
-#: program ranks the flush flags in registers, ``BLOCK_B / 32`` per lane); a (row, head) item when
-#: there are at least ``FOLD_HEAD_ITEMS`` of them per program, else a one-tile item.
+#: Fold launch as a work list (``fold.py``, the default): ``FOLD_PROGRAMS_PER_SM`` one-warp
+#: programs per SM (255 registers offline: 8 fit) over the flush rows' items, when the batch has at
+#: most ``FOLD_WORK_LIST_MAX_BATCH`` rows (the program ranks the flush flags in registers,
+#: ``BLOCK_B / 32`` per lane); a (row, head) item when there are at least ``FOLD_HEAD_ITEMS`` of
+#: them per program, else a one-tile item. H100, twenty-seventh session, T = 4, rows spread over
+#: the cycle: batch 64 / 256 / 512 108.8 / 350.2 / 671.4 us vs the program grid's 134.4 / 369.0 /
+#: 695.2; 4 / 16 programs per SM and 2 items per program were slower or the same
+#: (``benchmarks/notes/verify.md``).
 FOLD_PROGRAMS_PER_SM = 8
 FOLD_WORK_LIST_MAX_BATCH = 1024
 FOLD_HEAD_ITEMS = 4
