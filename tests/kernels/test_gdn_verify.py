@@ -1269,7 +1269,7 @@ def build(kern, ptrs, ints, const, num_stages, nw=1):
     return triton.compile(src, target=TARGET, options=dict(num_warps=nw, num_stages=num_stages))
 D = 2 * H * K + HV * V
 strides = dict(
-    R=R, sr_layer=0, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
+    R=R, sr_layer=0, batch=256, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
     stride_u_n=HV * R * V, stride_u_h=R * V, stride_u_r=V, stride_u_v=1,
     stride_rk_n=H * R * K, stride_rk_h=R * K, stride_rk_r=K, stride_rk_k=1,
     stride_rv_n=HV * R * V, stride_rv_h=R * V, stride_rv_r=V, stride_rv_v=1,
@@ -1284,7 +1284,8 @@ strides = dict(
 # RL = 0: the fold on SGLang's tile (the launch takes it for K > 128; K <= 128 folds in the decode
 # kernel's tree form, whose codegen test_gdn_decode.py checks).
 const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, RL=0, SOFTPLUS_THRESHOLD=20.0,
-             USE_QK_L2NORM=True, sr_seed=None, SR=False, TILES=1)
+             USE_QK_L2NORM=True, sr_seed=None, SR=False, TILES=1, WORK_LIST=False, BLOCK_B=1,
+             HEAD_ITEMS=4)
 ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
@@ -1292,6 +1293,8 @@ ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_
 k = build(gdn_verify_fold_kernel, ptrs, strides, const, 1)
 # A program per value head (large batches): the head's V / BV tiles in turn.
 k_head = build(gdn_verify_fold_kernel, ptrs, strides, dict(const, TILES=V // 32), 1)
+# The work list (the default up to 1024 rows): two item loops, (row, head) and one-tile items.
+k_work = build(gdn_verify_fold_kernel, ptrs, strides, dict(const, WORK_LIST=True, BLOCK_B=256), 1)
 # With a split-precision read copy (bf16, fp8 + scales): the launch for read_state=...
 rstr = dict(strides, stride_rd_n=HV * V * K, stride_rd_h=V * K, stride_rd_v=K, stride_rd_k=1,
             stride_rs_n=HV * V, stride_rs_h=V, stride_rs_v=1)
@@ -1329,15 +1332,17 @@ def seq(txt, lo=0, hi=None):
         body = re.sub(r"#\w+", lambda m: defs.get(m.group(0), m.group(0)), body)
         out.append(re.sub(r"%[\w#]+(:\d+)?", "%", body))
     return out
-def fold_body(txt):
+def fold_bodies(txt):
     lines = txt.splitlines()
-    i_for = next(i for i, l in enumerate(lines) if "scf.for" in l and "iter_args(%b_h" in l)
-    i_yield = next(i for i, l in enumerate(lines) if i > i_for and "scf.yield" in l)
-    return seq(txt, i_for, i_yield), lines[i_for]
-ours, _ = fold_body(k.asm["ttgir"])
-read = {rd: fold_body(kr.asm["ttgir"])[0] for rd, kr in k_read.items()}
-json.dump(dict(verify=ours, head=fold_body(k_head.asm["ttgir"])[0], sglang=seq(sg_c.asm["ttgir"]),
-               read=read), sys.stdout)
+    out = []
+    for i_for in (i for i, l in enumerate(lines) if "scf.for" in l and "iter_args(%b_h" in l):
+        i_yield = next(i for i, l in enumerate(lines) if i > i_for and "scf.yield" in l)
+        out.append(seq(txt, i_for, i_yield))
+    return out
+ours = fold_bodies(k.asm["ttgir"])[0]
+read = {rd: fold_bodies(kr.asm["ttgir"])[0] for rd, kr in k_read.items()}
+json.dump(dict(verify=ours, head=fold_bodies(k_head.asm["ttgir"])[0], sglang=seq(sg_c.asm["ttgir"]),
+               read=read, work=fold_bodies(k_work.asm["ttgir"])), sys.stdout)
 '''
 
 
@@ -1349,8 +1354,8 @@ def test_fold_codegen_matches_sglang():
     kernel: the same ops in the same order on tensors of the same layouts (the layout fixes the
     reduction tree of every ``tl.sum``).  Each replayed record must be SGLang's step without the
     q / output ops; the same for the launch with a split-precision read copy (bf16, fp8), whose
-    flush rows must fold as without it, and for the launch with a program per value head
-    (``TILES`` = V / BV, large batches).  (The decode kernel folds in tree form, checked against
+    flush rows must fold as without it, for the launch with a program per value head
+    (``TILES`` = V / BV) and for both item loops of the work-list launch (the default).  (The decode kernel folds in tree form, checked against
     SGLang's tree by ``test_gdn_decode.py``.)  Qwen3.5-4B head shape, T = 2, bf16 activations, fp32
     state.
     """
@@ -1380,6 +1385,9 @@ def test_fold_codegen_matches_sglang():
     want = sg[3:8] + sg[13:18] + sg[20:33]
     assert got["verify"] == want, "verify fold loop differs from SGLang's packed-decode update"
     assert got["head"] == want, "fold loop with a program per value head differs"
+    assert len(got["work"]) == 2, "the work list should compile two item loops"
+    for body in got["work"]:
+        assert body == want, "fold loop of the work-list launch differs"
     for rd, body in got["read"].items():
         assert body == want, f"verify fold loop with a {rd} read copy differs"
 
