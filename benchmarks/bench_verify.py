@@ -172,7 +172,8 @@ def parse_launch_overrides(text: str | None,
 
 
 #: ``gdn_replay_verify_fwd``'s launch keywords that ``--gdn-verify-launch`` may set (window launch,
-#: then the fold launch's tree-form tile and its tiles per program).
+#: then the fold launch's tree-form tile, its tiles per program (a program grid) and its work-list
+#: programs).
 GDN_LAUNCH_FIELDS = ("block_v", "block_k", "num_warps", "num_stages", "maxnreg", "fold_block_v",
                      "fold_rows", "fold_tiles", "fold_programs")
 

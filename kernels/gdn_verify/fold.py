@@ -10,7 +10,8 @@ Two grids (``kernel._fold_grid``):
   of the head's ``[BV, K]`` tiles in turn, when there are at least ``HEAD_ITEMS`` per program,
   else the ``n · HV · tiles`` single tiles, so a few flush rows' folds still spread over every
   program; program ``z`` takes items ``z, z + P, ...``. A step without flush rows costs ``P``
-  programs that count and exit, not a program per (row, head, tile) as the other grid.
+  programs that count and exit, not a program per (row, head) or per (row, head, tile) as the
+  other grid.
 * a program per (row, head, ``TILES`` tiles) (``fold_tiles``, or above the work list's batch):
   grid ``(cdiv(V, BV) / TILES, HV, batch)``; padding and non-flush rows' programs return at once
   (32,768 such one-warp programs took 24.7 us on the H200, ``benchmarks/notes/gdn_decode.md``).

@@ -19,8 +19,6 @@ launches on the caller's stream).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 
@@ -29,6 +27,7 @@ from replayssm_kernels.gdn_decode._validate import MAX_K_DECODE, validate_gdn_ve
 from replayssm_kernels.gdn_decode.kernel import BLOCK_V, FOLD_ROWS, launch_tile
 from replayssm_kernels.gdn_verify.fold import gdn_verify_fold_kernel, gdn_verify_fold_read_kernel
 from replayssm_kernels.gdn_verify.window import gdn_verify_window_kernel
+from replayssm_kernels.mamba2_decode.kernel import _sm_count as cuda_sm_count
 from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
 from replayssm_kernels.stochastic_round import validate_stochastic_rounding
 
@@ -46,20 +45,22 @@ WINDOW_STAGES = 3
 #: batch 1 16.1 vs 22.3 us, batch 4 18.5 vs 23.4; batch 16 keeps the default, 34.5 vs 43.1).
 SMALL_BATCH = 4
 SMALL_BLOCK_V = 64
-#: Fold launch as a program grid (above ``FOLD_WORK_LIST_MAX_BATCH`` rows, or ``fold_tiles``
-#: given): one program per (row, value head), folding the head's value tiles in turn, once the
-#: grid has at least this many (row, head) programs; below, one program per tile, so a few rows'
-#: folds spread over the SMs (H200, eighteenth session, T = 4: batch 256 322.9 vs 335.9 us, batch 1
-#: 19.4 vs 15.4 us with a program per head; ``benchmarks/RESULTS.md``).
+#: Fold launch as a program grid above ``FOLD_WORK_LIST_MAX_BATCH`` rows (``fold_tiles`` given:
+#: that many tiles per program): one program per (row, value head), folding the head's value
+#: tiles in turn, once the grid has at least this many (row, head) programs, else one program per
+#: tile (H200, eighteenth session, T = 4: batch 256 322.9 vs 335.9 us, batch 1 19.4 vs 15.4 us with
+#: a program per head; ``benchmarks/RESULTS.md``). Above the work list's batch every HV >= 1 gives
+#: a program per head; the rule is kept for a smaller ``FOLD_WORK_LIST_MAX_BATCH`` (tests).
 FOLD_HEAD_GRID = 1024
-#: Fold launch as a work list (``fold.py``, the default): ``FOLD_PROGRAMS_PER_SM`` one-warp
-#: programs per SM (255 registers offline: 8 fit) over the flush rows' items, when the batch has at
-#: most ``FOLD_WORK_LIST_MAX_BATCH`` rows (the program ranks the flush flags in registers,
-#: ``BLOCK_B / 32`` per lane); a (row, head) item when there are at least ``FOLD_HEAD_ITEMS`` of
-#: them per program, else a one-tile item. H100, twenty-seventh session, T = 4, rows spread over
-#: the cycle: batch 64 / 256 / 512 108.8 / 350.2 / 671.4 us vs the program grid's 134.4 / 369.0 /
-#: 695.2; 4 / 16 programs per SM and 2 items per program were slower or the same
-#: (``benchmarks/notes/verify.md``).
+#: Fold launch as a work list (``fold.py``, the default): ``FOLD_PROGRAMS_PER_SM`` one-warp programs
+#: per SM (offline sm_90a at the Qwen3.5-4B head with placeholder strides: 255 registers, no spills,
+#: up to ``BLOCK_B`` 1024 and with a read copy; the program grid 254: 8 fit) over the flush rows'
+#: items, when the batch has at most ``FOLD_WORK_LIST_MAX_BATCH`` rows (the program ranks the flush
+#: flags in registers, ``BLOCK_B / 32`` per lane); a (row, head) item when there are at least
+#: ``FOLD_HEAD_ITEMS`` of them per program, else a one-tile item. H100, twenty-seventh session,
+#: T = 4, rows spread over the cycle: batch 64 / 256 / 512 108.8 / 350.2 / 671.4 us vs the program
+#: grid's 134.4 / 369.0 / 695.2; 4 / 16 programs per SM and 2 items per program were slower or the
+#: same (``benchmarks/notes/verify.md``).
 FOLD_PROGRAMS_PER_SM = 8
 FOLD_WORK_LIST_MAX_BATCH = 1024
 FOLD_HEAD_ITEMS = 4
@@ -95,12 +96,7 @@ def _sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of ``device`` (the interpreter: 4)."""
     if interpreting() or device.type != "cuda":
         return 4
-    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _fold_grid(device: torch.device, batch: int, HV: int, n_tiles: int, tiles: int | None,
@@ -114,6 +110,10 @@ def _fold_grid(device: torch.device, batch: int, HV: int, n_tiles: int, tiles: i
                          f"got {tiles}")
     if programs is not None and programs < 1:
         raise ValueError(f"fold_programs: expected >= 1, got {programs}")
+    if programs is not None and (tiles is not None or batch > FOLD_WORK_LIST_MAX_BATCH):
+        raise ValueError(f"fold_programs: sets the work list's grid, which runs without fold_tiles "
+                         f"and up to {FOLD_WORK_LIST_MAX_BATCH} rows; got fold_tiles={tiles}, "
+                         f"batch {batch}")
     meta.update(WORK_LIST=False, BLOCK_B=1, HEAD_ITEMS=FOLD_HEAD_ITEMS)
     if tiles is None and batch <= FOLD_WORK_LIST_MAX_BATCH:
         if programs is None:
@@ -184,7 +184,8 @@ def gdn_replay_verify_fwd(
     ------
     ValueError
         ``fold_block_v`` or ``fold_rows`` not a power of two, ``fold_rows > fold_block_v``, or
-        ``fold_tiles`` not a divisor of the head's tile count, ``fold_programs < 1``.
+        ``fold_tiles`` not a divisor of the head's tile count, ``fold_programs < 1``, or
+        ``fold_programs`` with ``fold_tiles`` or above ``FOLD_WORK_LIST_MAX_BATCH`` rows.
     """
     batch, T, Hk, K = q.shape
     HV, V = state.shape[1], state.shape[2]

@@ -523,11 +523,21 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want.double()).norm() / want.double().norm())
 
 
+#: Pool tensors of ``_work_list_args``: each a view past a guard slot 0 that nothing may touch (a
+#: row with slot -1 that wrongly folded would write there).
+POOL_NAMES = ("state", "ring_u", "ring_k", "ring_v", "ring_g", "ring_beta", "read_state",
+              "read_scale")
+
+
 def _work_list_args(device, seed: int, B: int = 9, slots: int = 12, HV: int = 2, Hk: int = 1,
-                    K: int = 16, V: int = 20, T: int = 2, R: int = 8, p_flush: float = 0.5) -> dict:
-    """One verify step's arguments with fresh random pool and inputs: flush rows (two with empty
-    rings), non-flush rows and padding rows (one of them flagged flush) interleaved; above nine
-    rows a random such pattern."""
+                    K: int = 16, V: int = 20, T: int = 2, R: int = 8, p_flush: float = 0.5,
+                    state_dtype: torch.dtype = FP32, read: torch.dtype | None = None,
+                    ) -> tuple[dict, dict]:
+    """One verify step's arguments with a fresh random pool and inputs, and the pool tensors'
+    guarded allocations (``POOL_NAMES``). Up to nine rows: flush rows (one with an empty ring),
+    non-flush rows and padding rows (one of them flagged flush) interleaved; above, a random such
+    pattern. ``read``: a read copy of that dtype (fp8: with scales); fp16 ``state_dtype``: a
+    stochastic-rounding seed."""
     g = torch.Generator(device="cpu").manual_seed(seed)
 
     def rnd(*shape, dtype=torch.float32, scale=1.0):
@@ -537,80 +547,163 @@ def _work_list_args(device, seed: int, B: int = 9, slots: int = 12, HV: int = 2,
     if B <= 9:
         slot = [3, -1, 0, 7, 5, -1, 11, 2, 9][:B]
         flush = [True, True, False, True, False, False, True, True, False][:B]
-        rlen = [5, 0, 4, 6, 2, 0, 0, 3, 6][:B]
+        rlen = [5, 3, 4, 6, 2, 0, 0, 3, 6][:B]
     else:  # distinct random slots, every 7th row padding, flush rows with probability p_flush
         slot = torch.randperm(slots, generator=g)[:B].tolist()
         slot = [-1 if i % 7 == 3 else x for i, x in enumerate(slot)]
         flush = (torch.rand(B, generator=g) < p_flush).tolist()
         rlen = torch.randint(0, R - T + 1, (B,), generator=g).tolist()
     tens = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
-    return dict(
-        state=rnd(slots, HV, V, K, scale=0.1), ring_u=rnd(slots, HV, R, V, scale=0.1),
-        ring_k=rnd(slots, Hk, R, K, dtype=bf), ring_v=rnd(slots, HV, R, V, dtype=bf),
-        ring_g=-rnd(slots, HV, R).abs() * 0.2, ring_beta=torch.sigmoid(rnd(slots, HV, R)),
+    pool = dict(
+        state=rnd(slots + 1, HV, V, K, dtype=state_dtype, scale=0.1),
+        ring_u=rnd(slots + 1, HV, R, V, scale=0.1), ring_k=rnd(slots + 1, Hk, R, K, dtype=bf),
+        ring_v=rnd(slots + 1, HV, R, V, dtype=bf), ring_g=-rnd(slots + 1, HV, R).abs() * 0.2,
+        ring_beta=torch.sigmoid(rnd(slots + 1, HV, R)),
+    )
+    if read is not None:
+        pool["read_state"] = rnd(slots + 1, HV, V, K, scale=0.1).to(read)
+        if read == torch.float8_e4m3fn:
+            pool["read_scale"] = rnd(slots + 1, HV, V).abs() + 0.5
+    args = {name: t[1:] for name, t in pool.items()}
+    args.update(
         q=rnd(B, T, Hk, K, dtype=bf), k=rnd(B, T, Hk, K, dtype=bf), v=rnd(B, T, HV, V, dtype=bf),
         a=rnd(B, T, HV, dtype=bf), b=rnd(B, T, HV, dtype=bf), A_log=rnd(HV, scale=0.5),
-        dt_bias=rnd(HV, scale=0.5), out=torch.full((B, T, HV, V), math.nan, dtype=bf, device=device),
+        dt_bias=rnd(HV, scale=0.5),
+        out=torch.full((B, T, HV, V), math.nan, dtype=bf, device=device),
         slot_idx=tens(slot, i32), ring_start=(torch.arange(B, dtype=i32, device=device) * 3) % R,
         ring_len=tens(rlen, i32), flush=tens(flush, torch.bool),
     )
+    if state_dtype == FP16:
+        args["sr_seed"] = torch.tensor([1234], dtype=torch.int64, device=device)
+    return args, pool
 
 
-@pytest.mark.parametrize("programs,head_items", [(1, 1), (3, 1 << 20), (5, 1), (1000, 1)],
-                         ids=["one-program-heads", "three-programs-tiles", "five-programs-heads",
-                              "grid-capped-tiles"])
-def test_fold_work_list_bitwise_vs_program_grid(monkeypatch, launch_spy, programs, head_items):
+def _head_items(args: dict, programs: int, head_items: int) -> bool:
+    """Whether the work list takes (row, head) items for ``args`` on ``programs`` programs (the
+    kernel's rule, from the live flush rows)."""
+    live = int((args["flush"] & (args["slot_idx"] >= 0)).sum())
+    return live * args["state"].shape[1] >= head_items * programs
+
+
+def _clone(args: dict, pool: dict) -> tuple[dict, dict]:
+    """A deep copy of ``_work_list_args``' result, the pool views into the copied allocations."""
+    pool2 = {k: t.clone() for k, t in pool.items()}
+    args2 = {k: (pool2[k][1:] if k in pool2 else t.clone()) for k, t in args.items()}
+    return args2, pool2
+
+
+#: Work-list variants: (case id, ``_work_list_args`` keywords).
+WORK_VARIANTS = [
+    ("plain", {}),
+    ("bf16-copy", dict(read=BF16)),
+    ("fp8-copy", dict(read=torch.float8_e4m3fn)),
+    ("fp16-sr", dict(state_dtype=FP16)),
+    ("sglang-tile-K160", dict(K=160, V=72)),
+]
+#: (programs, ``FOLD_HEAD_ITEMS``, (row, head) items expected) with the nine-row pattern (four live
+#: flush rows, HV = 2: eight (row, head) items).
+WORK_GRIDS = [(1, 1, True), (3, 1 << 20, False), (5, 1, True), (1000, 1, False)]
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize(
+    "variant,programs,head_items,heads",
+    [("plain", *g) for g in WORK_GRIDS]
+    + [(v, *g) for v, _ in WORK_VARIANTS[1:] for g in WORK_GRIDS[:2]],
+    ids=[f"plain-P{g[0]}" for g in WORK_GRIDS]
+    + [f"{v}-P{g[0]}" for v, _ in WORK_VARIANTS[1:] for g in WORK_GRIDS[:2]],
+)
+def test_fold_work_list_bitwise_vs_program_grid(monkeypatch, launch_spy, variant, programs,
+                                                head_items, heads):
     """The work-list fold (``fold.py``) against a program per (row, head, tile) on the same step:
-    every tensor bit-identical (pool, untouched slots, NaN-poisoned outputs of padding rows), at
-    one program taking every item, a few programs striding over (row, head) items or over one-tile
-    items (8-row tiles, three per head, the last partial) and a grid capped at the item count;
-    then the outputs and checkpoints against the torch reference."""
+    every tensor bit-identical (pool, untouched slots, the guard slot a row with slot -1 would hit,
+    NaN-poisoned outputs of padding rows), at one program taking every item, a few programs
+    striding over (row, head) items or over one-tile items (8-row tiles, three per head, the last
+    partial) and a grid capped at the item count; with a bf16 / fp8 read copy, an fp16 checkpoint
+    with stochastic rounding and on SGLang's tile (K = 160); then (plain) outputs and checkpoints
+    against the torch reference."""
     kw = dict(scale=0.25, fold_block_v=8, fold_rows=4)
-    args = _work_list_args(DEVICE, seed=31)
-    want = {k: v.clone() for k, v in args.items()}
-    ref = {k: v.clone() for k, v in args.items()}
+    args, pool = _work_list_args(DEVICE, seed=31, **dict(WORK_VARIANTS)[variant])
+    want, pool_want = _clone(args, pool)
+    guards = {k: t[0].clone() for k, t in pool.items()}
     monkeypatch.setattr(gdn_verify_kernel, "FOLD_HEAD_ITEMS", head_items)
-    spy = launch_spy(gdn_verify_kernel, "gdn_verify_fold_kernel")
+    spies = [launch_spy(gdn_verify_kernel, n)
+             for n in ("gdn_verify_fold_kernel", "gdn_verify_fold_read_kernel")]
     gdn_verify_kernel.gdn_replay_verify_fwd(**args, **kw, fold_programs=programs)
     gdn_verify_kernel.gdn_replay_verify_fwd(**want, **kw, fold_tiles=1)
-    (grid_w, meta_w), (grid_p, meta_p) = spy.launches
-    assert meta_w["WORK_LIST"] and grid_w == (min(programs, 9 * 2 * 3), 1, 1), (grid_w, meta_w)
-    assert not meta_p["WORK_LIST"] and grid_p == (3, 2, 9), grid_p
+    (grid_w, meta_w), (grid_p, meta_p) = [lc for sp in spies for lc in sp.launches]
+    n_tiles = grid_p[0]
+    assert meta_w["WORK_LIST"] and grid_w == (min(programs, 9 * 2 * n_tiles), 1, 1), grid_w
+    assert not meta_p["WORK_LIST"] and grid_p == (n_tiles, 2, 9) and n_tiles == 3, grid_p
+    assert _head_items(args, grid_w[0], head_items) == heads
     for name, t in args.items():
         assert_bits_equal(t, want[name], name)
+    for name, t in pool.items():
+        assert_bits_equal(t[0], guards[name], f"guard slot of {name}")
+    assert args["out"][args["slot_idx"] < 0].isnan().all()
+    if variant != "plain":
+        return
+    ref, _ = _clone(*_work_list_args(DEVICE, seed=31))
     gdn_replay_verify_ref(**ref, scale=0.25)
     live = args["slot_idx"] >= 0
     d_out = rel_err(args["out"][live], ref["out"][live])
     d_state = rel_err(args["state"], ref["state"])
-    assert args["out"][~live].isnan().all()
     assert d_out < 2e-2 and d_state < 1e-5, (d_out, d_state)
     print(f"\n[fold work list P{programs}] out {d_out:.2e} state {d_state:.2e} vs reference")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,p_flush", [(64, 0.125), (256, 0.125), (300, 0.6)],
+@pytest.mark.parametrize("B,p_flush,heads", [(64, 0.125, False), (256, 0.125, False),
+                                             (300, 0.9, True)],
                          ids=["b64-mixed", "b256-mixed", "b300-head-items"])
-def test_fold_work_list_bitwise_vs_program_grid_gpu(launch_spy, B, p_flush):
+def test_fold_work_list_bitwise_vs_program_grid_gpu(launch_spy, B, p_flush, heads):
     """The default work-list fold at the Qwen3.5-4B head shape (one-tile items for an eighth of
-    the rows flushing, (row, head) items for 60%) bit for bit against a program per (row, head)
-    on the same step: every tensor, untouched slots and padding outputs included."""
-    args = _work_list_args(DEVICE, seed=B, B=B, slots=B + 16, HV=32, Hk=16, K=128, V=128, T=4,
-                           R=19, p_flush=p_flush)
-    want = {k: v.clone() for k, v in args.items()}
+    the rows flushing, (row, head) items for 90%) bit for bit against a program per (row, head)
+    on the same step: every tensor, untouched slots, the guard slot and padding outputs included."""
+    args, pool = _work_list_args(DEVICE, seed=B, B=B, slots=B + 16, HV=32, Hk=16, K=128, V=128,
+                                 T=4, R=19, p_flush=p_flush)
+    want, _ = _clone(args, pool)
+    guards = {k: t[0].clone() for k, t in pool.items()}
     spy = launch_spy(gdn_verify_kernel, "gdn_verify_fold_kernel")
     gdn_verify_kernel.gdn_replay_verify_fwd(**args, scale=128 ** -0.5)
     gdn_verify_kernel.gdn_replay_verify_fwd(**want, scale=128 ** -0.5, fold_tiles=4)
-    assert spy.launches[0][1]["WORK_LIST"] and not spy.launches[1][1]["WORK_LIST"]
-    assert int(args["flush"].sum()) > 0
+    (grid_w, meta_w), (_, meta_p) = spy.launches
+    assert meta_w["WORK_LIST"] and not meta_p["WORK_LIST"]
+    assert _head_items(args, grid_w[0], gdn_verify_kernel.FOLD_HEAD_ITEMS) == heads
     for name, t in args.items():
         assert_bits_equal(t, want[name], name)
+    for name, t in pool.items():
+        assert_bits_equal(t[0], guards[name], f"guard slot of {name}")
 
 
-def test_fold_programs_value_error():
-    """``fold_programs`` below 1 names the keyword."""
-    args = _work_list_args(DEVICE, seed=1)
-    with pytest.raises(ValueError, match="fold_programs: expected >= 1, got 0"):
-        gdn_verify_kernel.gdn_replay_verify_fwd(**args, scale=0.25, fold_programs=0)
+def test_fold_grid_choice():
+    """``_fold_grid``: the work list up to ``FOLD_WORK_LIST_MAX_BATCH`` rows (its grid capped at
+    the item count), a program per (row, head) above; ``fold_tiles`` a program grid at any batch."""
+    cpu = torch.device("cpu")
+    cap = gdn_verify_kernel.FOLD_PROGRAMS_PER_SM * 4  # the interpreter's 4 SMs
+    top = gdn_verify_kernel.FOLD_WORK_LIST_MAX_BATCH
+
+    def grid(batch, tiles=None, programs=None):
+        meta = {}
+        g = gdn_verify_kernel._fold_grid(cpu, batch, 32, 4, tiles, programs, meta)
+        return g, meta["WORK_LIST"], meta["TILES"], meta["BLOCK_B"]
+
+    assert grid(1) == ((min(cap, 128), 1, 1), True, 1, 32)
+    assert grid(top) == ((cap, 1, 1), True, 1, top)
+    assert grid(top + 1) == ((1, 32, top + 1), False, 4, 1)
+    assert grid(8, tiles=1) == ((4, 32, 8), False, 1, 1)
+    assert grid(8, programs=7) == ((7, 1, 1), True, 1, 32)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(fold_programs=0), "fold_programs: expected >= 1, got 0"),
+    (dict(fold_programs=4, fold_tiles=1), "fold_programs: sets the work list's grid"),
+])
+def test_fold_programs_value_error(kw, msg):
+    """``fold_programs`` below 1, or beside ``fold_tiles``, names the keyword."""
+    args, _ = _work_list_args(DEVICE, seed=1)
+    with pytest.raises(ValueError, match=msg):
+        gdn_verify_kernel.gdn_replay_verify_fwd(**args, scale=0.25, **kw)
 
 
 @pytest.mark.parametrize("bv,rl,msg", [(12, 4, "fold_block_v: expected a power of two, got 12"),
@@ -1269,7 +1362,7 @@ def build(kern, ptrs, ints, const, num_stages, nw=1):
     return triton.compile(src, target=TARGET, options=dict(num_warps=nw, num_stages=num_stages))
 D = 2 * H * K + HV * V
 strides = dict(
-    R=R, sr_layer=0, batch=256, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
+    R=R, sr_layer=0, batch=255, stride_s_n=HV * V * K, stride_s_h=V * K, stride_s_v=K, stride_s_k=1,
     stride_u_n=HV * R * V, stride_u_h=R * V, stride_u_r=V, stride_u_v=1,
     stride_rk_n=H * R * K, stride_rk_h=R * K, stride_rk_r=K, stride_rk_k=1,
     stride_rv_n=HV * R * V, stride_rv_h=R * V, stride_rv_r=V, stride_rv_v=1,
@@ -1355,9 +1448,9 @@ def test_fold_codegen_matches_sglang():
     reduction tree of every ``tl.sum``).  Each replayed record must be SGLang's step without the
     q / output ops; the same for the launch with a split-precision read copy (bf16, fp8), whose
     flush rows must fold as without it, for the launch with a program per value head
-    (``TILES`` = V / BV) and for both item loops of the work-list launch (the default).  (The decode kernel folds in tree form, checked against
-    SGLang's tree by ``test_gdn_decode.py``.)  Qwen3.5-4B head shape, T = 2, bf16 activations, fp32
-    state.
+    (``TILES`` = V / BV) and for both item loops of the work-list launch (the default).  (The
+    decode kernel folds in tree form, checked against SGLang's tree by ``test_gdn_decode.py``.)
+    Qwen3.5-4B head shape, T = 2, bf16 activations, fp32 state.
     """
     import json
     import os
