@@ -33,6 +33,7 @@ from pathlib import Path
 
 from benchmarks import bench_decode as bd
 from benchmarks import bytes_model as bm
+from benchmarks import bytes_read_copy as brc
 from benchmarks.shapes import DTYPE_BYTES, GDN_SHAPES, MAMBA2_SHAPES, GDNShape, Mamba2Shape
 from benchmarks.verify_cases import GDNVerify, Mamba2Verify, VCase
 
@@ -71,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dtype", choices=tuple(DTYPE_BYTES), default="fp32")
     p.add_argument("--act-dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--gdn-u-dtype", choices=("act", "fp32"), default="fp32")
+    p.add_argument("--read-dtype", choices=("same", *brc.READ_COPY_BYTES), default="same",
+                   help="split precision (both families): our kernel's non-flush rows read a read "
+                        "copy of the checkpoint in this dtype, flush rows refresh it (default "
+                        "same: no copy); SGLang's kernels read the checkpoint")
     p.add_argument("--mamba2-shape", choices=tuple(MAMBA2_SHAPES), default=None)
     p.add_argument("--gdn-shape", choices=tuple(GDN_SHAPES), default=None)
     p.add_argument("--slots", type=int, default=None,
@@ -146,6 +151,7 @@ class Config:
     mamba2_verify_impl: str = "fma"
     mamba2_verify_launch: dict[str, int | None] = field(default_factory=dict)
     gdn_verify_launch: dict[str, int] = field(default_factory=dict)
+    read_dtype: str = "same"
     dry_run: bool = False  # bench_decode.environment() reads it
     argv: list[str] = field(default_factory=list)
 
@@ -206,6 +212,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     slots = a.slots if a.slots is not None else max(2 * max_b, 8 if cpu else 64)
     if slots < max_b + 1:
         parser.error(f"--slots: expected >= max batch + 1 = {max_b + 1}, got {slots}")
+    if a.read_dtype == a.state_dtype:
+        parser.error(f"--read-dtype {a.read_dtype}: the read copy must differ from --state-dtype "
+                     f"{a.state_dtype} (pass --read-dtype same to read the checkpoint)")
     if a.passes < 1 or (a.repeats is not None and a.repeats < 1):
         parser.error("--passes and --repeats must be >= 1")
     launch = parse_launch_overrides(a.mamba2_verify_launch, parser)
@@ -230,6 +239,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         mamba2_verify_impl=a.mamba2_verify_impl,
         mamba2_verify_launch=launch,
         gdn_verify_launch=gdn_launch,
+        read_dtype=a.read_dtype,
         argv=list(sys.argv[1:] if argv is None else argv),
     )
 
@@ -287,7 +297,7 @@ def byte_models(cfg: Config, family: str, T: int) -> dict[str, bm.VerifyBytes]:
     if family == "mamba2":
         sh = cfg.mamba2_shape
         return {
-            "ours": bm.mamba2_replay_verify_bytes(sh, T, s_b, a_b),
+            "ours": _with_read_copy(cfg, sh, bm.mamba2_replay_verify_bytes(sh, T, s_b, a_b)),
             "snapshot": bm.mamba2_snapshot_verify_bytes(sh, T, s_b, a_b),
             "commit": bm.mamba2_snapshot_commit_bytes(sh, T, s_b, a_b),
             "decode": bm.mamba2_snapshot_verify_bytes(sh, 1, s_b, a_b),  # 2S + I
@@ -295,12 +305,21 @@ def byte_models(cfg: Config, family: str, T: int) -> dict[str, bm.VerifyBytes]:
     sh = cfg.gdn_shape
     u_b = 4 if cfg.gdn_u_dtype == "fp32" else a_b
     return {
-        "ours": bm.gdn_replay_verify_bytes(sh, T, s_b, a_b, u_b),
+        "ours": _with_read_copy(cfg, sh, bm.gdn_replay_verify_bytes(sh, T, s_b, a_b, u_b)),
         "snapshot": bm.gdn_snapshot_verify_bytes(sh, T, s_b, a_b),
         "builtin": bm.gdn_builtin_spec_verify_bytes(sh, T, s_b, a_b),
         "fold": bm.gdn_builtin_fold_step_bytes(sh, T, cfg.accepted[T], s_b, a_b),
         "decode": bm.gdn_snapshot_verify_bytes(sh, 1, s_b, a_b),  # 2S + I
     }
+
+
+def _with_read_copy(cfg: Config, shape: Mamba2Shape | GDNShape,
+                    model: bm.VerifyBytes) -> bm.VerifyBytes:
+    """Our verify's byte model, with ``--read-dtype``'s copy (``bytes_read_copy``) if any."""
+    if cfg.read_dtype == "same":
+        return model
+    return brc.verify_read_copy_bytes(model, brc.read_copy_bytes(shape, cfg.read_dtype),
+                                      cfg.read_dtype)
 
 
 # ==================================================================================================
@@ -312,13 +331,15 @@ def refcheck(fam, kernel, ref, T: int) -> dict:
     """One verify step of ``kernel`` against ``ref`` on identical copies of a fresh pool.
 
     Compares outputs of live rows, flushed checkpoints and the ``T`` window records of every live
-    row (all ring fields); every other byte must be unchanged (padding rows' NaN outputs, other
-    checkpoints, other ring rows).
+    row (all ring fields); with ``--read-dtype``, flushed slots' refreshed copies (dequantised);
+    every other byte must be unchanged (padding rows' NaN outputs, other checkpoints and copies,
+    other ring rows).
     """
     import torch
 
     args, plan = fam.refcheck_args(T)
-    written = ("state", "out") + fam.ring_names  # inputs are read-only: shared, views kept
+    # inputs are read-only: shared, views kept
+    written = ("state", "out", "read_state", "read_scale") + fam.ring_names
     a_k = {k: v.clone() if k in written else v for k, v in args.items()}
     a_r = {k: v.clone() if k in written else v for k, v in args.items()}
     fam.call_ours(kernel, a_k, fam.pool_of(a_k))
@@ -355,6 +376,9 @@ def refcheck(fam, kernel, ref, T: int) -> dict:
     tols = REFCHECK_TOL["cuda" if fam.cfg.device == "cuda" else "cpu"]
     st16 = args["state"].dtype != torch.float32
     lims = {"out": tols["out"], "state": tols["state16" if st16 else "state"]}
+    if "read_state" in args:
+        bd._check_read_copy(args, a_k, a_r, flushed, kept, res)
+        lims["read_state"] = lims["state"] + bd.READ_COPY_ULP[fam.cfg.read_dtype]
     for name, err in res["errors"].items():
         lim = lims.get(name, tols["ring"])
         if not err <= lim:  # NaN fails too
@@ -518,7 +542,7 @@ def format_markdown(rows: list[Row], meta: dict) -> str:
           f"- command: `python -m benchmarks.bench_verify {' '.join(meta.get('argv', []))}`",
           f"- shapes: {meta.get('shapes')}; window L = {meta.get('L')}, our ring rows R per T "
           f"{meta.get('R')} (min_ring_size(L, T)), built-in ring rows {meta.get('builtin_ring')}; state "
-          f"{meta.get('state_dtype')}, activations {meta.get('act_dtype')}; {meta.get('slots')} "
+          f"{meta.get('state_dtype')}{bd._read_note(meta.get('read_dtype', 'same'))}, activations {meta.get('act_dtype')}; {meta.get('slots')} "
           "slots per family (one layer), rows on random slots",
           f"- copy bandwidth {f(meta.get('copy_bw', math.nan) / 1e12, '.2f')} TB/s; L2 flush "
           f"{meta.get('l2_flush')} of {meta.get('l2_flush_bytes', 0) / 2**20:.0f} MiB before every "
@@ -692,7 +716,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta.update(L=cfg.L, R={str(T): cfg.ring_rows(T) for T in cfg.Ts},
                 builtin_ring=cfg.builtin_ring, Ts=cfg.Ts,
                 accepted=cfg.accepted, state_dtype=cfg.state_dtype, act_dtype=cfg.act_dtype,
-                gdn_u_dtype=cfg.gdn_u_dtype, slots=cfg.slots, batches=cfg.batches,
+                gdn_u_dtype=cfg.gdn_u_dtype, read_dtype=cfg.read_dtype, slots=cfg.slots,
+                batches=cfg.batches,
                 families=cfg.families, impl=cfg.impl, repeats=cfg.repeats, warmup=cfg.warmup,
                 passes=cfg.passes, graph=cfg.graph, seed=cfg.seed, time_budget=cfg.time_budget,
                 shapes=", ".join(
@@ -701,7 +726,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cycles={str(T): bm.verify_cycle(cfg.L, T, cfg.accepted[T]) for T in cfg.Ts})
     bd._log(f"bench_verify: {meta.get('device_name')} | {cfg.families} | T {cfg.Ts} (a "
             f"{cfg.accepted}) | batches {cfg.batches} | L={cfg.L} R per T "
-            f"{[cfg.ring_rows(T) for T in cfg.Ts]} | {cfg.state_dtype}")
+            f"{[cfg.ring_rows(T) for T in cfg.Ts]} | {cfg.state_dtype}"
+            f"{bd._read_note(cfg.read_dtype)}")
     torch.manual_seed(cfg.seed)
     if cfg.mamba2_verify_p_split is not None:  # A/B of the small-batch split: force one value
         import replayssm_kernels.mamba2_verify.kernel as mvk
@@ -826,7 +852,7 @@ def write_outputs(cfg: Config, meta: dict, copy: dict, checks: dict, status: dic
     rows.sort(key=lambda r: (cfg.families.index(r.family), cfg.Ts.index(r.T), r.batch,
                              ORDER[r.kernel], r.mode == "mixed"))
     title = (f"ReplaySSM verify, {meta.get('device_name')}, L={cfg.L}, T={cfg.Ts}, state "
-             f"{cfg.state_dtype}, commit {str(cfg.commit)[:12]}")
+             f"{cfg.state_dtype}{bd._read_note(cfg.read_dtype)}, commit {str(cfg.commit)[:12]}")
     if plot:
         meta["plot"] = bd.write_plot(rows, cfg.out / "verify_bench.png", title)
     if skipped:

@@ -1,4 +1,4 @@
-"""Byte models of our decode kernels with a split-precision read copy (both families).
+"""Byte models of our decode and verify kernels with a split-precision read copy (both families).
 
 Beside ``bytes_model.mamba2_replay_bytes`` / ``bytes_model.gdn_replay_bytes`` (no copy): non-flush
 rows read the read copy (``S_r`` bytes) instead of the checkpoint; flush rows read and write the
@@ -25,9 +25,11 @@ from benchmarks.shapes import GDNShape, Mamba2Shape
 __all__ = [
     "READ_COPY_BYTES",
     "ReadCopyKernelBytes",
+    "ReadCopyVerifyBytes",
     "read_copy_bytes",
     "mamba2_read_copy_bytes",
     "gdn_read_copy_bytes",
+    "verify_read_copy_bytes",
 ]
 
 #: bytes per element of each ``--read-dtype`` copy
@@ -92,3 +94,30 @@ def gdn_read_copy_bytes(
     """
     base = bm.gdn_replay_bytes(shape, L, state_bytes, act_bytes, u_bytes=u_bytes)
     return _with_copy(base, read_copy_bytes(shape, read_dtype), read_dtype)
+
+
+@dataclass(frozen=True)
+class ReadCopyVerifyBytes(bm.VerifyBytes):
+    """``VerifyBytes`` of our verify with a read copy: non-flush rows read ``S_read`` bytes of
+    state (the copy); flush rows read the checkpoint, write it and the refreshed copy."""
+
+    S_read: int = 0
+
+    def step(self, h: int = 0, flush: bool = False) -> bm.StepBytes:
+        base = super().step(h, flush)
+        if flush:
+            return bm.StepBytes(base.state_read, base.state_write + self.S_read, base.ring_read,
+                                base.ring_write, base.io)
+        return bm.StepBytes(self.S_read, 0, base.ring_read, base.ring_write, base.io)
+
+
+def verify_read_copy_bytes(base: bm.VerifyBytes, S_read: int,
+                           read_dtype: str) -> ReadCopyVerifyBytes:
+    """``base`` (``bytes_model.mamba2_replay_verify_bytes`` / ``gdn_replay_verify_bytes``) with a
+    ``read_dtype`` copy of ``S_read`` bytes per slot (``read_copy_bytes``)."""
+    return ReadCopyVerifyBytes(
+        f"{base.name} (read copy {read_dtype})", base.T, base.S, base.I,
+        ring_read_nonflush=base.ring_read_nonflush, ring_read_flush=base.ring_read_flush,
+        ring_write=base.ring_write, note=base.note + f"; non-flush reads a {read_dtype} copy",
+        S_read=S_read,
+    )

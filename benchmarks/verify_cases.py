@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from benchmarks.bench_decode import _Rand, _row_slots, _softplus, _tdtype
+from benchmarks.bench_decode import _Rand, _ReadCopy, _row_slots, _softplus, _tdtype
 
 
 @dataclass
@@ -102,11 +102,28 @@ class _VerifyCursors:
 
 
 def ring_pool(fam, T: int) -> dict:
-    """``fam``'s checkpoint and the first ``cfg.ring_rows(T)`` rows of each of its rings (dim 2):
-    the ring a server with ``T`` speculative tokens has (views, pool strides)."""
+    """``fam``'s checkpoint, its read copy if any (``read_state`` / ``read_scale``) and the
+    first ``cfg.ring_rows(T)`` rows of each of its rings (dim 2): the ring a server with ``T``
+    speculative tokens has (views, pool strides)."""
     rows = fam.cfg.ring_rows(T)
-    return {"state": fam.state,
+    return {"state": fam.state, **fam._read_kwargs(),
             **{k: getattr(fam, k).narrow(2, 0, rows) for k in fam.ring_names}}
+
+
+def _read_args(fam, args: dict) -> None:
+    """Add a read copy of ``args["state"]`` (``read_state``, fp8 ``read_scale``) to a refcheck
+    pool under ``--read-dtype``."""
+    read, scale = fam._read_copy(args["state"])
+    if read is not None:
+        args["read_state"] = read
+    if scale is not None:
+        args["read_scale"] = scale
+
+
+def _pool_of(fam, args: dict) -> dict:
+    """The pool tensors of refcheck ``args`` (checkpoint, read copy if any, rings)."""
+    return {k: args[k] for k in ("state", "read_state", "read_scale") + fam.ring_names
+            if k in args}
 
 
 def refcheck_rows(rows: int, slots: int, L: int, T: int) -> list[tuple[int, int, bool]]:
@@ -127,8 +144,9 @@ def refcheck_rows(rows: int, slots: int, L: int, T: int) -> list[tuple[int, int,
     return out
 
 
-class Mamba2Verify:
-    """One Nemotron-H Mamba-2 layer for verify: state, our rings, parameters."""
+class Mamba2Verify(_ReadCopy):
+    """One Nemotron-H Mamba-2 layer for verify: state, read copy (``--read-dtype``), our rings,
+    parameters."""
 
     name = "mamba2"
     ring_names = ("ring_x", "ring_dt", "ring_B")
@@ -151,6 +169,7 @@ class Mamba2Verify:
         self.ring_dt = _softplus(rng.normal((1, S, H, R), torch.float32, 0.5)
                                  + self.dt_bias.float()[None, None, :, None])[0]
         self.ring_B = rng.normal((1, S, G, R, N), adt)[0]
+        self.read, self.read_scale = self._read_copy(self.state)
 
     # the tied broadcasts MambaMixer2 hands to selective_state_update
     def _tied(self):
@@ -176,13 +195,13 @@ class Mamba2Verify:
             "slot_idx": _row_slots(rng, self.cfg.slots, batch),
         }
 
-    def call_ours(self, fn, a: dict, pool: dict | None = None) -> None:
-        p = pool or {"state": self.state, "ring_x": self.ring_x, "ring_dt": self.ring_dt,
-                     "ring_B": self.ring_B}
+    def call_ours(self, fn, a: dict, p: dict) -> None:
+        """Our verify ``fn`` (kernel or reference) on pool ``p`` (``ring_pool`` / ``pool_of``)."""
         A, dt_bias, D = self._tied()
         fn(p["state"], p["ring_x"], p["ring_dt"], p["ring_B"], a["x"], a["dt_full"], A, a["B"],
            a["C"], a["out"], a["slot_idx"], a["ring_start"], a["ring_len"], a["flush"], D=D,
-           z=None, dt_bias=dt_bias, dt_softplus=True)
+           z=None, dt_bias=dt_bias, dt_softplus=True,
+           **self._read_kwargs(p.get("read_state"), p.get("read_scale")))
 
     def call_snapshot(self, state, a: dict, out, buf) -> None:
         """SGLang's snapshot verify, as MambaMixer2.forward calls it in TARGET_VERIFY."""
@@ -256,14 +275,16 @@ class Mamba2Verify:
         args["ring_len"] = torch.tensor([h for _, h, _ in plan], dtype=torch.int32, device=dev)
         args["flush"] = torch.tensor([f for _, _, f in plan], dtype=torch.bool, device=dev)
         args["interm_idx"] = torch.arange(rows, dtype=torch.int32, device=dev)
+        _read_args(self, args)
         return args, plan
 
     def pool_of(self, args: dict) -> dict:
-        return {k: args[k] for k in ("state",) + self.ring_names}
+        return _pool_of(self, args)
 
 
-class GDNVerify:
-    """One Qwen3.5 Gated DeltaNet layer for verify: state, our rings, SGLang's built-in rings."""
+class GDNVerify(_ReadCopy):
+    """One Qwen3.5 Gated DeltaNet layer for verify: state, read copy (``--read-dtype``), our
+    rings, SGLang's built-in rings."""
 
     name = "gdn"
     ring_names = ("ring_u", "ring_k", "ring_v", "ring_g", "ring_beta")
@@ -287,6 +308,7 @@ class GDNVerify:
         self.ring_v = rng.normal((1, S, HV, R, V), adt)[0]
         self.ring_g = self._log_gate(rng.normal((1, S, HV, R), torch.float32))[0]
         self.ring_beta = torch.sigmoid(rng.normal((1, S, HV, R), torch.float32))[0]
+        self.read, self.read_scale = self._read_copy(self.state)
         self.bi = None
         if peers.get("builtin") is not None:
             # SGLang's pool (memory_pool.py): d, k in the SSM dtype, g fp32 (chunked records);
@@ -335,12 +357,12 @@ class GDNVerify:
                                        device=self.cfg.device),
         }
 
-    def call_ours(self, fn, a: dict, pool: dict | None = None) -> None:
-        p = pool or {k: getattr(self, k) for k in ("state",) + self.ring_names}
+    def call_ours(self, fn, a: dict, p: dict) -> None:
+        """Our verify ``fn`` (kernel or reference) on pool ``p`` (``ring_pool`` / ``pool_of``)."""
         fn(p["state"], p["ring_u"], p["ring_k"], p["ring_v"], p["ring_g"], p["ring_beta"],
            a["q"], a["k"], a["v"], a["a"], a["b"], self.A_log, self.dt_bias, a["out"],
            a["slot_idx"], a["ring_start"], a["ring_len"], a["flush"], scale=self.scale,
-           use_qk_l2norm=True)
+           use_qk_l2norm=True, **self._read_kwargs(p.get("read_state"), p.get("read_scale")))
 
     def call_snapshot(self, state, a: dict, buf):
         """SGLang's snapshot verify, as TritonGDNKernel.target_verify calls it; returns out."""
@@ -476,7 +498,8 @@ class GDNVerify:
         args["ring_len"] = torch.tensor([h for _, h, _ in plan], dtype=torch.int32, device=dev)
         args["flush"] = torch.tensor([f for _, _, f in plan], dtype=torch.bool, device=dev)
         args["interm_idx"] = torch.arange(rows, dtype=torch.int32, device=dev)
+        _read_args(self, args)
         return args, plan
 
     def pool_of(self, args: dict) -> dict:
-        return {k: args[k] for k in ("state",) + self.ring_names}
+        return _pool_of(self, args)

@@ -54,14 +54,15 @@ def _require(*names: str) -> None:
         pytest.skip(f"replayssm_kernels does not provide {', '.join(names)} yet")
 
 
-def _run_cli(args: list[str], extra_env: dict | None = None, timeout: int = 600):
+def _run_cli(args: list[str], extra_env: dict | None = None, timeout: int = 600,
+             module: str = "benchmarks.bench_decode"):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), str(ROOT / "tests" / "benchmarks"), env.get("PYTHONPATH", "")]
     )
     env.update(extra_env or {})
     return subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_decode", *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )
 
