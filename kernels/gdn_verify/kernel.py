@@ -9,9 +9,9 @@ public function).
 Each row verifies a linear chain of ``T`` tokens (the last accepted token plus ``T - 1`` drafts) on
 the ring protocol of ``gdn_decode`` (same ring tensors, same cursors; ``../README.md``). A flush row
 folds its committed records into the checkpoint (launch 1, the packed decode's op order, so the
-checkpoint is the conventional kernel's) and its window then runs from the stored checkpoint with
-an empty history; a non-flush row's window runs from the checkpoint (or its read copy) plus the
-committed records' stored corrected updates. Both write the ``T`` window records at logical rows
+checkpoint is the conventional kernel's) and its window then runs from the stored checkpoint (or
+its refreshed read copy) with an empty history; a non-flush row's window runs from the checkpoint
+(or its read copy) plus the committed records' stored corrected updates. Both write the ``T`` window records at logical rows
 ``len .. len + T − 1``; the commit advances the cursors by the accepted count and later steps
 overwrite the rest. Not autotuned (writes the checkpoint). No host sync; CUDA-graph safe (two
 launches on the caller's stream).
@@ -297,7 +297,8 @@ def gdn_replay_verify(
     into ``state[s]`` exactly as without a copy (same bits), store it, refresh ``read_state[s]``
     (and ``read_scale[s]``) from the checkpoint as stored
     (``replayssm_kernels.mamba2_decode.read_copy``, rows = V, scaled over K), and run the window
-    from the stored checkpoint.
+    from the refreshed copy, so every output and ``u`` of a launch with a copy comes from the copy
+    (the window reads one tensor, in one tf32 product).  The checkpoint never depends on the copy.
 
     Stochastic rounding (optional ``sr_seed``, fp16 ``state`` only, as ``gdn_replay_decode``):
     flush rows store the folded state with unbiased stochastic rounding (bits keyed by

@@ -4,8 +4,8 @@ fp32 arithmetic, one row at a time, all value heads at once.  Flush rows run the
 the conventional kernel's expression order (torch's reductions: close to the kernel, not bitwise);
 the window uses the chunkwise closed form (inner-product history term, forward substitution), not
 the kernel's recurrent form, so the two are independent derivations of the same outputs.  With a
-split-precision read copy, non-flush rows take ``S0`` from the dequantised copy and flush rows
-refresh it with ``quantize_rows`` (``mamba2_decode/read_copy.py``), the kernel's bits.
+split-precision read copy, every row's window takes ``S0`` from the dequantised copy, which flush
+rows first refresh with ``quantize_rows`` (``mamba2_decode/read_copy.py``), the kernel's bits.
 """
 
 from __future__ import annotations
@@ -121,7 +121,10 @@ def gdn_replay_verify_ref(
                 read_state[s] = qc
                 if sc is not None:
                     read_scale[s] = sc
-            S0 = state[s].to(_F32)  # the window runs from the stored checkpoint
+            if read_state is None:
+                S0 = state[s].to(_F32)  # the window runs from the stored checkpoint
+            else:  # ... or from its refreshed copy
+                S0 = dequantize_rows(read_state[s], None if read_scale is None else read_scale[s])
             n_hist = 0
         elif read_state is None:
             S0 = state[s].to(_F32)

@@ -3,8 +3,8 @@
 ``gdn_verify_window_kernel`` runs after the fold launch (``fold.py``), so a flush row's checkpoint
 is already folded and stored and its history is empty here; a non-flush row's history is its
 committed records ``[0, len)``.  No state is formed: one program owns ``BV`` value rows of one value
-head of one row and streams that slab of ``S0`` (the checkpoint, or with a read copy on a
-non-flush row the copy) once, in ``BKC``-column chunks, as ``S0·X`` where the ``NX`` columns of
+head of one row and streams that slab of ``S0`` (the checkpoint, or with a read copy the copy:
+a flush row's as the fold launch refreshed it) once, in ``BKC``-column chunks, as ``S0·X`` where the ``NX`` columns of
 ``X`` are the window's raw keys ``k_0 .. k_{T-1}`` then raw queries ``q_0 .. q_{T-1}`` (zero
 padding up to ``NX``).  In the same pass it forms the history's ``K_h·X`` and the window Gram
 matrix ``XᵀX`` and the squared norms of both, so normalisation is applied to the products
@@ -24,7 +24,8 @@ delta rule's corrected updates solve a unit triangular system shared by every va
 Precision (``PRECISION``): ``"split"`` (16-bit q / k, whose values tf32 holds exactly): the fp32
 ``S0`` chunk is split into a tf32 head (low 13 mantissa bits cleared) and the fp32 remainder, two
 tf32 tensor-core products; the history and Gram products are single tf32 products (exact
-products of 16-bit values, fp32 sums).  ``"ieee"``: fp32 FMA products everywhere (fp32 q / k).
+products of 16-bit values, fp32 sums). A read copy's values (bf16, fp16, e4m3; the fp8 row
+scales applied to the product) are exact in tf32: one tf32 product.  ``"ieee"``: fp32 FMA products everywhere (fp32 q / k).
 The ``NX × NX`` and history-update products are always ``"ieee"``.  Outputs and ``u`` never feed
 a checkpoint (the fold replays raw inputs), so their summation order is free; the records'
 ``g`` and ``β`` are the decode kernel's expressions, element for element, because a later fold
@@ -124,20 +125,19 @@ def gdn_verify_window_kernel(
         if write_k:
             tl.store(p_kw + o_k[:, None] * stride_rk_k, x_k.to(ring_k.dtype.element_ty), mask=m_kx)
         m_s = mask_v[:, None] & mask_k[None, :]
-        # Split precision: a non-flush row reads S0 from the copy, a flush row the stored
-        # checkpoint.
+        # Split precision: every row reads S0 from the copy (flush rows: refreshed by the fold
+        # launch); its values are exact in tf32, so one tf32 product.
         if HAS_READ:
-            if is_flush:
-                b_s = tl.load(p_s + o_k[None, :] * stride_s_k, mask=m_s, other=0).to(tl.float32)
-            else:
-                b_s = tl.load(read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h
-                              + o_v[:, None] * stride_rd_v + o_k[None, :] * stride_rd_k,
-                              mask=m_s, other=0.0).to(tl.float32)
+            b_s = tl.load(read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h
+                          + o_v[:, None] * stride_rd_v + o_k[None, :] * stride_rd_k,
+                          mask=m_s, other=0.0).to(tl.float32)
         else:
             b_s = tl.load(p_s + o_k[None, :] * stride_s_k, mask=m_s, other=0).to(tl.float32)
         b_kh = tl.load(p_kh + o_k[None, :] * stride_rk_k, mask=mask_hr[:, None] & mask_k[None, :],
                        other=0).to(tl.float32)  # [NH, BKC]
-        if PRECISION == "split":
+        if HAS_READ:
+            acc_s = tl.dot(b_s, b_x, acc_s, input_precision=SMALL)
+        elif PRECISION == "split":
             s_hi = _tf32_head(b_s)
             acc_s = tl.dot(s_hi, b_x, acc_s, input_precision="tf32")
             acc_s = tl.dot(b_s - s_hi, b_x, acc_s, input_precision="tf32")
@@ -158,10 +158,9 @@ def gdn_verify_window_kernel(
     n_x = tl.where(is_q, n_x * scale, n_x)
     b_sx = acc_s * n_x[None, :]
     if READ_FP8:
-        if not is_flush:
-            b_rs = tl.load(read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
-                           + o_v * stride_rs_v, mask=mask_v, other=0.0)
-            b_sx = b_sx * b_rs[:, None]
+        b_rs = tl.load(read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
+                       + o_v * stride_rs_v, mask=mask_v, other=0.0)
+        b_sx = b_sx * b_rs[:, None]
     b_a = acc_a * n_h_row[:, None] * n_x[None, :]
     b_gram = acc_g * n_x[:, None] * n_x[None, :]
 

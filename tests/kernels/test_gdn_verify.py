@@ -1130,14 +1130,16 @@ def split_lockstep(case: Case, read_dtype: torch.dtype, seed: int) -> dict:
     """Verify steps of the kernel with a copy (``SplitSim``: its own checks) and, on clones of the
     same pool with the same cursor snapshot, the reference with the copy and the kernel without
     it.  Checks: kernel vs reference (outputs, checkpoint, rings; the reference's copy is
-    ``quantize_rows`` of its checkpoint); flush rows of the launch without a copy: checkpoint
-    bit-identical, and under the interpreter outputs and window records bit-identical too (on
-    the GPU: within 1e-6, reported); non-flush rows: checkpoint untouched in all three."""
+    ``quantize_rows`` of its checkpoint; flush rows' outputs and ``u`` within the copy's
+    tolerance, as each side's window reads its own refreshed copy, whose rounding the folds' ~1e-7
+    difference can flip); flush rows of the launch without a copy: checkpoint
+    bit-identical, outputs within the copy's rounding (the window of a launch with a copy reads
+    the refreshed copy; reported); non-flush rows: checkpoint untouched in all three."""
     case = dataclasses.replace(case, tol_out=TOL_OUT_COPY[read_dtype])
     sim = SplitSim(case, read_dtype, seed, "kernel")
     T, dev = case.T, sim.dev
-    res = {"out_vs_ref": 0.0, "flush_out_vs_nocopy": 0.0, "flush_rows": 0, "nonflush_rows": 0}
-    bitwise_out = not HAS_CUDA
+    res = {"out_vs_ref": 0.0, "flush_out_vs_ref": 0.0, "flush_out_vs_nocopy": 0.0, "flush_rows": 0,
+           "nonflush_rows": 0}
     for _ in range(case.steps):
         inp = sim.make_inputs(T)
         pool = [t.clone() for t in sim.tensors()]
@@ -1167,10 +1169,23 @@ def split_lockstep(case: Case, read_dtype: torch.dtype, seed: int) -> dict:
         out_n = launch(gdn_replay_verify, nc_pool)
 
         live = inp["slot_idx"] >= 0
-        d = (out_k[live].double() - out_r[live].double()).norm() / out_r[live].double().norm()
-        res["out_vs_ref"] = max(res["out_vs_ref"], float(d))
-        for tk, tr in zip(sim.after, ref_pool):
-            torch.testing.assert_close(tk, tr, equal_nan=True, atol=1e-5, rtol=1e-5)
+        # non-flush rows read the same copy on both sides; flush rows each side's own refreshed
+        # copy (below, with the records)
+        for rows, key in ((live & ~flush, "out_vs_ref"), (live & flush, "flush_out_vs_ref")):
+            if bool(rows.any()):
+                res[key] = max(res[key], rel_err(out_k[rows], out_r[rows]))
+        # Flush rows' u records come from each side's own refreshed copy, and the two folds'
+        # ~1e-7 difference can flip a copy rounding (an fp8 ulp is 6%): those rows within the
+        # copy's tolerance, everything else as close as without a copy.
+        flushed = torch.zeros(sim.slots, dtype=torch.bool, device=dev)
+        flushed[inp["slot_idx"][(inp["slot_idx"] >= 0) & flush].long()] = True
+        for n, (tk, tr) in enumerate(zip(sim.after, ref_pool)):
+            rows = ~flushed if n == 1 else slice(None)  # n == 1: ring_u
+            torch.testing.assert_close(tk[rows], tr[rows], equal_nan=True, atol=1e-5, rtol=1e-5)
+        if bool(flushed.any()):
+            uk, ur = sim.after[1][flushed], ref_pool[1][flushed]
+            assert torch.equal(uk.isnan(), ur.isnan())  # unwritten ring rows hold NaN
+            assert rel_err(uk[~uk.isnan()], ur[~ur.isnan()]) < TOL_OUT_COPY[read_dtype]
         for i, s in enumerate(inp["slot_idx"].tolist()):
             if s < 0:
                 for o in (out_r, out_n):
@@ -1189,12 +1204,11 @@ def split_lockstep(case: Case, read_dtype: torch.dtype, seed: int) -> dict:
             assert_bits_equal(sim.after[0][s], nc_pool[0][s], f"flushed checkpoint of slot {s}")
             dn = (out_k[i].double() - out_n[i].double()).norm() / out_n[i].double().norm()
             res["flush_out_vs_nocopy"] = max(res["flush_out_vs_nocopy"], float(dn))
-            if bitwise_out:
-                assert_bits_equal(out_k[i], out_n[i], f"flush row {i}: outputs")
-                for tk, tn in zip(sim.after[1:], nc_pool[1:]):
-                    assert_bits_equal(tk[s], tn[s], f"flush row {i}: ring records")
-        assert res["out_vs_ref"] < 1e-5 and res["flush_out_vs_nocopy"] < 1e-6, res
+        tol = TOL_OUT_COPY[read_dtype]
+        assert res["out_vs_ref"] < 1e-5, res
+        assert res["flush_out_vs_ref"] < tol and res["flush_out_vs_nocopy"] < tol, res
     assert res["flush_rows"] >= 2 and res["nonflush_rows"] >= 2, res
+    assert res["flush_out_vs_nocopy"] > 0, res  # flush rows' windows read the copy
     print(f"\n[split-gdn-verify lockstep] {_split_id((case, read_dtype))}: out kernel vs ref "
           f"{res['out_vs_ref']:.2e}, flush rows vs no copy {res['flush_out_vs_nocopy']:.2e} "
           f"({res['flush_rows']} flush / {res['nonflush_rows']} non-flush rows)")
@@ -1268,6 +1282,50 @@ def test_split_nonflush_rows_never_read_the_checkpoint(op, rd):
     for got, exp in zip(sim.tensors()[1:], rings_want):
         assert_bits_equal(got, exp, "ring records")
 
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("rd", [BF16, F8], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("op", ["kernel", "ref"])
+def test_split_flush_rows_window_reads_the_copy(op, rd):
+    """Every live row flushes (committed histories folded): the checkpoint is as without a copy
+    and the copy is refreshed from it; the outputs are those of a second launch, on the refreshed
+    copy with every checkpoint NaN, where the same rows do not flush and have no history, bit for
+    bit (the window's code for a flush row and for an empty history is the same)."""
+    case = Case(HV=2, Hk=1, K=16, V=16, L=6, T=2, act_dtype=FP32, u_dtype=FP32, pad_rows=1,
+                force_p=0.0, decode_p=0.0, tol_out=TOL_OUT_COPY[rd])  # fmt: skip
+    sim = SplitSim(case, rd, seed=16, ops=op, device=DEVICE if op == "kernel" else CPU)
+    for _ in range(2):  # committed histories (len 2..4 per slot)
+        sim.step(sim.make_inputs(case.T))
+    inp = sim.make_inputs(case.T)
+    B = inp["slot_idx"].shape[0]
+    start = torch.empty(B, dtype=torch.int32, device=sim.dev)
+    length = torch.empty(B, dtype=torch.int32, device=sim.dev)
+    flush = torch.empty(B, dtype=torch.bool, device=sim.dev)
+    verify_cursor_step(sim.cursors, inp["slot_idx"], inp["force"], case.L, sim.R, case.T,
+                       start, length, flush)  # fmt: skip
+    flush.fill_(True)
+    assert int(length.max()) > 0
+    args = (inp["q"], inp["k"], inp["v"], inp["a"], inp["b"], sim.A_log, sim.dt_bias)
+    fn = OPS[op][0]
+    nocopy = [t.clone() for t in sim.tensors()]
+    fn(*nocopy, *args, torch.empty(B, case.T, case.HV, case.V, device=sim.dev),
+       inp["slot_idx"], start, length, flush, scale=sim.scale)  # fmt: skip
+    out = torch.full((B, case.T, case.HV, case.V), math.nan, device=sim.dev)
+    fn(*sim.tensors(), *args, out, inp["slot_idx"], start, length, flush, scale=sim.scale,
+       read_state=sim.read, read_scale=sim.read_scale)  # fmt: skip
+    live = inp["slot_idx"] >= 0
+    slots = inp["slot_idx"][live].long()
+    assert_bits_equal(sim.state[slots], nocopy[0][slots], "checkpoint")
+    q, sc = quantize_rows(sim.state[slots], rd)
+    assert_bits_equal(sim.read[slots], q, "refreshed copy")
+    rings = [t.clone() for t in sim.tensors()[1:]]
+    want = torch.full_like(out, math.nan)
+    fn(torch.full_like(sim.state, math.nan), *rings, *args, want, inp["slot_idx"], start,
+       torch.zeros_like(length), torch.zeros_like(flush), scale=sim.scale, read_state=sim.read,
+       read_scale=sim.read_scale)  # fmt: skip
+    assert torch.isfinite(out[live]).all() and out[~live].isnan().all()
+    assert_bits_equal(out, want, "outputs")
 
 def _copy_args(read_dtype=BF16, with_scale=False, **kw):
     args = _args(**kw)
