@@ -1081,7 +1081,7 @@ def _split_id(cr) -> str:
 
 def _run_split(op: str, case: Case, read_dtype: torch.dtype, seed: int) -> SplitSim:
     case = dataclasses.replace(case, tol_out=TOL_OUT_COPY[read_dtype])
-    dev = DEVICE if op == "kernel" else torch.device("cpu")
+    dev = DEVICE  # the reference too: its cursors are Triton kernels (CUDA or the interpreter)
     sim = SplitSim(case, read_dtype, seed, op, dev).run()
     assert sim.verify_steps >= 3 and sim.copy_checks >= 3
     print(f"\n[split-gdn-verify] {op} {_split_id((case, read_dtype))}: out vs f64 "
@@ -1253,7 +1253,7 @@ def test_split_nonflush_rows_never_read_the_checkpoint(op, rd):
     values, bit for bit."""
     case = Case(HV=2, Hk=1, K=16, V=16, L=6, T=2, act_dtype=FP32, u_dtype=FP32, pad_rows=1,
                 force_p=0.0, decode_p=0.0, tol_out=TOL_OUT_COPY[rd])  # fmt: skip
-    sim = SplitSim(case, rd, seed=14, ops=op, device=DEVICE if op == "kernel" else CPU)
+    sim = SplitSim(case, rd, seed=14, ops=op, device=DEVICE)
     for _ in range(2):  # committed histories (len 2..4 per slot)
         sim.step(sim.make_inputs(case.T))
     inp = sim.make_inputs(case.T)
@@ -1294,7 +1294,7 @@ def test_split_flush_rows_window_reads_the_copy(op, rd):
     bit (the window's code for a flush row and for an empty history is the same)."""
     case = Case(HV=2, Hk=1, K=16, V=16, L=6, T=2, act_dtype=FP32, u_dtype=FP32, pad_rows=1,
                 force_p=0.0, decode_p=0.0, tol_out=TOL_OUT_COPY[rd])  # fmt: skip
-    sim = SplitSim(case, rd, seed=16, ops=op, device=DEVICE if op == "kernel" else CPU)
+    sim = SplitSim(case, rd, seed=16, ops=op, device=DEVICE)
     for _ in range(2):  # committed histories (len 2..4 per slot)
         sim.step(sim.make_inputs(case.T))
     inp = sim.make_inputs(case.T)
