@@ -1244,17 +1244,14 @@ def test_split_fold_tile(monkeypatch, launch_spy):
     assert_fold_tile(spies, 8, 4, case.V, head_grid=True)
 
 
-@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
-@pytest.mark.parametrize("rd", [BF16, F8], ids=["bf16", "fp8"])
-@pytest.mark.parametrize("op", ["kernel", "ref"])
-def test_split_nonflush_rows_never_read_the_checkpoint(op, rd):
-    """NaN in every checkpoint: non-flush rows (with committed histories) give the outputs and
-    records of the same launch without a copy on a checkpoint holding the copy's dequantised
-    values, bit for bit."""
+def _split_after_history(op: str, rd: torch.dtype, seed: int):
+    """A ``SplitSim`` (``op``'s verify, copy ``rd``) after two steps of committed history (len 2..4
+    per slot, one padding row), the next step's inputs, its cursor snapshot ``(start, len,
+    flush)`` and the launch's positional inputs."""
     case = Case(HV=2, Hk=1, K=16, V=16, L=6, T=2, act_dtype=FP32, u_dtype=FP32, pad_rows=1,
                 force_p=0.0, decode_p=0.0, tol_out=TOL_OUT_COPY[rd])  # fmt: skip
-    sim = SplitSim(case, rd, seed=14, ops=op, device=DEVICE)
-    for _ in range(2):  # committed histories (len 2..4 per slot)
+    sim = SplitSim(case, rd, seed=seed, ops=op, device=DEVICE)
+    for _ in range(2):
         sim.step(sim.make_inputs(case.T))
     inp = sim.make_inputs(case.T)
     B = inp["slot_idx"].shape[0]
@@ -1263,9 +1260,21 @@ def test_split_nonflush_rows_never_read_the_checkpoint(op, rd):
     flush = torch.empty(B, dtype=torch.bool, device=sim.dev)
     verify_cursor_step(sim.cursors, inp["slot_idx"], inp["force"], case.L, sim.R, case.T,
                        start, length, flush)  # fmt: skip
-    flush.zero_()
     assert int(length.max()) > 0
     args = (inp["q"], inp["k"], inp["v"], inp["a"], inp["b"], sim.A_log, sim.dt_bias)
+    return sim, case, inp, (start, length, flush), args
+
+
+@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("rd", [BF16, F8], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("op", ["kernel", "ref"])
+def test_split_nonflush_rows_never_read_the_checkpoint(op, rd):
+    """NaN in every checkpoint: non-flush rows (with committed histories) give the outputs and
+    records of the same launch without a copy on a checkpoint holding the copy's dequantised
+    values, bit for bit."""
+    sim, case, inp, (start, length, flush), args = _split_after_history(op, rd, 14)
+    flush.zero_()
+    B = inp["slot_idx"].shape[0]
     snap = (inp["slot_idx"], start, length, flush)
     fn = OPS[op][0]
     deq = dequantize_rows(sim.read, sim.read_scale)
@@ -1292,21 +1301,9 @@ def test_split_flush_rows_window_reads_the_copy(op, rd):
     and the copy is refreshed from it; the outputs are those of a second launch, on the refreshed
     copy with every checkpoint NaN, where the same rows do not flush and have no history, bit for
     bit (the window's code for a flush row and for an empty history is the same)."""
-    case = Case(HV=2, Hk=1, K=16, V=16, L=6, T=2, act_dtype=FP32, u_dtype=FP32, pad_rows=1,
-                force_p=0.0, decode_p=0.0, tol_out=TOL_OUT_COPY[rd])  # fmt: skip
-    sim = SplitSim(case, rd, seed=16, ops=op, device=DEVICE)
-    for _ in range(2):  # committed histories (len 2..4 per slot)
-        sim.step(sim.make_inputs(case.T))
-    inp = sim.make_inputs(case.T)
-    B = inp["slot_idx"].shape[0]
-    start = torch.empty(B, dtype=torch.int32, device=sim.dev)
-    length = torch.empty(B, dtype=torch.int32, device=sim.dev)
-    flush = torch.empty(B, dtype=torch.bool, device=sim.dev)
-    verify_cursor_step(sim.cursors, inp["slot_idx"], inp["force"], case.L, sim.R, case.T,
-                       start, length, flush)  # fmt: skip
+    sim, case, inp, (start, length, flush), args = _split_after_history(op, rd, 16)
     flush.fill_(True)
-    assert int(length.max()) > 0
-    args = (inp["q"], inp["k"], inp["v"], inp["a"], inp["b"], sim.A_log, sim.dt_bias)
+    B = inp["slot_idx"].shape[0]
     fn = OPS[op][0]
     nocopy = [t.clone() for t in sim.tensors()]
     fn(*nocopy, *args, torch.empty(B, case.T, case.HV, case.V, device=sim.dev),
