@@ -73,9 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--act-dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--gdn-u-dtype", choices=("act", "fp32"), default="fp32")
     p.add_argument("--read-dtype", choices=("same", *brc.READ_COPY_BYTES), default="same",
-                   help="split precision (both families): our kernel's non-flush rows read a read "
-                        "copy of the checkpoint in this dtype, flush rows refresh it (default "
-                        "same: no copy); SGLang's kernels read the checkpoint")
+                   help="split precision (both families): our verify reads a copy of the "
+                        "checkpoint in this dtype (Mamba-2: non-flush rows; GDN: every row's "
+                        "window), flush rows refresh it (default same: no copy); SGLang's "
+                        "kernels read the checkpoint")
     p.add_argument("--mamba2-shape", choices=tuple(MAMBA2_SHAPES), default=None)
     p.add_argument("--gdn-shape", choices=tuple(GDN_SHAPES), default=None)
     p.add_argument("--slots", type=int, default=None,
@@ -542,7 +543,8 @@ def format_markdown(rows: list[Row], meta: dict) -> str:
           f"- command: `python -m benchmarks.bench_verify {' '.join(meta.get('argv', []))}`",
           f"- shapes: {meta.get('shapes')}; window L = {meta.get('L')}, our ring rows R per T "
           f"{meta.get('R')} (min_ring_size(L, T)), built-in ring rows {meta.get('builtin_ring')}; state "
-          f"{meta.get('state_dtype')}{bd._read_note(meta.get('read_dtype', 'same'))}, activations {meta.get('act_dtype')}; {meta.get('slots')} "
+          f"{meta.get('state_dtype')}{bd._read_note(meta.get('read_dtype', 'same'))}, "
+          f"activations {meta.get('act_dtype')}; {meta.get('slots')} "
           "slots per family (one layer), rows on random slots",
           f"- copy bandwidth {f(meta.get('copy_bw', math.nan) / 1e12, '.2f')} TB/s; L2 flush "
           f"{meta.get('l2_flush')} of {meta.get('l2_flush_bytes', 0) / 2**20:.0f} MiB before every "

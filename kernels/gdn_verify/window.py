@@ -4,8 +4,8 @@
 is already folded and stored and its history is empty here; a non-flush row's history is its
 committed records ``[0, len)``.  No state is formed: one program owns ``BV`` value rows of one value
 head of one row and streams that slab of ``S0`` (the checkpoint, or with a read copy the copy:
-a flush row's as the fold launch refreshed it) once, in ``BKC``-column chunks, as ``S0·X`` where the ``NX`` columns of
-``X`` are the window's raw keys ``k_0 .. k_{T-1}`` then raw queries ``q_0 .. q_{T-1}`` (zero
+a flush row's as the fold launch refreshed it) once, in ``BKC``-column chunks, as ``S0·X`` where
+the ``NX`` columns of ``X`` are the window's raw keys ``k_0 .. k_{T-1}`` then raw queries ``q_0 .. q_{T-1}`` (zero
 padding up to ``NX``).  In the same pass it forms the history's ``K_h·X`` and the window Gram
 matrix ``XᵀX`` and the squared norms of both, so normalisation is applied to the products
 afterwards (``k̂ = k / sqrt(|k|² + 1e-6)``, ``q̃ = scale·q / sqrt(|q|² + 1e-6)``).
@@ -24,8 +24,9 @@ delta rule's corrected updates solve a unit triangular system shared by every va
 Precision (``PRECISION``): ``"split"`` (16-bit q / k, whose values tf32 holds exactly): the fp32
 ``S0`` chunk is split into a tf32 head (low 13 mantissa bits cleared) and the fp32 remainder, two
 tf32 tensor-core products; the history and Gram products are single tf32 products (exact
-products of 16-bit values, fp32 sums). A read copy's values (bf16, fp16, e4m3; the fp8 row
-scales applied to the product) are exact in tf32: one tf32 product.  ``"ieee"``: fp32 FMA products everywhere (fp32 q / k).
+products of 16-bit values, fp32 sums); a read copy's values (bf16, fp16, e4m3; the fp8 row
+scales applied to the product) are exact in tf32: one product.  ``"ieee"``: fp32 FMA products
+everywhere (fp32 q / k).
 The ``NX × NX`` and history-update products are always ``"ieee"``.  Outputs and ``u`` never feed
 a checkpoint (the fold replays raw inputs), so their summation order is free; the records'
 ``g`` and ``β`` are the decode kernel's expressions, element for element, because a later fold

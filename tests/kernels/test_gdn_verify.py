@@ -50,7 +50,6 @@ from replayssm_kernels.mamba2_decode.read_copy import (
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
-CPU = torch.device("cpu")
 
 pytestmark = [
     # GPU row-sum order for the interpreter's tl.sum (conftest): the verify kernel's fold (SGLang's
@@ -1290,7 +1289,6 @@ def test_split_nonflush_rows_never_read_the_checkpoint(op, rd):
     assert_bits_equal(out, want, "outputs")
     for got, exp in zip(sim.tensors()[1:], rings_want):
         assert_bits_equal(got, exp, "ring records")
-
 
 
 @pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
