@@ -33,7 +33,10 @@ decode run token by token (``gpu``-marked tests).  The Triton interpreter does n
 tree for ``tl.sum`` over 128 columns (numpy sums them), so on the CPU the tests swap the
 interpreter's ``tl.sum`` for the GPU's row-sum order (``tests/kernels/conftest.py``) and check
 the fold against SGLang's kernel bit for bit.  ``K <= 128`` (one 4-column chunk per lane of
-SGLang's layout).
+SGLang's layout).  The bits do not depend on the tile (``BV``, ``RL``) where every lane holds whole
+4-column chunks (K = 128, the real shapes); at small K (24) Triton spreads a chunk's columns over
+lanes, LLVM fuses a lane's own product into the first cross-lane add, the lanes' sums differ in
+the last bit, and the tile decides which one a row uses (``test_gdn_verify.py::K_TILE``).
 
 Split precision (``HAS_READ``): the fold reads and writes the checkpoint only, then refreshes the
 read copy from the checkpoint as stored (``read_copy.quantize_rows``'s bits: fp8 with one
