@@ -328,10 +328,11 @@ def gdn_replay_decode_fwd(
     ``sr_seed`` (fp16 ``state``): stochastic rounding of the flush store (``SR`` compiled in).
     ``block_v`` / ``fold_rows`` / ``nonflush_rows`` / ``tiles``: the tile and the tiles per
     program (``launch_tile``; ``None``: the module's constants, ``tiles`` by the batch size,
-    ``program_tiles``), for a launch sweep; flush rows
-    give the same bits at any tile, non-flush outputs may differ in the last bits (their sums'
-    order follows the tile; compiled, also between ``tiles`` values: FMA contraction).  ``row_order``: program ``z`` of the grid's
-    batch dimension runs row ``row_order[z]`` (``HAS_ORDER`` compiled in).
+    ``program_tiles``), for a launch sweep; flush rows give the same bits at any tile (compiled:
+    at K = 128, ``_tree.py``), non-flush outputs may differ in the last bits (their sums' order
+    follows the tile; compiled, also between ``tiles`` values: FMA contraction).  ``row_order``:
+    program ``z`` of the grid's batch dimension runs row ``row_order[z]`` (``HAS_ORDER`` compiled
+    in).
 
     Raises
     ------

@@ -173,9 +173,10 @@ def gdn_replay_verify_fwd(
     ``"tf32x3"``; default by q / k dtype); ``maxnreg`` caps the window launch's registers per
     thread (ptxas; ``None``: the compiler's choice; ignored by the interpreter). ``fold_block_v``
     / ``fold_rows`` shape the fold launch's tree form (value rows per tile, rows on lanes; powers
-    of two; ``None``: ``FOLD_BLOCK_V`` / ``FOLD_TREE_ROWS``), the same bits at any value; SGLang's
-    tile (``K > 128``) ignores them. ``fold_tiles``: a program per (row, head, ``fold_tiles`` value
-    tiles folded one after another; a divisor of the head's tile count); ``None``: the work list
+    of two; ``None``: ``FOLD_BLOCK_V`` / ``FOLD_TREE_ROWS``), the same bits at any value at K = 128
+    (compiled; smaller K: ``gdn_decode/_tree.py``); SGLang's tile (``K > 128``) ignores them.
+    ``fold_tiles``: a program per (row, head, ``fold_tiles`` value tiles folded one after
+    another; a divisor of the head's tile count); ``None``: the work list
     (``fold.py``) of ``fold_programs`` programs (``None``: ``FOLD_PROGRAMS_PER_SM`` per SM) up to
     ``FOLD_WORK_LIST_MAX_BATCH`` rows, above a program per (row, head) from ``FOLD_HEAD_GRID``
     pairs on, else per tile.  Every choice folds the same tiles in the same op order (same bits).
