@@ -12,8 +12,8 @@ folds its committed records into the checkpoint (launch 1, the packed decode's o
 checkpoint is the conventional kernel's) and its window then runs from the stored checkpoint (or
 its refreshed read copy) with an empty history; a non-flush row's window runs from the checkpoint
 (or its read copy) plus the committed records' stored corrected updates. Both write the ``T``
-window records at logical rows ``len .. len + T − 1``; the commit advances the cursors by the accepted count and later steps
-overwrite the rest. Not autotuned (writes the checkpoint). No host sync; CUDA-graph safe (two
+window records at logical rows ``len .. len + T − 1``; the commit advances the cursors by the
+accepted count and later steps overwrite the rest. Not autotuned (writes the checkpoint). No host sync; CUDA-graph safe (two
 launches on the caller's stream).
 """
 

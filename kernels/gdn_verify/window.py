@@ -5,8 +5,8 @@ is already folded and stored and its history is empty here; a non-flush row's hi
 committed records ``[0, len)``.  No state is formed: one program owns ``BV`` value rows of one value
 head of one row and streams that slab of ``S0`` (the checkpoint, or with a read copy the copy:
 a flush row's as the fold launch refreshed it) once, in ``BKC``-column chunks, as ``S0·X`` where
-the ``NX`` columns of ``X`` are the window's raw keys ``k_0 .. k_{T-1}`` then raw queries ``q_0 .. q_{T-1}`` (zero
-padding up to ``NX``).  In the same pass it forms the history's ``K_h·X`` and the window Gram
+the ``NX`` columns of ``X`` are the window's raw keys ``k_0 .. k_{T-1}`` then raw queries
+``q_0 .. q_{T-1}`` (zero padding up to ``NX``).  In the same pass it forms the history's ``K_h·X`` and the window Gram
 matrix ``XᵀX`` and the squared norms of both, so normalisation is applied to the products
 afterwards (``k̂ = k / sqrt(|k|² + 1e-6)``, ``q̃ = scale·q / sqrt(|q|² + 1e-6)``).
 
@@ -26,11 +26,11 @@ Precision (``PRECISION``): ``"split"`` (16-bit q / k, whose values tf32 holds ex
 tf32 tensor-core products; the history and Gram products are single tf32 products (exact
 products of 16-bit values, fp32 sums); a read copy's values (bf16, fp16, e4m3; the fp8 row
 scales applied to the product) are exact in tf32: one product.  ``"ieee"``: fp32 FMA products
-everywhere (fp32 q / k).
-The ``NX × NX`` and history-update products are always ``"ieee"``.  Outputs and ``u`` never feed
-a checkpoint (the fold replays raw inputs), so their summation order is free; the records'
-``g`` and ``β`` are the decode kernel's expressions, element for element, because a later fold
-replays those bits.
+everywhere (fp32 q / k).  The ``NX × NX`` products are always ``"ieee"``; the two ``[BV, NX]``
+products of fp32 operands (the history update, the outputs) are tf32x3 under ``"split"``.
+Outputs and ``u`` never feed a checkpoint (the fold replays raw inputs), so their summation order
+is free; the records' ``g`` and ``β`` are the decode kernel's expressions, element for element,
+because a later fold replays those bits.
 
 Records ``(u_s, raw k_s, raw v_s, g_s, β_s)`` of all ``T`` tokens go to logical rows
 ``len .. len + T − 1`` (physical ``(start + len + s) % R``), accepted or not, as the recurrent
