@@ -266,8 +266,14 @@ def flush_tree(
             rscale, inv = fp8_row_scale(_row_max(tl.abs(b_c)))
             tl.store(p_rs_head + row2 * stride_rs_v, rscale, mask=mask_v2)
             b_c = b_c * _r8(inv)
-        p_rd = p_rd_head + row8 * stride_rd_v + col8 * stride_rd_k
-        tl.store(p_rd, b_c.to(p_rd.dtype.element_ty), mask=mask_h)
+        # Stored from a [BV, BK] view (rows, then columns in order), so the store takes a
+        # layout of its own with whole 16-byte runs per lane (the tile's 4-column chunks are 8 /
+        # 4 bytes of the copy, half / quarter sectors per lane).
+        b_c2 = tl.reshape(tl.permute(b_c, (3, 0, 6, 5, 4, 2, 1, 7)), (BV, BK))
+        o_v2 = i_v * BV + tl.arange(0, BV)
+        p_rd = p_rd_head + o_v2[:, None] * stride_rd_v + o_k[None, :] * stride_rd_k
+        tl.store(p_rd, b_c2.to(p_rd.dtype.element_ty),
+                 mask=(o_v2[:, None] < V) & mask_k[None, :])
 
 
 @triton.jit
