@@ -203,7 +203,8 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         T = mixed_qkv.shape[0] // bs
         if bs * T != mixed_qkv.shape[0] or (T != step.num_tokens and not step.snapshot):
             raise RuntimeError(
-                f"ReplaySSM GDN verify: expected {step.slot_idx.shape[0]} x {T} tokens, got {mixed_qkv.shape[0]}"
+                f"ReplaySSM GDN verify: expected {bs} rows x {step.num_tokens} tokens, got {mixed_qkv.shape[0]} "
+                "tokens"
             )
         layer_cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
         conv_states = layer_cache.conv[0]

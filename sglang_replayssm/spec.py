@@ -32,6 +32,8 @@ the buffers of the batch size last replayed.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 from collections.abc import Callable
 
 import torch
@@ -48,6 +50,8 @@ __all__ = [
     "rollback_conv",
     "verify_kernel",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -262,18 +266,40 @@ class VerifyMetadataMixin:
         (``spec_plan.plan_for_server``; refuses what is not built).  Draft workers: nothing."""
         self.verify_plan = None
         if self.num_tokens and not self.is_draft_worker:
-            from sglang_replayssm.spec_plan import plan_for_server
+            from sglang_replayssm.spec_plan import plan_for_server, snapshot_batch_limit
 
             self.verify_plan = plan_for_server(self.pool, model_runner.server_args, torch.device(self.device))
+            self._snapshot_limit = snapshot_batch_limit(
+                self.num_tokens, math.prod(self.pool.mamba_cache.temporal.shape[2:])
+            )
 
     def _snapshot_path(self, bs: int) -> bool:
         """Whether a verify forward of ``bs`` rows takes SGLang's snapshot verify: the decision of the
-        smallest planned bucket ``>= bs`` (else the largest); no plan (tests, drafts): replay."""
+        smallest planned bucket ``>= bs``; no plan (tests, drafts): replay.
+
+        Above every bucket (an eager forward past ``--cuda-graph-max-bs``) the largest bucket's
+        decision holds, except that a heuristic (``auto``) snapshot decision moves to replay above
+        ``spec_plan.snapshot_batch_limit`` (its commit scatter would overflow), logged once; an
+        override or tree drafts keep the snapshot path there, as stock SGLang would run it."""
         plan = getattr(self, "verify_plan", None)
         if not plan:
             return False
         fits = [b for b in plan if b >= bs]
-        return plan[min(fits) if fits else max(plan)].path == "snapshot"
+        if fits:
+            return plan[min(fits)].path == "snapshot"
+        decision = plan[max(plan)]
+        if decision.path != "snapshot":
+            return False
+        if decision.source not in ("override", "tree") and bs > self._snapshot_limit:
+            if not getattr(self, "_logged_eager_overflow", False):
+                logger.info(
+                    "ReplaySSM verify: eager batches above %d rows (the largest CUDA-graph bucket is %d) take the "
+                    "replay verify: SGLang 0.5.17's snapshot commit overflows int32 offsets there",
+                    self._snapshot_limit, max(plan),
+                )
+                self._logged_eager_overflow = True
+            return False
+        return True
 
     def _snapshot_verify(self, slots: torch.Tensor) -> VerifyStep:
         """Eager verify forward: snapshot the cursors of ``slots`` (the forward's requests)."""

@@ -39,6 +39,12 @@ def startup_refusals(server_args, verify_mode: str) -> list[str]:
         heuristic.check_verify_mode(verify_mode, topk)
     except ReplaySSMStartupError as exc:
         problems.append(str(exc))
+    if getattr(server_args, "speculative_adaptive", False):
+        problems.append(
+            "--speculative-adaptive: the replay verify path takes one draft length per server "
+            "(--speculative-num-draft-tokens), while adaptive speculation captures a verify graph per "
+            "draft length; run without --speculative-adaptive, or with --ssm-backend default"
+        )
     if getattr(server_args, "device", None) == "cpu":
         problems += _cpu_refusals(server_args, topk)
     return problems

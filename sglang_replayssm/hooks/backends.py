@@ -24,9 +24,10 @@
     How: refuses to start (``ReplaySSMStartupError``) unless the target model is a supported Mamba-2
     or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, speculative setups that cannot
     run (``spec_plan.startup_refusals``: on ``--device cpu`` SGLang's built-in algorithms and tree
-    drafts; ``--replayssm-verify replay`` with tree drafts), tensor-parallel
+    drafts; ``--replayssm-verify replay`` with tree drafts; ``--speculative-adaptive``), tensor-parallel
     layouts that cannot shard the SSM heads and groups (``tp.startup_refusal``), a Philox round count
-    for stochastic rounding (``--mamba-cache-philox-rounds``: our flush hashes its bits), unified memory, PD
+    for stochastic rounding (``--mamba-cache-philox-rounds``: our flush hashes its bits), streaming sessions (a
+    session keeps a finished turn's slot without folding its ring), unified memory, PD
     disaggregation, and for GDN ``--enable-mixed-chunk``;
     draft model configs are not checked.  Runs during ``ServerArgs`` resolution, in the launching process,
     before anything is loaded (and again in each scheduler).
@@ -72,6 +73,12 @@ def _refusals(model_config, server_args) -> list[str]:
             "--mamba-cache-philox-rounds: the ReplaySSM flush draws its stochastic-rounding bits from a counter hash "
             "(replayssm_kernels/stochastic_round.py), not from Philox; leave it at 0 (the hash has no rounds to set)"
         )
+    if getattr(server_args, "enable_streaming_session", False):
+        problems.append(
+            "--enable-streaming-session is not supported with --ssm-backend replay: a streaming session keeps a "
+            "finished turn's SSM slot for the next turn without folding its ring into the checkpoint; run without "
+            "--enable-streaming-session, or with --ssm-backend default"
+        )
     if getattr(server_args, "enable_unified_memory", False):
         problems.append("--enable-unified-memory is not supported with --ssm-backend replay")
     if getattr(server_args, "disaggregation_mode", "null") not in (None, "null"):
@@ -90,7 +97,7 @@ def validate_startup(result, *args, **kwargs):
     Refused with ``ReplaySSMStartupError``: an unsupported model family, SGLang's built-in ReplaySSM
     flags, speculative setups that cannot run (``spec_plan.startup_refusals``), a Philox round count
     for the SSM cache's stochastic rounding, TP layouts that cannot
-    shard the SSM heads and groups (``tp.startup_refusal``), unified memory,
+    shard the SSM heads and groups (``tp.startup_refusal``), streaming sessions, unified memory,
     PD disaggregation, and (GDN)
     ``--enable-mixed-chunk``.  Draft model configs are not checked.
     """

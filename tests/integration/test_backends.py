@@ -156,3 +156,18 @@ def test_stochastic_rounding_is_accepted_and_a_philox_round_count_refused():
     problems = _refusals(model, SimpleNamespace(**sr, mamba_cache_philox_rounds=7))
     assert len(problems) == 1 and "--mamba-cache-philox-rounds" in problems[0]
     assert "leave it at 0" in problems[0]
+
+
+def test_streaming_sessions_refused():
+    """A streaming session hands a finished turn's SSM slot to the next turn without the radix
+    cache's donate path, so its ring would never be folded: refused at startup, with what to change."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from sglang_replayssm.hooks.backends import _refusals
+
+    base = dict(tp_size=1, dp_size=1, enable_dp_attention=False, attn_cp_size=1, device="cuda",
+                speculative_algorithm=None)
+    model = ModelConfig(model_path=str(Path(__file__).resolve().parents[1] / "models" / "nemotron_h_tiny"))
+    assert _refusals(model, SimpleNamespace(**base, enable_streaming_session=False)) == []
+    (problem,) = _refusals(model, SimpleNamespace(**base, enable_streaming_session=True))
+    assert "--enable-streaming-session" in problem and "--ssm-backend default" in problem

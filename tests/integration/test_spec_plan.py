@@ -68,6 +68,26 @@ def test_snapshot_path_routing_by_batch_size():
     assert VerifyMetadataMixin._snapshot_path(SimpleNamespace(verify_plan=None), 3) is False
 
 
+def test_eager_batches_past_the_buckets_keep_off_an_overflowing_snapshot_commit(caplog):
+    """An eager verify larger than every CUDA-graph bucket inherits the largest bucket's decision,
+    except a heuristic snapshot decision above ``snapshot_batch_limit`` (logged once); an override
+    keeps the snapshot path (stock SGLang's behaviour)."""
+    from sglang_replayssm.spec import VerifyMetadataMixin
+
+    caplog.set_level(logging.INFO)
+    slow = h.DeviceProfile(name="cuda:slow", kind="cuda", peak_bytes_per_s=1e20, launch_s=1.0,
+                           peak_source="synthetic")  # launch-bound everywhere: auto picks snapshot
+    auto = plan_verify(buckets=[1, 8], num_tokens=4, topk=1, mode="auto", shape=SHAPE, profile=slow)
+    assert {d.path for d in auto.values()} == {"snapshot"}
+    host = SimpleNamespace(verify_plan=auto, _snapshot_limit=100)
+    route = {bs: VerifyMetadataMixin._snapshot_path(host, bs) for bs in (8, 9, 100, 101, 500)}
+    assert route == {8: True, 9: True, 100: True, 101: False, 500: False}
+    assert sum("overflows int32" in r.getMessage() for r in caplog.records) == 1
+    forced = plan_verify(buckets=[1, 8], num_tokens=4, topk=1, mode="snapshot", shape=SHAPE, profile=GPU)
+    host = SimpleNamespace(verify_plan=forced, _snapshot_limit=100)
+    assert VerifyMetadataMixin._snapshot_path(host, 500) is True
+
+
 def _args(**kw) -> SimpleNamespace:
     base = dict(speculative_algorithm="NGRAM", speculative_eagle_topk=1, device="cuda", disable_cuda_graph=False,
                 cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(bs=[1, 2, 4])), max_running_requests=8,
@@ -85,6 +105,9 @@ def test_startup_refusals():
     assert "--speculative-eagle-topk 4" in tree
     (cpu,) = startup_refusals(_args(device="cpu"), "replay")
     assert "--device cpu with NGRAM" in cpu and "sgl_kernel" in cpu and "plug-in-registered" in cpu
+    assert startup_refusals(_args(speculative_adaptive=False), "auto") == []
+    (adaptive,) = startup_refusals(_args(speculative_adaptive=True), "auto")
+    assert "--speculative-adaptive" in adaptive and "--speculative-num-draft-tokens" in adaptive
 
 
 def test_cpu_runs_plugin_algorithms_with_linear_drafts_only(monkeypatch):
