@@ -109,6 +109,10 @@ class VerifyShape:
         SSM layers on this rank.
     window : int
         Decode window ``L``.
+    variant : str
+        What else changes the replay kernels' cost without changing these sizes (the read copy's
+        dtype, stochastic rounding; ``pool_verify_shape``): part of ``key`` so that a cached
+        decision is not re-used across them; ``""`` (none) by default.
     """
 
     family: str
@@ -117,11 +121,12 @@ class VerifyShape:
     io_bytes: int
     num_layers: int
     window: int
+    variant: str = ""
 
     def key(self) -> str:
         return (
             f"{self.family}:S{self.state_bytes}:r{self.record_bytes}:I{self.io_bytes}"
-            f":layers{self.num_layers}:L{self.window}"
+            f":layers{self.num_layers}:L{self.window}" + (f":{self.variant}" if self.variant else "")
         )
 
 

@@ -128,15 +128,20 @@ def plan_verify(
 
 
 def pool_verify_shape(pool) -> heuristic.VerifyShape:
-    """``heuristic.VerifyShape`` of a ``ReplayMambaPool`` (its own state and ring shapes)."""
+    """``heuristic.VerifyShape`` of a ``ReplayMambaPool`` (its own state and ring shapes; ``variant``
+    names a read copy's dtype and stochastic rounding, which change the kernels' cost)."""
     temporal = pool.mamba_cache.temporal
     spec = pool.ring_spec
     num_k_heads = spec.tensors["k"][0][0] if spec.family == "gdn" else 1
-    return heuristic.verify_shape(
+    shape = heuristic.verify_shape(
         family=spec.family, temporal_shape=tuple(temporal.shape[2:]), conv_dim=pool.mamba_cache.conv[0].shape[2],
         num_k_heads=num_k_heads, num_layers=spec.num_layers, window=spec.window, state_dtype=temporal.dtype,
         act_dtype=pool.replay.act_dtype,
     )
+    read = getattr(pool, "read_state", None)
+    variant = ([f"read-{str(read.dtype).removeprefix('torch.')}"] if read is not None else []) + (
+        ["sr"] if getattr(pool, "sr_seed", None) is not None else [])
+    return dataclasses.replace(shape, variant="+".join(variant))
 
 
 def _profile(device: torch.device) -> heuristic.DeviceProfile:

@@ -133,6 +133,12 @@ def test_plan_for_server_uses_the_graph_buckets_and_refuses_radix_tracking(monke
     pool.spec_tokens = 3
     shape = pool_verify_shape(pool)
     assert shape.family == "gdn" and shape.num_layers == 3 and shape.window == 4
+    # a read copy or stochastic rounding changes the kernels' cost: a cached decision must not carry over
+    assert shape.variant == "" and shape.key().endswith(":L4")
+    pool.read_state, pool.sr_seed = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64)
+    split = pool_verify_shape(pool)
+    assert split.variant == "read-bfloat16+sr" and split.key() == shape.key() + ":read-bfloat16+sr"
+    pool.read_state, pool.sr_seed = None, None
     plan = plan_for_server(pool, _args(), CPU)
     assert sorted(plan) == [1, 2, 4] and all(d.num_tokens == 3 for d in plan.values())
     assert sorted(plan_for_server(pool, _args(disable_cuda_graph=True), CPU)) == [8]
