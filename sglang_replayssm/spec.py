@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Callable
 
 import torch
@@ -266,12 +265,10 @@ class VerifyMetadataMixin:
         (``spec_plan.plan_for_server``; refuses what is not built).  Draft workers: nothing."""
         self.verify_plan = None
         if self.num_tokens and not self.is_draft_worker:
-            from sglang_replayssm.spec_plan import plan_for_server, snapshot_batch_limit
+            from sglang_replayssm.spec_plan import plan_for_server, pool_snapshot_batch_limit
 
             self.verify_plan = plan_for_server(self.pool, model_runner.server_args, torch.device(self.device))
-            self._snapshot_limit = snapshot_batch_limit(
-                self.num_tokens, math.prod(self.pool.mamba_cache.temporal.shape[2:])
-            )
+            self._snapshot_limit = pool_snapshot_batch_limit(self.pool)
 
     def _snapshot_path(self, bs: int) -> bool:
         """Whether a verify forward of ``bs`` rows takes SGLang's snapshot verify: the decision of the

@@ -25,7 +25,10 @@ import torch
 from sglang_replayssm import heuristic
 from sglang_replayssm.errors import ReplaySSMStartupError
 
-__all__ = ["plan_for_server", "plan_verify", "pool_verify_shape", "snapshot_batch_limit", "startup_refusals"]
+__all__ = [
+    "plan_for_server", "plan_verify", "pool_snapshot_batch_limit", "pool_verify_shape", "snapshot_batch_limit",
+    "startup_refusals",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +186,11 @@ def snapshot_batch_limit(num_tokens: int, state_elems: int) -> int:
     return INT32_MAX // stride + 1
 
 
+def pool_snapshot_batch_limit(pool) -> int:
+    """``snapshot_batch_limit`` of a ``ReplayMambaPool``'s verify (its ``T`` and state size)."""
+    return snapshot_batch_limit(pool.spec_tokens, math.prod(pool.mamba_cache.temporal.shape[2:]))
+
+
 def _keep_off_snapshot(plan: dict[int, heuristic.Decision], bad: list[int], reason: str, refusal: str,
                        log: logging.Logger) -> dict[int, heuristic.Decision]:
     """Buckets ``bad`` must not take the snapshot verify: ``auto`` decisions there move to replay with
@@ -201,11 +209,11 @@ def _keep_off_snapshot(plan: dict[int, heuristic.Decision], bad: list[int], reas
     return out
 
 
-def _guard_snapshot_overflow(plan: dict[int, heuristic.Decision], num_tokens: int, state_elems: int,
+def _guard_snapshot_overflow(plan: dict[int, heuristic.Decision], num_tokens: int, limit: int,
                              log: logging.Logger = logger) -> dict[int, heuristic.Decision]:
-    """Buckets above ``snapshot_batch_limit`` must not take the snapshot verify: ``auto`` decisions
-    move to replay (logged); an override or tree drafts there are refused (what to change is named)."""
-    limit = snapshot_batch_limit(num_tokens, state_elems)
+    """Buckets above ``limit`` (``snapshot_batch_limit``) must not take the snapshot verify: ``auto``
+    decisions move to replay (logged); an override or tree drafts there are refused (what to change
+    is named)."""
     bad = sorted(bs for bs, d in plan.items() if d.path == "snapshot" and bs > limit)
     return _keep_off_snapshot(
         plan, bad, reason=f"snapshot commit would overflow SGLang 0.5.17's int32 offsets above batch {limit}",
@@ -256,7 +264,7 @@ def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuris
         cache=heuristic.DecisionCache(heuristic.default_cache_path()),
         probe=_probe(pool, buckets, mode, topk, device),
     )
-    plan = _guard_snapshot_overflow(plan, pool.spec_tokens, math.prod(pool.mamba_cache.temporal.shape[2:]))
+    plan = _guard_snapshot_overflow(plan, pool.spec_tokens, pool_snapshot_batch_limit(pool))
     plan = _guard_device(plan, device)
     snap = sorted(bs for bs, d in plan.items() if d.path == "snapshot")
     if snap and pool.mamba_cache.intermediate_ssm is None:

@@ -13,8 +13,8 @@ checkpoint is the conventional kernel's) and its window then runs from the store
 its refreshed read copy) with an empty history; a non-flush row's window runs from the checkpoint
 (or its read copy) plus the committed records' stored corrected updates. Both write the ``T``
 window records at logical rows ``len .. len + T − 1``; the commit advances the cursors by the
-accepted count and later steps overwrite the rest. Not autotuned (writes the checkpoint). No host sync; CUDA-graph safe (two
-launches on the caller's stream).
+accepted count and later steps overwrite the rest. Not autotuned (writes the checkpoint). No host
+sync; CUDA-graph safe (two launches on the caller's stream).
 """
 
 from __future__ import annotations

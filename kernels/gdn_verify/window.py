@@ -6,9 +6,10 @@ committed records ``[0, len)``.  No state is formed: one program owns ``BV`` val
 head of one row and streams that slab of ``S0`` (the checkpoint, or with a read copy the copy:
 a flush row's as the fold launch refreshed it) once, in ``BKC``-column chunks, as ``S0·X`` where
 the ``NX`` columns of ``X`` are the window's raw keys ``k_0 .. k_{T-1}`` then raw queries
-``q_0 .. q_{T-1}`` (zero padding up to ``NX``).  In the same pass it forms the history's ``K_h·X`` and the window Gram
-matrix ``XᵀX`` and the squared norms of both, so normalisation is applied to the products
-afterwards (``k̂ = k / sqrt(|k|² + 1e-6)``, ``q̃ = scale·q / sqrt(|q|² + 1e-6)``).
+``q_0 .. q_{T-1}`` (zero padding up to ``NX``).  In the same pass it forms the history's
+``K_h·X`` and the window Gram matrix ``XᵀX`` and the squared norms of both, so normalisation is
+applied to the products afterwards (``k̂ = k / sqrt(|k|² + 1e-6)``,
+``q̃ = scale·q / sqrt(|q|² + 1e-6)``).
 
 With ``ω_j = exp(Σ_{i>j} g_i)`` and ``Γ = exp(Σ_j g_j)`` over the history, the state before the
 window applied to any column is ``S_h x = Γ S0 x + Σ_j ω_j (k̂_j·x) u_j`` (the stored corrected

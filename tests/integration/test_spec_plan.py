@@ -139,6 +139,9 @@ def test_plan_for_server_uses_the_graph_buckets_and_refuses_radix_tracking(monke
     split = pool_verify_shape(pool)
     assert split.variant == "read-bfloat16+sr" and split.key() == shape.key() + ":read-bfloat16+sr"
     pool.read_state, pool.sr_seed = None, None
+    from sglang_replayssm.spec_plan import pool_snapshot_batch_limit, snapshot_batch_limit
+
+    assert pool_snapshot_batch_limit(pool) == snapshot_batch_limit(3, pool.mamba_cache.temporal[0, 0].numel())
     plan = plan_for_server(pool, _args(), CPU)
     assert sorted(plan) == [1, 2, 4] and all(d.num_tokens == 3 for d in plan.values())
     assert sorted(plan_for_server(pool, _args(disable_cuda_graph=True), CPU)) == [8]
@@ -186,26 +189,28 @@ def test_snapshot_batch_limit_matches_the_int32_wrap():
 
 
 def test_snapshot_buckets_past_the_scatter_limit_go_to_replay_or_are_refused(caplog):
-    from sglang_replayssm.spec_plan import _guard_snapshot_overflow
+    from sglang_replayssm.spec_plan import _guard_snapshot_overflow, snapshot_batch_limit
 
     caplog.set_level(logging.INFO)
     elems = 64 * 64 * 128  # SHAPE's state: limit at T = 4 is 1024
+    limit4, limit2 = snapshot_batch_limit(4, elems), snapshot_batch_limit(2, elems)
+    assert (limit4, limit2) == (1024, 2048)
     auto = plan_verify(buckets=[1, 1024, 1025], num_tokens=4, topk=1, mode="auto", shape=SHAPE,
                        profile=h.DeviceProfile(name="cuda:slow", kind="cuda", peak_bytes_per_s=1e20,
                                                launch_s=1.0, peak_source="synthetic"))
     assert {d.path for d in auto.values()} == {"snapshot"}  # launch-bound everywhere: all snapshot
     caplog.clear()
-    guarded = _guard_snapshot_overflow(auto, 4, elems)
+    guarded = _guard_snapshot_overflow(auto, 4, limit4)
     assert guarded[1].path == "snapshot" and guarded[1024].path == "snapshot"
     assert guarded[1025].path == "replay" and "int32" in guarded[1025].reason
     assert _lines(caplog) == [guarded[1025].log_line()]
     forced = plan_verify(buckets=[8, 1025], num_tokens=4, topk=1, mode="snapshot", shape=SHAPE, profile=GPU)
     with pytest.raises(ReplaySSMStartupError, match=r"\[1025\].*above batch 1024.*--cuda-graph-max-bs"):
-        _guard_snapshot_overflow(forced, 4, elems)
+        _guard_snapshot_overflow(forced, 4, limit4)
     tree = plan_verify(buckets=[2048], num_tokens=4, topk=2, mode="auto", shape=SHAPE, profile=GPU)
     with pytest.raises(ReplaySSMStartupError, match=r"tree"):
-        _guard_snapshot_overflow(tree, 4, elems)
-    assert _guard_snapshot_overflow(forced, 2, elems) == forced  # T = 2: limit 2048
+        _guard_snapshot_overflow(tree, 4, limit4)
+    assert _guard_snapshot_overflow(forced, 2, limit2) == forced
 
 
 def test_snapshot_batch_limit_without_int32_strides():
