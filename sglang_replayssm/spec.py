@@ -267,7 +267,8 @@ class VerifyMetadataMixin:
         if self.num_tokens and not self.is_draft_worker:
             from sglang_replayssm.spec_plan import plan_for_server, pool_snapshot_batch_limit
 
-            self.verify_plan = plan_for_server(self.pool, model_runner.server_args, torch.device(self.device))
+            self.verify_plan = plan_for_server(self.pool, model_runner.server_args, torch.device(self.device),
+                                               max_batch=getattr(model_runner, "max_running_requests", 0) or 0)
             self._snapshot_limit = pool_snapshot_batch_limit(self.pool)
 
     def _snapshot_path(self, bs: int) -> bool:
@@ -277,7 +278,8 @@ class VerifyMetadataMixin:
         Above every bucket (an eager forward past ``--cuda-graph-max-bs``) the largest bucket's
         decision holds, except that a heuristic (``auto``) snapshot decision moves to replay above
         ``spec_plan.snapshot_batch_limit`` (its commit scatter would overflow), logged once; an
-        override or tree drafts keep the snapshot path there, as stock SGLang would run it."""
+        override or tree drafts keep the snapshot path there (startup refused them where the server's
+        maximum of running requests passes that limit)."""
         plan = getattr(self, "verify_plan", None)
         if not plan:
             return False

@@ -210,10 +210,23 @@ def _keep_off_snapshot(plan: dict[int, heuristic.Decision], bad: list[int], reas
 
 
 def _guard_snapshot_overflow(plan: dict[int, heuristic.Decision], num_tokens: int, limit: int,
-                             log: logging.Logger = logger) -> dict[int, heuristic.Decision]:
+                             max_batch: int = 0, log: logging.Logger = logger) -> dict[int, heuristic.Decision]:
     """Buckets above ``limit`` (``snapshot_batch_limit``) must not take the snapshot verify: ``auto``
     decisions move to replay (logged); an override or tree drafts there are refused (what to change
-    is named)."""
+    is named).
+
+    ``max_batch`` (the server's resolved maximum of running requests; 0: unknown) bounds the eager
+    verify batches past the largest bucket, which keep that bucket's decision: a forced snapshot there
+    is refused when ``max_batch`` passes ``limit`` (an ``auto`` one moves to replay per forward, see
+    ``spec.VerifyMetadataMixin._snapshot_path``)."""
+    top = max(plan)
+    if max_batch > max(top, limit) and plan[top].path == "snapshot" and plan[top].source in ("override", "tree"):
+        raise ReplaySSMStartupError(
+            f"--ssm-backend replay: verify batches up to {max_batch} running requests run past the largest "
+            f"CUDA-graph bucket ({top}) on SGLang's snapshot verify ({plan[top].source}), whose commit scatter "
+            f"overflows int32 offsets above batch {limit} at T={num_tokens} (SGLang 0.5.17); cap "
+            f"--max-running-requests at {limit}, or use --replayssm-verify replay with linear drafts"
+        )
     bad = sorted(bs for bs, d in plan.items() if d.path == "snapshot" and bs > limit)
     return _keep_off_snapshot(
         plan, bad, reason=f"snapshot commit would overflow SGLang 0.5.17's int32 offsets above batch {limit}",
@@ -235,12 +248,14 @@ def _guard_device(plan: dict[int, heuristic.Decision], device: torch.device,
         refusal=f"which needs CUDA (device {device}); use --replayssm-verify replay", log=log)
 
 
-def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuristic.Decision]:
+def plan_for_server(pool, server_args, device: torch.device, max_batch: int = 0) -> dict[int, heuristic.Decision]:
     """``plan_verify`` for a target backend: buckets, ``T``, ``topk`` and mode from the server's settings.
 
     Also refuses mamba radix tracking (``extra_buffer``) with speculative decoding: its post-verify
-    track copy reads per-draft states that the replay verify does not keep; and keeps buckets above
-    ``snapshot_batch_limit`` off the snapshot verify (``_guard_snapshot_overflow``).  On a non-CUDA device
+    track copy reads per-draft states that the replay verify does not keep; and keeps buckets (and,
+    for a forced snapshot, eager batches up to ``max_batch``, the model runner's resolved maximum of
+    running requests) above ``snapshot_batch_limit`` off the snapshot verify
+    (``_guard_snapshot_overflow``).  On a non-CUDA device
     every bucket takes the replay path (SGLang's snapshot verify is CUDA-only): ``auto`` decisions move
     there, logged, and a forced snapshot is refused (``_guard_device``).
     """
@@ -264,7 +279,7 @@ def plan_for_server(pool, server_args, device: torch.device) -> dict[int, heuris
         cache=heuristic.DecisionCache(heuristic.default_cache_path()),
         probe=_probe(pool, buckets, mode, topk, device),
     )
-    plan = _guard_snapshot_overflow(plan, pool.spec_tokens, pool_snapshot_batch_limit(pool))
+    plan = _guard_snapshot_overflow(plan, pool.spec_tokens, pool_snapshot_batch_limit(pool), max_batch)
     plan = _guard_device(plan, device)
     snap = sorted(bs for bs, d in plan.items() if d.path == "snapshot")
     if snap and pool.mamba_cache.intermediate_ssm is None:

@@ -88,6 +88,18 @@ def test_eager_batches_past_the_buckets_keep_off_an_overflowing_snapshot_commit(
     assert VerifyMetadataMixin._snapshot_path(host, 500) is True
 
 
+def test_init_spec_passes_the_runners_maximum_of_running_requests(monkeypatch):
+    from sglang_replayssm import spec_plan
+    from sglang_replayssm.spec import VerifyMetadataMixin
+
+    seen = {}
+    monkeypatch.setattr(spec_plan, "plan_for_server", lambda pool, args, device, max_batch: seen.update(mb=max_batch))
+    monkeypatch.setattr(spec_plan, "pool_snapshot_batch_limit", lambda pool: 7)
+    host = SimpleNamespace(num_tokens=4, is_draft_worker=False, pool=None, device="cpu")
+    VerifyMetadataMixin._init_spec(host, SimpleNamespace(server_args=_args(), max_running_requests=640))
+    assert seen == {"mb": 640} and host._snapshot_limit == 7
+
+
 def _args(**kw) -> SimpleNamespace:
     base = dict(speculative_algorithm="NGRAM", speculative_eagle_topk=1, device="cuda", disable_cuda_graph=False,
                 cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(bs=[1, 2, 4])), max_running_requests=8,
@@ -151,6 +163,9 @@ def test_plan_for_server_uses_the_graph_buckets_and_refuses_radix_tracking(monke
     monkeypatch.setenv("SGLANG_REPLAYSSM_CONFIG", '{"backend": "replay", "verify": "snapshot"}')
     with pytest.raises(ReplaySSMStartupError, match=r"buckets \[1, 2, 4\].*needs CUDA.*--replayssm-verify replay"):
         plan_for_server(pool, _args(), CPU)
+    # the model runner's maximum of running requests reaches the overflow guard
+    with pytest.raises(ReplaySSMStartupError, match=r"up to \d+ running requests"):
+        plan_for_server(pool, _args(), CPU, max_batch=pool_snapshot_batch_limit(pool) + 1)
 
 
 def test_auto_on_a_cpu_moves_snapshot_choices_to_replay_and_logs_them(caplog):
@@ -211,6 +226,16 @@ def test_snapshot_buckets_past_the_scatter_limit_go_to_replay_or_are_refused(cap
     with pytest.raises(ReplaySSMStartupError, match=r"tree"):
         _guard_snapshot_overflow(tree, 4, limit4)
     assert _guard_snapshot_overflow(forced, 2, limit2) == forced
+    # eager batches past the largest bucket keep its decision: a forced snapshot is refused where the
+    # server's maximum of running requests passes the limit; auto is routed per forward instead
+    small = plan_verify(buckets=[8, 512], num_tokens=4, topk=1, mode="snapshot", shape=SHAPE, profile=GPU)
+    assert _guard_snapshot_overflow(small, 4, limit4, max_batch=1024) == small
+    with pytest.raises(ReplaySSMStartupError, match=r"up to 1025 running.*\(512\).*--max-running-requests at 1024"):
+        _guard_snapshot_overflow(small, 4, limit4, max_batch=1025)
+    with pytest.raises(ReplaySSMStartupError, match=r"up to 4096 running.*tree"):
+        _guard_snapshot_overflow(plan_verify(buckets=[8], num_tokens=4, topk=2, mode="auto", shape=SHAPE,
+                                             profile=GPU), 4, limit4, max_batch=4096)
+    assert _guard_snapshot_overflow(auto, 4, limit4, max_batch=5000)[1025].path == "replay"
 
 
 def test_snapshot_batch_limit_without_int32_strides():
