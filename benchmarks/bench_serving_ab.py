@@ -12,6 +12,7 @@ One command, bounded in time end to end (``--time-budget``):
 3. a greedy probe (temperature 0, ``input_ids`` prompts, > 3 ring cycles of decode) on both servers:
    token matches and the largest logprob difference, reported, not asserted;
 4. a short warm-up at the largest concurrency on both servers (prefill shapes, big decode batches);
+   with ``generated-shared-prefix`` also one radix-cache hit per server (``_warmup_prefix_hit``);
 5. ``python -m sglang.bench_serving --backend sglang --dataset-name <--dataset>`` against each
    server in turn, for every ``--concurrency``, the two servers back to back (order alternating);
    a concurrency given more than once (``64,64,64``) runs again, and the table adds each run's
@@ -82,6 +83,7 @@ import dataclasses
 import datetime as _dt
 import json
 import os
+import random
 import re
 import shlex
 import signal
@@ -890,8 +892,6 @@ def _generate(url: str, ids: list[int], n: int, timeout: float) -> dict:
 
 
 def _probe_prompts(n: int, vocab: int, max_len: int, seed: int = 7) -> list[list[int]]:
-    import random
-
     rng = random.Random(seed)
     lens = [7, 33, 128, 300, 512, 64, 200, 16, 96, 450]
     out = []
@@ -919,6 +919,28 @@ def _warmup(urls: dict, n: int, input_len: int, vocab: int, timeout: float) -> N
         errors = [r["error"] for r in (f.result() for f in futs) if "error" in r]
     if errors:
         _log(f"warm-up: {len(errors)} request(s) failed, e.g. {errors[0]}")
+
+
+def _warmup_prefix_hit(urls: dict, prefix_len: int, question_len: int, vocab: int, timeout: float) -> None:
+    """Per server (both at once): two requests one after the other that share a ``prefix_len``-token
+    prefix, so the second is a radix-cache hit (8 new tokens each).
+
+    The first prefill that continues a cached prefix runs SGLang's chunked scan with initial states,
+    whose Triton specialisation compiles on first use into the disk cache the servers share: without
+    this, whichever server serves the first cached-prefix request of the measured run pays it (~10.7 s
+    on the H200, ``benchmarks/notes/radix_ttft.md``), which decided earlier c = 1 mean TTFTs by the run
+    order.  Flush the cache after it."""
+    rng = random.Random(13)
+    prefix = [rng.randrange(4, vocab) for _ in range(prefix_len)]
+    questions = [[rng.randrange(4, vocab) for _ in range(question_len)] for _ in range(2)]
+
+    def pair(url: str) -> list[dict]:
+        return [_generate(url, prefix + q, 8, timeout) for q in questions]
+
+    with cf.ThreadPoolExecutor(len(urls)) as ex:
+        errors = [r["error"] for f in [ex.submit(pair, u) for u in urls.values()] for r in f.result() if "error" in r]
+    if errors:
+        _log(f"prefix-hit warm-up: {len(errors)} request(s) failed, e.g. {errors[0]}")
 
 
 def _read_from(path: Path, offset: int) -> str:
@@ -1112,6 +1134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             t = time.monotonic()
             warm_len = args.gsp_system_prompt_len + args.gsp_question_len if gsp else args.input_len
             _warmup(urls, max(args.concurrency), warm_len, vocab, timeout=min(120.0, dl.left() - 60))
+            if gsp:
+                _warmup_prefix_hit(urls, args.gsp_system_prompt_len, args.gsp_question_len, vocab,
+                                   timeout=min(120.0, max(dl.left() - 60, 5.0)))
             timings["warmup"] = time.monotonic() - t
             _log(f"warm-up done in {timings['warmup']:.0f}s")
 

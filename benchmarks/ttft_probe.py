@@ -12,8 +12,8 @@ turn (``--order``):
    and stops one server, then the other (the second start is warm in the Triton / FlashInfer caches);
 3. per server, in ``--order``:
 
-   a. a short warm-up (``--warmup-requests`` random prompts of system + question length), then
-      ``POST /flush_cache``;
+   a. a short warm-up (``--warmup-requests`` random prompts of system + question length, then one
+      radix-cache hit: ``bench_serving_ab._warmup_prefix_hit``), then ``POST /flush_cache``;
    b. ``GET /metrics`` (the histograms of ``METRIC_SERIES``), bench_serving generated-shared-prefix at
       concurrency 1 (1 group of ``--gsp-prompts-per-group`` prompts, ``--warmup-requests 0``,
       ``--cache-report``, ``--output-details``: per-request TTFTs and cached tokens), ``GET /metrics``
@@ -788,6 +788,8 @@ def _measure(v: str, url: str, log: Path, args, ab_args, benv: dict, work: Path,
     if args.warmup_requests:
         ab._warmup({v: url}, args.warmup_requests, args.gsp_system_prompt_len + args.gsp_question_len, vocab,
                    timeout=min(120.0, max(dl.left() - 60, 5.0)))
+        ab._warmup_prefix_hit({v: url}, args.gsp_system_prompt_len, args.gsp_question_len, vocab,
+                              timeout=min(120.0, max(dl.left() - 60, 5.0)))
     res["warmup_s"] = time.monotonic() - t
     flush_error = ab._flush_cache(url, timeout=min(60.0, max(dl.left() - 40, 1.0)))
     if flush_error:

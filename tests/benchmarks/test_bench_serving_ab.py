@@ -500,10 +500,16 @@ def test_main_gsp_orchestration_with_fakes(monkeypatch, tmp_path: Path):
         return dict(zip(cmd, cmd[1:]))
 
     monkeypatch.setattr(ab, "run_bench_serving", fake_run)
+    warmups = []
+    monkeypatch.setattr(ab, "_warmup", lambda urls, n, length, *a, **k: warmups.append(("load", sorted(urls), length)))
+    monkeypatch.setattr(ab, "_warmup_prefix_hit",
+                        lambda urls, prefix, question, *a, **k: warmups.append(("hit", sorted(urls), prefix, question)))
     out = tmp_path / "out"
     rc = ab.main(["--device", "cpu", *GSP, "--out", str(out), "--commit", "abc", "--probe-requests", "0",
-                  "--no-warmup", "--time-budget", "300"])
+                  "--time-budget", "300"])
     assert rc == 0
+    # the load warm-up, then one radix hit per server (its one-off compile), both before the flushed runs
+    assert warmups == [("load", ["replay", "stock"], 64 + 16), ("hit", ["replay", "stock"], 64, 16)]
     assert [c[0]["--tag"] for c in calls] == ["stock-c1", "replay-c1", "replay-c4", "stock-c4"]
     assert all(c[0]["--dataset-name"] == "generated-shared-prefix" and c[0]["--warmup-requests"] == "0"
                for c in calls)
@@ -657,3 +663,26 @@ def test_generator_at_tiny_scale(name: str, tmp_path: Path):
         dt = torch.nn.functional.softplus(f.get_tensor(key.replace("A_log", "dt_bias")).float())
     decay = torch.exp(-torch.exp(a_log) * dt)
     assert 0.6 < decay.min() and decay.max() < 1.0 and not math.isnan(decay.mean())
+
+
+def test_prefix_hit_warmup_sends_a_shared_prefix_pair_in_order(monkeypatch):
+    """Each server gets two requests, one after the other, that share the system prompt and differ in the
+    question: the second is a radix hit, so the servers' first prefill with initial states (a one-off
+    compile) happens before the measured run, not in whichever server runs first."""
+    import threading
+
+    sent: dict[str, list[list[int]]] = {}
+    lock = threading.Lock()
+
+    def generate(url, ids, n, timeout):
+        with lock:
+            sent.setdefault(url, []).append(list(ids))
+        assert n == 8
+        return {"tokens": [1] * n, "logprobs": [0.0] * n}
+
+    monkeypatch.setattr(ab, "_generate", generate)
+    ab._warmup_prefix_hit({"stock": "http://s", "replay": "http://r"}, 40, 6, 300, timeout=5.0)
+    assert sorted(sent) == ["http://r", "http://s"] and sent["http://r"] == sent["http://s"]
+    first, second = sent["http://s"]
+    assert len(first) == len(second) == 46 and first[:40] == second[:40] and first[40:] != second[40:]
+    assert all(4 <= t < 300 for t in first + second)

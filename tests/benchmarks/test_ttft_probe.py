@@ -352,6 +352,8 @@ def test_main_with_fake_servers(monkeypatch, tmp_path: Path):
     stopped = []
     monkeypatch.setattr(ab, "_stop_all", lambda procs: stopped.append(sorted(procs)))
     monkeypatch.setattr(ab, "_warmup", lambda *a, **k: None)
+    prefix_warmups = []
+    monkeypatch.setattr(ab, "_warmup_prefix_hit", lambda urls, *a, **k: prefix_warmups.append(sorted(urls)))
     monkeypatch.setattr(ab, "_flush_cache", lambda url, timeout: None)
     logs: dict[int, Path] = {}
     variant_of: dict[int, str] = {}
@@ -429,6 +431,7 @@ def test_main_with_fake_servers(monkeypatch, tmp_path: Path):
     questions = [t.split("\n\n")[1] for _, t in texts]
     assert len(set(questions)) == 3 and all(len(q.split()) == 16 for q in questions)  # fresh, question-long
     assert stopped == [["replay", "stock"]]
+    assert prefix_warmups == [["replay"], ["stock"]]  # each server, in the measured order
     res = json.loads((out / "results.json").read_text())
     rep = res["servers"]["replay"]
     assert rep["metrics_split"]["sglang:time_to_first_token_seconds"]["mean_ms"] == pytest.approx(56.5)
