@@ -26,8 +26,8 @@ from sglang_replayssm import heuristic
 from sglang_replayssm.errors import ReplaySSMStartupError
 
 __all__ = [
-    "plan_for_server", "plan_verify", "pool_snapshot_batch_limit", "pool_verify_shape", "snapshot_batch_limit",
-    "startup_refusals",
+    "agree_across_ranks", "plan_for_server", "plan_verify", "pool_snapshot_batch_limit", "pool_verify_shape",
+    "snapshot_batch_limit", "startup_refusals", "tp_group",
 ]
 
 logger = logging.getLogger(__name__)
@@ -248,6 +248,43 @@ def _guard_device(plan: dict[int, heuristic.Decision], device: torch.device,
         refusal=f"which needs CUDA (device {device}); use --replayssm-verify replay", log=log)
 
 
+def tp_group():
+    """SGLang's tensor-parallel ``GroupCoordinator`` where it has more than one rank, else None (one
+    rank, or no distributed state: unit tests)."""
+    try:
+        from sglang.srt.distributed import get_tp_group
+
+        group = get_tp_group()
+    except (ImportError, AssertionError):  # not initialised
+        return None
+    return group if group.world_size > 1 else None
+
+
+def agree_across_ranks(plan: dict[int, heuristic.Decision], group,
+                       log: logging.Logger = logger) -> dict[int, heuristic.Decision]:
+    """Rank 0's verify plan on every rank of ``group`` (a ``GroupCoordinator``; None: ``plan``).
+
+    Each tensor-parallel rank probes its own GPU, so near a tie two ranks could send a bucket down
+    different paths: their SSM heads would then verify with different numerics and capture different
+    graphs. Rank 0's plan is broadcast (``group.broadcast_object``: one collective per backend at
+    start-up, reached in the same order on every rank, which builds the same backends from the same
+    arguments); a rank whose own decision for a bucket differed logs it. Plans over different buckets
+    are refused (the ranks' server arguments differ)."""
+    if group is None:
+        return plan
+    ref = group.broadcast_object(plan if group.rank_in_group == 0 else None, src=0)
+    if sorted(ref) != sorted(plan):
+        raise ReplaySSMStartupError(
+            f"--ssm-backend replay: tensor-parallel rank {group.rank_in_group} planned verify buckets {sorted(plan)}, "
+            f"rank 0 {sorted(ref)}: the ranks' CUDA-graph settings differ"
+        )
+    for bs in sorted(plan):
+        if ref[bs].path != plan[bs].path:
+            log.info("ReplaySSM verify bs=%d: rank %d takes rank 0's %s path (its own decision: %s, %s)",
+                     bs, group.rank_in_group, ref[bs].path, plan[bs].path, plan[bs].reason)
+    return ref
+
+
 def plan_for_server(pool, server_args, device: torch.device, max_batch: int = 0) -> dict[int, heuristic.Decision]:
     """``plan_verify`` for a target backend: buckets, ``T``, ``topk`` and mode from the server's settings.
 
@@ -257,7 +294,8 @@ def plan_for_server(pool, server_args, device: torch.device, max_batch: int = 0)
     running requests) above ``snapshot_batch_limit`` off the snapshot verify
     (``_guard_snapshot_overflow``).  On a non-CUDA device
     every bucket takes the replay path (SGLang's snapshot verify is CUDA-only): ``auto`` decisions move
-    there, logged, and a forced snapshot is refused (``_guard_device``).
+    there, logged, and a forced snapshot is refused (``_guard_device``). With tensor parallelism every
+    rank takes rank 0's plan (``agree_across_ranks``).
     """
     from sglang_replayssm.config import ReplaySSMConfig
 
@@ -281,6 +319,7 @@ def plan_for_server(pool, server_args, device: torch.device, max_batch: int = 0)
     )
     plan = _guard_snapshot_overflow(plan, pool.spec_tokens, pool_snapshot_batch_limit(pool), max_batch)
     plan = _guard_device(plan, device)
+    plan = agree_across_ranks(plan, tp_group())
     snap = sorted(bs for bs, d in plan.items() if d.path == "snapshot")
     if snap and pool.mamba_cache.intermediate_ssm is None:
         raise ReplaySSMStartupError(

@@ -29,6 +29,10 @@ decisions, and the window and ring rows are startup constants.  Speculative comm
 accepted length, which follows from the sampled token ids; SGLang itself relies on those being
 identical on every TP rank (``Sampler``, ``SYNC_TOKEN_IDS_ACROSS_TP``), since ranks that disagreed
 would already desynchronise SGLang's own scheduler.  No cursor step reads SSM data.
+
+The one start-up exchange: with speculative decoding each rank's backend plans its verify paths
+from a probe of its own GPU, then every rank takes rank 0's plan (``spec_plan.agree_across_ranks``,
+one ``broadcast_object`` on SGLang's TP group), so all ranks verify a bucket on the same path.
 """
 
 from __future__ import annotations
