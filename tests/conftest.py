@@ -38,6 +38,7 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import interpreter_speed  # noqa: E402  (tests/, on sys.path as the root conftest's folder)
+import sharding  # noqa: E402
 
 interpreter_speed.apply()
 
@@ -50,6 +51,21 @@ interpreter_speed.apply()
 #: build or a module fixture.
 SERVER_DIRS = ("benchmarks", "e2e", "models")
 TESTS = Path(__file__).resolve().parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run the I-th of N disjoint parts of the selected tests, whole files per part "
+                          "(tests/sharding.py), e.g. the GPU suite over two device calls")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--shard") is not None:
+        try:
+            part = sharding.parse_shard(config.getoption("--shard"))
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
+        config.pluginmanager.register(sharding.ShardPlugin(*part), "replayssm-shard")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
