@@ -79,6 +79,13 @@ def _refusals(model_config, server_args) -> list[str]:
             "finished turn's SSM slot for the next turn without folding its ring into the checkpoint; run without "
             "--enable-streaming-session, or with --ssm-backend default"
         )
+    if (getattr(server_args, "pp_size", 1) or 1) > 1:
+        problems.append(
+            f"--pp-size {server_args.pp_size}: pipeline parallelism is not supported with --ssm-backend replay (the "
+            "ring's share of the mamba memory budget is solved per stage from that stage's layers, while SGLang "
+            "sizes every stage alike from the largest stage, so the stages' slot counts would differ); use "
+            "--pp-size 1, or --ssm-backend default"
+        )
     if getattr(server_args, "enable_unified_memory", False):
         problems.append("--enable-unified-memory is not supported with --ssm-backend replay")
     if getattr(server_args, "disaggregation_mode", "null") not in (None, "null"):
@@ -97,8 +104,8 @@ def validate_startup(result, *args, **kwargs):
     Refused with ``ReplaySSMStartupError``: an unsupported model family, SGLang's built-in ReplaySSM
     flags, speculative setups that cannot run (``spec_plan.startup_refusals``), a Philox round count
     for the SSM cache's stochastic rounding, TP layouts that cannot
-    shard the SSM heads and groups (``tp.startup_refusal``), streaming sessions, unified memory,
-    PD disaggregation, and (GDN)
+    shard the SSM heads and groups (``tp.startup_refusal``), streaming sessions, pipeline parallelism,
+    unified memory, PD disaggregation, and (GDN)
     ``--enable-mixed-chunk``.  Draft model configs are not checked.
     """
     if getattr(result, "is_draft_model", False):

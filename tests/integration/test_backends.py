@@ -171,3 +171,19 @@ def test_streaming_sessions_refused():
     assert _refusals(model, SimpleNamespace(**base, enable_streaming_session=False)) == []
     (problem,) = _refusals(model, SimpleNamespace(**base, enable_streaming_session=True))
     assert "--enable-streaming-session" in problem and "--ssm-backend default" in problem
+
+
+def test_pipeline_parallelism_refused():
+    """Under ``--pp-size > 1`` SGLang sizes every stage's mamba pool from the largest stage's share of
+    the layers, while the plug-in's budget solves the ring per stage: the stages' slot counts would
+    differ (a review found 109 vs 110 slots on Nano-4B over two stages), so it is refused."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from sglang_replayssm.hooks.backends import _refusals
+
+    base = dict(tp_size=1, dp_size=1, enable_dp_attention=False, attn_cp_size=1, device="cuda",
+                speculative_algorithm=None)
+    model = ModelConfig(model_path=str(Path(__file__).resolve().parents[1] / "models" / "nemotron_h_tiny"))
+    assert _refusals(model, SimpleNamespace(**base, pp_size=1)) == []
+    (problem,) = _refusals(model, SimpleNamespace(**base, pp_size=2))
+    assert "--pp-size 2" in problem and "--pp-size 1" in problem and "--ssm-backend default" in problem
