@@ -6,6 +6,7 @@ No check copies or converts: a wrong layout is refused, never fixed silently.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 
@@ -15,7 +16,10 @@ __all__ = [
     "check_tensor",
     "check_same_device",
     "check_index",
+    "check_int",
+    "check_no_overlap",
     "check_launch_device",
+    "launch_device",
     "interpreting",
     "FLOAT_DTYPES",
     "STATE_DTYPES",
@@ -66,9 +70,27 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
         raise ValueError(f"expected all tensors on one device, got {devs}")
 
 
-def check_index(name: str, t: torch.Tensor, batch: int) -> None:
-    """Check a per-row int index/cursor vector of length ``batch``."""
-    check_tensor(name, t, (batch,), (torch.int32, torch.int64))
+def check_index(name: str, t: torch.Tensor, batch: int, *, unit_stride: bool = False) -> None:
+    """Check a per-row int index/cursor vector of length ``batch``; ``unit_stride``: also stride 1
+    (kernels that load it as ``ptr + row``)."""
+    check_tensor(name, t, (batch,), (torch.int32, torch.int64), last_contiguous=unit_stride)
+
+
+def check_int(name: str, value: object, lo: int) -> None:
+    """Check a plain Python int (not a bool, not a float) of at least ``lo``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: expected an int >= {lo}, got {value!r} ({type(value).__name__})")
+    if value < lo:
+        raise ValueError(f"{name}: expected >= {lo}, got {value}")
+
+
+def check_no_overlap(**tensors: torch.Tensor | None) -> None:
+    """Refuse a tensor written in place whose elements overlap: stride 0 on a dimension of size > 1
+    (an ``expand``ed view), where rows would overwrite each other."""
+    for name, t in tensors.items():
+        if t is not None and any(n > 1 and st == 0 for n, st in zip(t.shape, t.stride())):
+            raise ValueError(f"{name}: written in place, expected no stride-0 dimension of size > 1, got shape "
+                             f"{tuple(t.shape)} strides {t.stride()}")
 
 
 def interpreting() -> bool:
@@ -82,3 +104,11 @@ def check_launch_device(name: str, t: torch.Tensor) -> None:
         raise ValueError(
             f"{name}: expected a CUDA tensor (or TRITON_INTERPRET=1 on CPU), got device {t.device}"
         )
+
+
+def launch_device(t: torch.Tensor):
+    """Context for a Triton launch on ``t``'s device: ``torch.cuda.device`` when ``t`` is on a CUDA
+    device other than the current one (Triton launches on the current device), else a null context."""
+    if t.device.type == "cuda" and t.device.index is not None and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels._checks import interpreting
+from replayssm_kernels._checks import check_int, check_tensor, interpreting, launch_device
 
 __all__ = ["decode_cursor_step", "decode_cursor_step_ref", "reset_cursors"]
 
@@ -28,8 +28,8 @@ _BLOCK = 256
 
 def _validate(cursors: torch.Tensor, slot_idx: torch.Tensor, force_flush: torch.Tensor | None, window: int,
               ring_size: int, out_start: torch.Tensor, out_len: torch.Tensor, out_flush: torch.Tensor) -> None:
-    if window < 1:
-        raise ValueError(f"window: expected >= 1, got {window}")
+    check_int("window", window, 1)
+    check_int("ring_size", ring_size, 1)
     if ring_size < window:
         raise ValueError(f"ring_size: expected >= window ({window}), got {ring_size}")
     check_step_tensors(cursors, slot_idx, force_flush, out_start, out_len, out_flush)
@@ -38,6 +38,10 @@ def _validate(cursors: torch.Tensor, slot_idx: torch.Tensor, force_flush: torch.
 def check_step_tensors(cursors: torch.Tensor, slot_idx: torch.Tensor, force_flush: torch.Tensor | None,
                        out_start: torch.Tensor, out_len: torch.Tensor, out_flush: torch.Tensor) -> None:
     """Shapes, dtypes and devices of a cursor step's tensors (decode and verify); no device sync."""
+    for name, t in (("cursors", cursors), ("slot_idx", slot_idx), ("out_start", out_start), ("out_len", out_len),
+                    ("out_flush", out_flush), ("force_flush", force_flush)):
+        if not isinstance(t, torch.Tensor) and not (name == "force_flush" and t is None):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if cursors.dim() != 2 or cursors.shape[1] != 2 or cursors.dtype != torch.int32:
         raise ValueError(
             f"cursors: expected [slots, 2] int32, got {tuple(cursors.shape)} {cursors.dtype}"
@@ -141,13 +145,14 @@ def decode_cursor_step(
     if batch == 0:
         return
     force = force_flush if force_flush is not None else out_flush
-    _decode_cursor_step_kernel[(triton.cdiv(batch, _BLOCK),)](
-        cursors, slot_idx, force, out_start, out_len, out_flush,
-        batch, window, ring_size,
-        cursors.stride(0), cursors.stride(1), slot_idx.stride(0), force.stride(0),
-        out_start.stride(0), out_len.stride(0), out_flush.stride(0),
-        HAS_FORCE=force_flush is not None, BLOCK=_BLOCK,
-    )  # fmt: skip
+    with launch_device(cursors):
+        _decode_cursor_step_kernel[(triton.cdiv(batch, _BLOCK),)](
+            cursors, slot_idx, force, out_start, out_len, out_flush,
+            batch, window, ring_size,
+            cursors.stride(0), cursors.stride(1), slot_idx.stride(0), force.stride(0),
+            out_start.stride(0), out_len.stride(0), out_flush.stride(0),
+            HAS_FORCE=force_flush is not None, BLOCK=_BLOCK,
+        )  # fmt: skip
 
 
 def decode_cursor_step_ref(
@@ -193,6 +198,16 @@ def reset_cursors(cursors: torch.Tensor, slots: torch.Tensor) -> None:
     cursors : torch.Tensor
         ``[slots, 2]`` int32, updated in place.
     slots : torch.Tensor
-        ``[n]`` int32/int64 slot indices (no padding).
+        ``[n]`` int32/int64 slot indices (no padding: ``-1`` would reset the last slot; values are
+        not read on the host, which would sync).
+
+    Raises
+    ------
+    ValueError
+        ``cursors`` not ``[slots, 2]`` int32, ``slots`` not a 1-D integer tensor, or another device.
     """
+    check_tensor("cursors", cursors, (None, 2), (torch.int32,))
+    check_tensor("slots", slots, (None,), (torch.int32, torch.int64))
+    if slots.device != cursors.device:
+        raise ValueError(f"slots: expected device {cursors.device}, got {slots.device}")
     cursors.index_fill_(0, slots.long(), 0)

@@ -17,9 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels._checks import check_launch_device
+from replayssm_kernels._checks import check_launch_device, launch_device
 
-__all__ = ["flush_first_order", "flush_first_order_ref", "validate_row_order"]
+__all__ = ["MAX_BATCH", "flush_first_order", "flush_first_order_ref", "validate_row_order"]
+
+#: Rows ``flush_first_order`` takes: one program holds the whole batch (Triton's largest block).
+MAX_BATCH = 1 << 20
 
 
 def _validate(flush: torch.Tensor, out_order: torch.Tensor) -> None:
@@ -28,19 +31,24 @@ def _validate(flush: torch.Tensor, out_order: torch.Tensor) -> None:
     validate_row_order(out_order, flush.shape[0], flush.device)
 
 
-def validate_row_order(row_order: torch.Tensor, batch: int, device: torch.device) -> None:
-    """Check a row order's shape, dtype and device (not its contents: that would sync).
+def validate_row_order(row_order: torch.Tensor, batch: int, device: torch.device, *,
+                       unit_stride: bool = False) -> None:
+    """Check a row order's shape, dtype and device (not its contents: that would sync); ``unit_stride``:
+    also stride 1 (a kernel that reads ``row_order[z]`` as ``ptr + z``).
 
     Raises
     ------
     ValueError
-        ``row_order`` not ``[batch]`` int32 on ``device``.
+        ``row_order`` not ``[batch]`` int32 on ``device`` (with ``unit_stride``: or strided).
     """
     if tuple(row_order.shape) != (batch,) or row_order.dtype != torch.int32:
         raise ValueError(f"row_order: expected [{batch}] int32, got {tuple(row_order.shape)} "
                          f"{row_order.dtype}")
     if row_order.device != device:
         raise ValueError(f"row_order: expected device {device}, got {row_order.device}")
+    if unit_stride and batch > 1 and row_order.stride(0) != 1:
+        raise ValueError(f"row_order: expected stride 1 (the kernel reads row_order[z] as ptr + z), got strides "
+                         f"{row_order.stride()}")
 
 
 @triton.jit
@@ -75,12 +83,15 @@ def flush_first_order(flush: torch.Tensor, out_order: torch.Tensor) -> None:
     _validate(flush, out_order)
     check_launch_device("flush", flush)
     batch = flush.shape[0]
+    if batch > MAX_BATCH:
+        raise ValueError(f"flush: expected at most {MAX_BATCH} rows (one program sorts them), got {batch}")
     if batch == 0:
         return
-    _flush_first_order_kernel[(1,)](
-        flush, out_order, batch, flush.stride(0), out_order.stride(0),
-        BLOCK=max(triton.next_power_of_2(batch), 16),
-    )  # fmt: skip
+    with launch_device(flush):
+        _flush_first_order_kernel[(1,)](
+            flush, out_order, batch, flush.stride(0), out_order.stride(0),
+            BLOCK=max(triton.next_power_of_2(batch), 16),
+        )  # fmt: skip
 
 
 def flush_first_order_ref(flush: torch.Tensor, out_order: torch.Tensor) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_kernels._checks import check_index, check_same_device, check_tensor
+from replayssm_kernels._checks import check_index, check_int, check_same_device, check_tensor
 from replayssm_kernels.cursors import check_step_tensors
 
 __all__ = ["validate_commit", "validate_cursor_step", "validate_ring_sizes", "min_ring_size"]
@@ -17,16 +17,18 @@ def min_ring_size(window: int, num_tokens: int) -> int:
     The longest committed history at a verify step is ``max(window, num_tokens)`` (a non-flush
     verify leaves ``len + a <= window``, a flush verify leaves ``len = a <= num_tokens``, a decode
     step leaves ``len <= window - 1``), and a flush verify holds that history plus its window.
+    ``num_tokens = 0`` (no speculative decoding) gives ``window``. ``ValueError`` unless ``window`` is
+    an int ``>= 1`` and ``num_tokens`` an int ``>= 0``.
     """
+    check_int("window", window, 1)
+    check_int("num_tokens", num_tokens, 0)
     return max(window, num_tokens) + num_tokens
 
 
 def validate_ring_sizes(window: int, ring_size: int, num_tokens: int) -> None:
-    if window < 1:
-        raise ValueError(f"window: expected >= 1, got {window}")
-    if num_tokens < 1:
-        raise ValueError(f"num_tokens: expected >= 1, got {num_tokens}")
+    check_int("num_tokens", num_tokens, 1)
     need = min_ring_size(window, num_tokens)
+    check_int("ring_size", ring_size, 1)
     if ring_size < need:
         raise ValueError(
             f"ring_size: expected >= max(window, num_tokens) + num_tokens = {need} "

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels._checks import check_launch_device, interpreting
+from replayssm_kernels._checks import check_launch_device, interpreting, launch_device
 from replayssm_kernels.commit._validate import validate_commit, validate_cursor_step
 from replayssm_kernels.commit.reference import cursor_step_torch
 
@@ -132,14 +132,15 @@ def verify_cursor_step(
     if batch == 0:
         return
     force = force_flush if force_flush is not None else out_flush  # unused pointer when absent
-    _verify_cursor_step_kernel[(triton.cdiv(batch, _STEP_BLOCK),)](
-        cursors, slot_idx, force, out_start, out_len, out_flush,
-        batch, window, num_tokens,
-        cursors.stride(0), cursors.stride(1), slot_idx.stride(0), force.stride(0),
-        out_start.stride(0), out_len.stride(0), out_flush.stride(0),
-        HAS_FORCE=force_flush is not None, FLUSH_NONEMPTY=bool(flush_nonempty),
-        BLOCK=_STEP_BLOCK,
-    )  # fmt: skip
+    with launch_device(cursors):
+        _verify_cursor_step_kernel[(triton.cdiv(batch, _STEP_BLOCK),)](
+            cursors, slot_idx, force, out_start, out_len, out_flush,
+            batch, window, num_tokens,
+            cursors.stride(0), cursors.stride(1), slot_idx.stride(0), force.stride(0),
+            out_start.stride(0), out_len.stride(0), out_flush.stride(0),
+            HAS_FORCE=force_flush is not None, FLUSH_NONEMPTY=bool(flush_nonempty),
+            BLOCK=_STEP_BLOCK,
+        )  # fmt: skip
 
 
 verify_cursor_step.__doc__ = _STEP_DOC
@@ -288,8 +289,5 @@ def verify_commit(
     check_launch_device("cursors", cursors)
     kw = dict(window=window, ring_size=ring_size, num_tokens=num_tokens,
               out_flush_next=out_flush_next, accepted_offset=accepted_offset)
-    if cursors.device.type == "cuda" and cursors.device.index != torch.cuda.current_device():
-        with torch.cuda.device(cursors.device):  # only off the current device
-            verify_commit_fwd(cursors, slot_idx, ring_start, ring_len, flush, accepted, **kw)
-    else:
+    with launch_device(cursors):  # only off the current device
         verify_commit_fwd(cursors, slot_idx, ring_start, ring_len, flush, accepted, **kw)

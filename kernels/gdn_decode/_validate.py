@@ -21,6 +21,7 @@ from replayssm_kernels._checks import (
     FLOAT_DTYPES,
     STATE_DTYPES,
     check_index,
+    check_no_overlap,
     check_same_device,
     check_tensor,
 )
@@ -120,10 +121,12 @@ def _validate_gdn(
     check_tensor("A_log", A_log, (HV,), FLOAT_DTYPES, last_contiguous=True)
     check_tensor("dt_bias", dt_bias, (HV,), FLOAT_DTYPES, last_contiguous=True)
     check_tensor("out", out, (*tok, HV, V), FLOAT_DTYPES)
-    check_index("slot_idx", slot_idx, batch)
-    check_index("ring_start", ring_start, batch)
-    check_index("ring_len", ring_len, batch)
-    check_tensor("flush", flush, (batch,), (torch.bool,))
+    check_index("slot_idx", slot_idx, batch, unit_stride=True)
+    check_index("ring_start", ring_start, batch, unit_stride=True)
+    check_index("ring_len", ring_len, batch, unit_stride=True)
+    check_tensor("flush", flush, (batch,), (torch.bool,), last_contiguous=True)
+    check_no_overlap(state=state, ring_u=ring_u, ring_k=ring_k, ring_v=ring_v, ring_g=ring_g, ring_beta=ring_beta,
+                     out=out)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale: expected a finite float, got {scale!r}")
     check_same_device(

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replayssm_kernels._checks import check_launch_device, launch_device
 from replayssm_kernels.gdn_decode._tree import flush_tree, nonflush_rows
 from replayssm_kernels.gdn_decode._validate import validate_gdn_decode
 from replayssm_kernels.mamba2_decode.read_copy import validate_read_copy
@@ -491,10 +492,12 @@ def gdn_replay_decode(
     validate_read_copy(state, read_state, read_scale)
     validate_stochastic_rounding(state, sr_seed, sr_layer)
     if row_order is not None:
-        validate_row_order(row_order, slot_idx.shape[0], slot_idx.device)
-    gdn_replay_decode_fwd(
-        state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
-        slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
-        read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,
-        row_order=row_order,
-    )  # fmt: skip
+        validate_row_order(row_order, slot_idx.shape[0], slot_idx.device, unit_stride=True)
+    check_launch_device("state", state)
+    with launch_device(state):
+        gdn_replay_decode_fwd(
+            state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
+            slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
+            read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,
+            row_order=row_order,
+        )  # fmt: skip

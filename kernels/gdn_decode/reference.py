@@ -68,7 +68,7 @@ def gdn_replay_decode_ref(
     validate_read_copy(state, read_state, read_scale)
     validate_stochastic_rounding(state, sr_seed, sr_layer)
     if row_order is not None:  # a launch order: no effect on the results
-        validate_row_order(row_order, slot_idx.shape[0], slot_idx.device)
+        validate_row_order(row_order, slot_idx.shape[0], slot_idx.device, unit_stride=True)
     seed = None if sr_seed is None else int(sr_seed[0])
     group = dims.HV // dims.Hk
     R = dims.R

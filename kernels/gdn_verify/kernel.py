@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from replayssm_kernels._checks import interpreting
+from replayssm_kernels._checks import check_launch_device, interpreting, launch_device
 from replayssm_kernels.gdn_decode._validate import MAX_K_DECODE, validate_gdn_verify
 from replayssm_kernels.gdn_decode.kernel import BLOCK_V, FOLD_ROWS, launch_tile
 from replayssm_kernels.gdn_verify.fold import gdn_verify_fold_kernel, gdn_verify_fold_read_kernel
@@ -360,8 +360,10 @@ def gdn_replay_verify(
     )  # fmt: skip
     validate_read_copy(state, read_state, read_scale)
     validate_stochastic_rounding(state, sr_seed, sr_layer)
-    gdn_replay_verify_fwd(
-        state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
-        slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
-        read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,
-    )  # fmt: skip
+    check_launch_device("state", state)
+    with launch_device(state):
+        gdn_replay_verify_fwd(
+            state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
+            slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
+            read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,
+        )  # fmt: skip

@@ -15,6 +15,7 @@ from replayssm_kernels._checks import (
     FLOAT_DTYPES,
     STATE_DTYPES,
     check_index,
+    check_no_overlap,
     check_same_device,
     check_tensor,
 )
@@ -128,10 +129,11 @@ def validate_mamba2_decode(
     if z is not None:
         check_tensor("z", z, (batch, H, P), FLOAT_DTYPES)
 
-    check_index("slot_idx", slot_idx, batch)
-    check_tensor("ring_start", ring_start, (batch,), (torch.int32, torch.int64))
-    check_tensor("ring_len", ring_len, (batch,), (torch.int32, torch.int64))
-    check_tensor("flush", flush, (batch,), (torch.bool,))
+    check_index("slot_idx", slot_idx, batch, unit_stride=True)
+    check_index("ring_start", ring_start, batch, unit_stride=True)
+    check_index("ring_len", ring_len, batch, unit_stride=True)
+    check_tensor("flush", flush, (batch,), (torch.bool,), last_contiguous=True)
+    check_no_overlap(state=state, ring_x=ring_x, ring_dt=ring_dt, ring_B=ring_B, out=out)
 
     check_same_device(
         state=state, ring_x=ring_x, ring_dt=ring_dt, ring_B=ring_B, x=x, dt=dt, A=A, B=B, C=C,

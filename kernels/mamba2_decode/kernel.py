@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels._checks import check_launch_device, interpreting
+from replayssm_kernels._checks import check_launch_device, interpreting, launch_device
 from replayssm_kernels.mamba2_decode._fold import ld_rec, record_factors_lean
 from replayssm_kernels.mamba2_decode._validate import validate_mamba2_decode
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile, validate_read_copy
@@ -755,8 +755,5 @@ def mamba2_replay_decode(
         stride_dt_bias_head=dims.stride_dt_bias_head,
         read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,
     )
-    if state.device.type == "cuda":
-        with torch.cuda.device(state.device):
-            launch()
-    else:
+    with launch_device(state):
         launch()

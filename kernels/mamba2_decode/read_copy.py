@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels._checks import check_same_device, check_tensor
+from replayssm_kernels._checks import check_no_overlap, check_same_device, check_tensor
 
 __all__ = [
     "READ_DTYPES",
@@ -64,7 +64,14 @@ def quantize_rows(
         ``[..., n]`` in ``dtype`` (round to nearest even).
     scale : torch.Tensor or None
         ``[...]`` fp32 per-row scales for fp8, ``None`` otherwise. ``S ≈ q · scale[..., None]``.
+
+    Raises
+    ------
+    ValueError
+        ``dtype`` not one of ``READ_DTYPES``.
     """
+    if dtype not in READ_DTYPES:
+        raise ValueError(f"dtype: expected one of {[str(d) for d in READ_DTYPES]}, got {dtype}")
     S = S.to(torch.float32)
     if dtype != torch.float8_e4m3fn:
         return S.to(dtype), None
@@ -101,7 +108,21 @@ def store_read_tile(b_s, p_r_head, p_rs_head, o_p, o_n, m_p, m_n, stride_read_p,
 
 
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """fp32 values of a read copy: ``q`` (times ``scale[..., None]`` for fp8)."""
+    """fp32 values of a read copy: ``q`` (times ``scale[..., None]`` for fp8).
+
+    Raises
+    ------
+    ValueError
+        ``q`` not of a ``READ_DTYPES`` dtype; for fp8 a ``scale`` other than ``[*q.shape[:-1]]``
+        fp32, for a 16-bit copy a scale at all.
+    """
+    check_tensor("q", q, (None,) * q.dim(), READ_DTYPES)
+    if q.dtype == torch.float8_e4m3fn:
+        if scale is None:
+            raise ValueError(f"scale: expected a fp32 tensor of shape {tuple(q.shape[:-1])} for fp8, got None")
+        check_tensor("scale", scale, tuple(q.shape[:-1]), (torch.float32,))
+    elif scale is not None:
+        raise ValueError(f"scale: expected None for a {q.dtype} copy, got shape {tuple(scale.shape)}")
     S = q.to(torch.float32)
     return S if scale is None else S * scale[..., None]
 
@@ -142,6 +163,7 @@ def validate_read_copy(
             f"got shape {tuple(read_scale.shape)}"
         )
     check_same_device(state=state, read_state=read_state, read_scale=read_scale)
+    check_no_overlap(read_state=read_state, read_scale=read_scale)
 
 
 def refresh_read_copy(

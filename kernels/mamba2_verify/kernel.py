@@ -65,7 +65,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replayssm_kernels._checks import check_launch_device, interpreting
+from replayssm_kernels._checks import check_launch_device, interpreting, launch_device
 from replayssm_kernels.mamba2_decode._fold import record_factors
 from replayssm_kernels.mamba2_decode.kernel import (
     _sm_count,
@@ -879,8 +879,5 @@ def mamba2_replay_verify(
         stride_dt_bias_head=d.stride_dt_bias_head, read_state=read_state, read_scale=read_scale,
         sr_seed=sr_seed, sr_layer=sr_layer,
     )
-    if state.device.type == "cuda":
-        with torch.cuda.device(state.device):
-            launch()
-    else:
+    with launch_device(state):
         launch()

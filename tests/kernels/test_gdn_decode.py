@@ -654,6 +654,11 @@ BAD = {
     "slot_idx-float": ("slot_idx", lambda a: a["slot_idx"].float(), "slot_idx"),
     "ring_len-batch": ("ring_len", lambda a: a["ring_len"][:2], "ring_len"),
     "flush-int": ("flush", lambda a: a["flush"].int(), "flush"),
+    "slot_idx-strided": ("slot_idx", lambda a: a["slot_idx"].repeat_interleave(2)[::2], "stride 1"),
+    "ring_len-strided": ("ring_len", lambda a: a["ring_len"].repeat_interleave(2)[::2], "stride 1"),
+    "flush-strided": ("flush", lambda a: a["flush"].repeat_interleave(2)[::2], "stride 1"),
+    "out-overlapping": ("out", lambda a: a["out"][:1].expand_as(a["out"]), "stride-0"),
+    "ring_g-overlapping": ("ring_g", lambda a: a["ring_g"][:1].expand_as(a["ring_g"]), "stride-0"),
 }
 
 

@@ -971,6 +971,11 @@ BAD = {
     "slot_idx-float": ("slot_idx", lambda a: a["slot_idx"].float(), "slot_idx"),
     "ring_start-batch": ("ring_start", lambda a: a["ring_start"][:2], "ring_start"),
     "flush-int": ("flush", lambda a: a["flush"].int(), "flush"),
+    "slot_idx-strided": ("slot_idx", lambda a: a["slot_idx"].repeat_interleave(2)[::2], "stride 1"),
+    "ring_len-strided": ("ring_len", lambda a: a["ring_len"].repeat_interleave(2)[::2], "stride 1"),
+    "flush-strided": ("flush", lambda a: a["flush"].repeat_interleave(2)[::2], "stride 1"),
+    "out-overlapping": ("out", lambda a: a["out"][:1].expand_as(a["out"]), "stride-0"),
+    "ring_u-overlapping": ("ring_u", lambda a: a["ring_u"][:1].expand_as(a["ring_u"]), "stride-0"),
 }
 
 

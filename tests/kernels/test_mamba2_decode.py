@@ -575,6 +575,11 @@ def _bad_cases():
         "flush-int": ("flush", lambda a: a["flush"].int(), "flush"),
         "out-shape": ("out", lambda a: a["out"][:, :1], "out"),
         "device-mix": ("x", lambda a: a["x"].to("meta"), "device"),
+        "slot_idx-strided": ("slot_idx", lambda a: a["slot_idx"].repeat_interleave(2)[::2], "stride 1"),
+        "ring_start-strided": ("ring_start", lambda a: a["ring_start"].repeat_interleave(2)[::2], "stride 1"),
+        "flush-strided": ("flush", lambda a: a["flush"].repeat_interleave(2)[::2], "stride 1"),
+        "out-overlapping": ("out", lambda a: a["out"][:1].expand_as(a["out"]), "stride-0"),
+        "ring_dt-overlapping": ("ring_dt", lambda a: a["ring_dt"][:1].expand_as(a["ring_dt"]), "stride-0"),
     }
 
 

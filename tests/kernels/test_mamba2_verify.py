@@ -923,6 +923,10 @@ def _bad_cases():
         "flush-int": ("flush", lambda a: a["flush"].int(), "flush"),
         "slot_idx-float": ("slot_idx", lambda a: a["slot_idx"].float(), "slot_idx"),
         "device-mix": ("C", lambda a: a["C"].to("meta"), "device"),
+        "slot_idx-strided": ("slot_idx", lambda a: a["slot_idx"].repeat_interleave(2)[::2], "stride 1"),
+        "ring_start-strided": ("ring_start", lambda a: a["ring_start"].repeat_interleave(2)[::2], "stride 1"),
+        "flush-strided": ("flush", lambda a: a["flush"].repeat_interleave(2)[::2], "stride 1"),
+        "out-overlapping": ("out", lambda a: a["out"][:1].expand_as(a["out"]), "stride-0"),
     }
 
 
