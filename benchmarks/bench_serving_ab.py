@@ -923,13 +923,13 @@ def _warmup(urls: dict, n: int, input_len: int, vocab: int, timeout: float) -> N
 
 def _warmup_prefix_hit(urls: dict, prefix_len: int, question_len: int, vocab: int, timeout: float) -> None:
     """Per server (both at once): two requests one after the other that share a ``prefix_len``-token
-    prefix, so the second is a radix-cache hit (8 new tokens each).
+    prefix, so the second can hit the radix cache (8 new tokens each).
 
-    The first prefill that continues a cached prefix runs SGLang's chunked scan with initial states,
-    whose Triton specialisation compiles on first use into the disk cache the servers share: without
-    this, whichever server serves the first cached-prefix request of the measured run pays it (~10.7 s
-    on the H200, ``benchmarks/notes/radix_ttft.md``), which decided earlier c = 1 mean TTFTs by the run
-    order.  Flush the cache after it."""
+    The first prefill that continued a cached prefix cost one server ~10.7 s on the H200 and the other,
+    run after it, 107 ms (``benchmarks/notes/radix_ttft.md``): read as a one-off Triton compile into the
+    disk cache both servers share (which kernel was not isolated), and it decided earlier c = 1 mean
+    TTFTs by the run order. This moves it before the measured runs (not yet run on a GPU). Flush the
+    cache after it."""
     rng = random.Random(13)
     prefix = [rng.randrange(4, vocab) for _ in range(prefix_len)]
     questions = [[rng.randrange(4, vocab) for _ in range(question_len)] for _ in range(2)]

@@ -268,7 +268,7 @@ class VerifyMetadataMixin:
             from sglang_replayssm.spec_plan import plan_for_server, pool_snapshot_batch_limit
 
             self.verify_plan = plan_for_server(self.pool, model_runner.server_args, torch.device(self.device),
-                                               max_batch=getattr(model_runner, "max_running_requests", 0) or 0)
+                                               max_batch=model_runner.max_running_requests)
             self._snapshot_limit = pool_snapshot_batch_limit(self.pool)
 
     def _snapshot_path(self, bs: int) -> bool:
