@@ -371,6 +371,10 @@ def _complete(args: argparse.Namespace) -> None:
                          f"budgeted by arithmetic: spec_one_gpu.py), got {args.gpus!r}")
     args.gpus = [int(g) for g in gpus]
     args.one_gpu = one
+    if len(set(args.concurrency)) != len(args.concurrency):
+        raise ValueError(f"--concurrency: expected distinct values (the runs are reported per concurrency, so a "
+                         f"repeat would replace the earlier run's row; for the other order run again with "
+                         f"--replay-first), got {args.concurrency}")
     if args.num_prompts is None:
         args.num_prompts = [max(32, c) for c in args.concurrency]
     if len(args.num_prompts) != len(args.concurrency):

@@ -36,7 +36,9 @@ the fold against SGLang's kernel bit for bit.  ``K <= 128`` (one 4-column chunk 
 SGLang's layout).  The bits do not depend on the tile (``BV``, ``RL``) where every lane holds whole
 4-column chunks (K = 128, the real shapes); at small K (24) Triton spreads a chunk's columns over
 lanes, LLVM fuses a lane's own product into the first cross-lane add, the lanes' sums differ in
-the last bit, and the tile decides which one a row uses (``test_gdn_verify.py::K_TILE``).
+the last bit, and the tile decides which one a row uses (``test_gdn_verify.py::K_TILE``).  At
+K = V = 32 on an H100 (thirty-second session) the L = 1 step matched SGLang bit for bit and the
+fold of ring records at L = 16 did not (22 checkpoint elements of one slot, last bit).
 
 Split precision (``HAS_READ``): the fold reads and writes the checkpoint only, then refreshes the
 read copy from the checkpoint as stored (``read_copy.quantize_rows``'s bits: fp8 with one

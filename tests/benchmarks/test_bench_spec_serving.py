@@ -84,6 +84,7 @@ def test_defaults():
     ["--radix", "off-equal-memory", "--server-args", "--disable-radix-cache"],
     ["--radix", "off-equal-memory", "--replay-args", "--replayssm-verify=auto"],
     ["--radix", "off-equal-memory", "--replay-args", "--replayssm-window 8"],
+    ["--concurrency", "1,1", "--num-prompts", "8,8"],  # a repeat would replace the first run's row
 ])
 def test_bad_arguments(argv):
     with pytest.raises(SystemExit):
