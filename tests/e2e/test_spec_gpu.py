@@ -38,8 +38,9 @@ import server as srv  # noqa: E402
 MODEL_DIR = Path(make_model.__file__).resolve().parent
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e]
 
+# Pools sized explicitly; the fraction is the margin of SGLang's pre-load check (test_serve_gpu.py).
 GPU_FLAGS = ("--dtype", "bfloat16", "--max-mamba-cache-size", "64", "--max-total-tokens", "32768",
-             "--mem-fraction-static", "0.06", "--cuda-graph-max-bs", "8", "--attention-backend", "flashinfer",
+             "--mem-fraction-static", "0.25", "--cuda-graph-max-bs", "8", "--attention-backend", "flashinfer",
              "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule")
 MODELS = ("nemotron_h_tiny", "qwen3_next_tiny", "qwen3_5_tiny")
 CONFIG_OVERRIDES = {"nemotron_h_tiny": {"head_dim": 64}}
