@@ -420,7 +420,10 @@ def _versions() -> str:
     except Exception:  # noqa: BLE001 -- a missing distribution only weakens the key
         sglang_version = "unknown"
     kernels = source_digest(Path(replayssm_kernels.__file__).parent)
-    return f"sglang{sglang_version}:replayssm{__version__}:kernels{kernels}:rule{HEURISTIC_VERSION}"
+    # the plug-in's own code too: the probe and the verify / commit paths it times live there
+    plugin = source_digest(Path(__file__).parent)
+    return (f"sglang{sglang_version}:replayssm{__version__}:kernels{kernels}:plugin{plugin}"
+            f":rule{HEURISTIC_VERSION}")
 
 
 def default_cache_path() -> Path:
@@ -461,6 +464,7 @@ class DecisionCache:
             return None
 
     def put_many(self, entries: Mapping[str, Decision]) -> None:
+        """Add ``entries`` to the file (atomic replace); raises ``OSError`` where it cannot be written."""
         data = self._read()
         data.update({key: decision.to_json() for key, decision in entries.items()})
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -512,6 +516,8 @@ def decide_buckets(
                     timing = probe(bs, num_tokens)
                 except Exception as exc:  # noqa: BLE001 -- any probe failure falls back, logged
                     note, store = f"probe failed: {type(exc).__name__}: {exc}", False
+                else:  # times scaled past the pool's capacity hold for this pool only: not cached
+                    store = not timing.how.startswith("extrapolated")
             decision = decide(bs, num_tokens, shape, device, mode=mode, topk=topk, timing=timing,
                               fallback_note=note)
             # CUDA: only measured decisions are cached (a later start probes again); CPU: byte model.
@@ -520,5 +526,9 @@ def decide_buckets(
         decisions[bs] = decision
         log.info("%s", decision.log_line())
     if cache is not None and fresh:
-        cache.put_many(fresh)
+        try:
+            cache.put_many(fresh)
+        except OSError as exc:  # the decisions stand; only their reuse by a later start is lost
+            log.warning("ReplaySSM verify: decisions not cached (%s: %s); the next start decides again",
+                        type(exc).__name__, exc)
     return decisions

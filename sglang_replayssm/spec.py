@@ -251,6 +251,18 @@ def rollback_conv(
     conv[:, s] = windows[:, rows, t].to(conv.dtype)
 
 
+def _capture_buckets(model_runner, device: torch.device) -> list[int] | None:
+    """The verify batch sizes SGLang will capture as CUDA graphs (its own ``get_batch_sizes_to_capture``
+    at the verify's tokens per request: the configured list clamped to the request pool); ``None``
+    without CUDA graphs (``spec_plan.verify_buckets`` then decides ``max_batch`` alone)."""
+    if device.type != "cuda" or model_runner.server_args.disable_cuda_graph:
+        return None
+    from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
+
+    capture_bs, _ = get_batch_sizes_to_capture(model_runner, model_runner.decode_num_tokens_per_req())
+    return list(capture_bs)
+
+
 class VerifyMetadataMixin:
     """TARGET_VERIFY metadata and commit of both ReplaySSM backends (first in the bases).
 
@@ -267,16 +279,20 @@ class VerifyMetadataMixin:
         if self.num_tokens and not self.is_draft_worker:
             from sglang_replayssm.spec_plan import plan_for_server, pool_snapshot_batch_limit
 
-            self.verify_plan = plan_for_server(self.pool, model_runner.server_args, torch.device(self.device),
-                                               max_batch=model_runner.max_running_requests)
+            device = torch.device(self.device)
+            self.verify_plan = plan_for_server(self.pool, model_runner.server_args, device,
+                                               max_batch=model_runner.max_running_requests,
+                                               capture_bs=_capture_buckets(model_runner, device))
             self._snapshot_limit = pool_snapshot_batch_limit(self.pool)
 
     def _snapshot_path(self, bs: int) -> bool:
         """Whether a verify forward of ``bs`` rows takes SGLang's snapshot verify: the decision of the
         smallest planned bucket ``>= bs``; no plan (tests, drafts): replay.
 
-        Above every bucket (an eager forward past ``--cuda-graph-max-bs``) the largest bucket's
-        decision holds, except that a heuristic (``auto``) snapshot decision moves to replay above
+        The plan's buckets include the model runner's maximum of running requests
+        (``spec_plan.verify_buckets``), so eager forwards past the largest CUDA graph have a decision
+        of their own; above every bucket (not expected; a plan built without that maximum) the largest
+        bucket's decision holds, except that a heuristic (``auto``) snapshot decision moves to replay above
         ``spec_plan.snapshot_batch_limit`` (its commit scatter would overflow), logged once; an
         override or tree drafts keep the snapshot path there (startup refused them where the server's
         maximum of running requests passes that limit)."""

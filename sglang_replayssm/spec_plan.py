@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import math
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -210,23 +210,11 @@ def _keep_off_snapshot(plan: dict[int, heuristic.Decision], bad: list[int], reas
 
 
 def _guard_snapshot_overflow(plan: dict[int, heuristic.Decision], num_tokens: int, limit: int,
-                             max_batch: int = 0, log: logging.Logger = logger) -> dict[int, heuristic.Decision]:
+                             log: logging.Logger = logger) -> dict[int, heuristic.Decision]:
     """Buckets above ``limit`` (``snapshot_batch_limit``) must not take the snapshot verify: ``auto``
     decisions move to replay (logged); an override or tree drafts there are refused (what to change
-    is named).
-
-    ``max_batch`` (the server's resolved maximum of running requests; 0: unknown) bounds the eager
-    verify batches past the largest bucket, which keep that bucket's decision: a forced snapshot there
-    is refused when ``max_batch`` passes ``limit`` (an ``auto`` one moves to replay per forward, see
-    ``spec.VerifyMetadataMixin._snapshot_path``)."""
-    top = max(plan)
-    if max_batch > max(top, limit) and plan[top].path == "snapshot" and plan[top].source in ("override", "tree"):
-        raise ReplaySSMStartupError(
-            f"--ssm-backend replay: verify batches up to {max_batch} running requests run past the largest "
-            f"CUDA-graph bucket ({top}) on SGLang's snapshot verify ({plan[top].source}), whose commit scatter "
-            f"overflows int32 offsets above batch {limit} at T={num_tokens} (SGLang 0.5.17); cap "
-            f"--max-running-requests at {limit}, or use --replayssm-verify replay with linear drafts"
-        )
+    is named).  The largest eager batch is a bucket of the plan (``verify_buckets``), so the guard
+    covers eager verify batches too."""
     bad = sorted(bs for bs, d in plan.items() if d.path == "snapshot" and bs > limit)
     return _keep_off_snapshot(
         plan, bad, reason=f"snapshot commit would overflow SGLang 0.5.17's int32 offsets above batch {limit}",
@@ -285,8 +273,29 @@ def agree_across_ranks(plan: dict[int, heuristic.Decision], group,
     return ref
 
 
-def plan_for_server(pool, server_args, device: torch.device, max_batch: int = 0) -> dict[int, heuristic.Decision]:
-    """``plan_verify`` for a target backend: buckets, ``T``, ``topk`` and mode from the server's settings.
+def verify_buckets(server_args, max_batch: int = 0, capture_bs: Sequence[int] | None = None) -> list[int]:
+    """The verify batch sizes to decide: the CUDA-graph buckets, plus the largest eager batch.
+
+    ``capture_bs``: the buckets SGLang captures (``get_batch_sizes_to_capture``: the configured list
+    clamped to the request pool, which adds the pool's size where the list passes it); ``None``: the
+    configured list as given.  ``max_batch`` (the model runner's maximum of running requests; 0:
+    ``server_args.max_running_requests``, else 1) is added where it passes every bucket, so eager
+    verify batches above the largest graph get a decision (and a log line) of their own; without
+    CUDA graphs it is the only bucket."""
+    graph = None if server_args.disable_cuda_graph else getattr(server_args, "cuda_graph_config", None)
+    buckets = []
+    if graph is not None and graph.decode.bs:
+        buckets = list(capture_bs) if capture_bs is not None else list(graph.decode.bs)
+    top = max_batch or server_args.max_running_requests or 1
+    if not buckets or top > max(buckets):
+        buckets.append(top)
+    return sorted(set(buckets))
+
+
+def plan_for_server(pool, server_args, device: torch.device, max_batch: int = 0,
+                    capture_bs: Sequence[int] | None = None) -> dict[int, heuristic.Decision]:
+    """``plan_verify`` for a target backend: buckets (``verify_buckets``), ``T``, ``topk`` and mode from
+    the server's settings.
 
     Also refuses mamba radix tracking (``extra_buffer``) with speculative decoding: its post-verify
     track copy reads per-draft states that the replay verify does not keep; and keeps buckets (and,
@@ -304,11 +313,7 @@ def plan_for_server(pool, server_args, device: torch.device, max_batch: int = 0)
             "--ssm-backend replay with speculative decoding: mamba radix tracking (extra_buffer) is not supported; "
             "use --mamba-radix-cache-strategy no_buffer --disable-overlap-schedule, or --disable-radix-cache"
         )
-    graph = None if server_args.disable_cuda_graph else getattr(server_args, "cuda_graph_config", None)
-    if graph is not None and graph.decode.bs:
-        buckets = list(graph.decode.bs)
-    else:
-        buckets = [server_args.max_running_requests or 1]
+    buckets = verify_buckets(server_args, max_batch, capture_bs)
     topk = server_args.speculative_eagle_topk or 1
     mode = ReplaySSMConfig.from_env().verify
     plan = plan_verify(
@@ -317,7 +322,7 @@ def plan_for_server(pool, server_args, device: torch.device, max_batch: int = 0)
         cache=heuristic.DecisionCache(heuristic.default_cache_path()),
         probe=_probe(pool, buckets, mode, topk, device),
     )
-    plan = _guard_snapshot_overflow(plan, pool.spec_tokens, pool_snapshot_batch_limit(pool), max_batch)
+    plan = _guard_snapshot_overflow(plan, pool.spec_tokens, pool_snapshot_batch_limit(pool))
     plan = _guard_device(plan, device)
     plan = agree_across_ranks(plan, tp_group())
     snap = sorted(bs for bs, d in plan.items() if d.path == "snapshot")

@@ -412,11 +412,13 @@ class VerifyProbe:
         k, L, R = self.kernels, self.window, self.rows
         temporal, interm = self.pool.mamba_cache.temporal, self._interm()
 
-        def call() -> None:  # spec._materialise_rows snapshot; SGLang's scatter (all layers); pool.reset_slots
+        def call() -> None:  # spec._materialise_rows snapshot; SGLang's scatter (all layers); pool.reset_slots,
+            # then pool.refresh_read (split precision: the copy follows the commit; no-op without one)
             force = (r.slot_idx >= 0) & (r.cursors[r.slot_idx.clamp(min=0).long(), 1] > 0)
             k.cursor_step(r.cursors, r.slot_idx, force, L, R, 1, r.out_start, r.out_len, r.out_flush)
             k.snapshot_commit(temporal, interm, r.slot_idx, r.last_step)
             r.cursors.index_fill_(0, r.slot_idx.long().clamp(min=0), 0)
+            self.pool.refresh_read(r.slot_idx)
 
         return call
 
@@ -473,11 +475,14 @@ class _Rows:
         return std * torch.randn(shape, generator=self.device_gen, device=self.device, dtype=dtype)
 
     def restore(self) -> None:
-        """Zero the checkpoint and ring rows of the probed slots (their value at allocation)."""
+        """Zero the checkpoint, ring and read-copy rows of the probed slots (their value at allocation)."""
         idx = self.slot_idx.long()
         self.pool.mamba_cache.temporal[:, idx] = 0
         for ring in self.pool.rings.values():
             ring[:, idx] = 0
+        for copy in (self.pool.read_state, self.pool.read_scale):
+            if copy is not None:
+                copy[:, idx] = 0
 
 
 def _cycle_layers(n: int) -> Callable[[], int]:
@@ -515,6 +520,7 @@ class _Mamba2:
             self.pool.mamba_cache.temporal[l], rings["x"][l], rings["dt"][l], rings["B"][l], self.x[:, window],
             self.dt[:, window], self.A, self.B[:, window], self.C[:, window], out, r.slot_idx, r.ring_start,
             ring_len, flush, D=self.D, z=None, dt_bias=self.dt_bias, dt_softplus=True,
+            **self.pool.layer_read_copy(l), **self.pool.layer_rounding(l),  # as the server passes them
         )
 
     def replay_calls(self) -> list[Callable[[], None]]:
@@ -571,6 +577,7 @@ class _GDN:
             rings["beta"][l], self.q[:, window], self.k[:, window], self.v[:, window], self.a[:, window],
             self.b[:, window], self.A_log, self.dt_bias, out, r.slot_idx, r.ring_start, ring_len, flush,
             scale=self.scale, use_qk_l2norm=True,
+            **self.pool.layer_read_copy(l), **self.pool.layer_rounding(l),  # as the server passes them
         )
 
     def replay_calls(self) -> list[Callable[[], None]]:

@@ -4,6 +4,7 @@ override, tree drafts, one log line per bucket, and the decision cache."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -196,6 +197,23 @@ def test_decisions_are_cached_per_device_shape_and_version(tmp_path) -> None:
     assert calls[-1] == 8 and len(json.loads(path.read_text())) == 1
 
 
+def test_an_unwritable_cache_is_logged_and_the_decisions_stand(tmp_path, caplog) -> None:
+    (tmp_path / "file").write_text("")
+    cache = h.DecisionCache(tmp_path / "file" / "verify.json", versions="v")  # parent is a file
+    with caplog.at_level(logging.WARNING, logger="sglang_replayssm.heuristic"):
+        out = h.decide_buckets([8], T, SHAPE, GPU, probe=lambda bs, t: _timing(bs, 0.9, 2.0), cache=cache)
+    assert out[8].source == "measured"
+    assert any("decisions not cached" in r.getMessage() for r in caplog.records)
+
+
+def test_extrapolated_times_are_not_cached(tmp_path) -> None:
+    """Times scaled past the pool's capacity depend on that pool, which the key does not name."""
+    path = tmp_path / "verify.json"
+    probe = lambda bs, t: dataclasses.replace(_timing(bs, 0.9, 2.0), how="extrapolated in proportion")  # noqa: E731
+    out = h.decide_buckets([8], T, SHAPE, GPU, probe=probe, cache=h.DecisionCache(path, versions="v"))
+    assert out[8].source.startswith("measured (extrapolated") and not path.exists()
+
+
 def test_default_versions_name_sglang_the_kernels_and_the_rule(
     monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
@@ -205,6 +223,8 @@ def test_default_versions_name_sglang_the_kernels_and_the_rule(
     assert cache.versions.startswith("sglang0.5.17:replayssm") and cache.versions.endswith(":rule1")
     digest = h.source_digest(Path(replayssm_kernels.__file__).parent)
     assert f":kernels{digest}:" in cache.versions and len(digest) == 12
+    plugin = h.source_digest(Path(h.__file__).parent)  # the probe and the paths it times
+    assert f":plugin{plugin}:" in cache.versions
     monkeypatch.setenv(h.CACHE_ENV_VAR, str(tmp_path / "x.json"))
     assert h.default_cache_path() == tmp_path / "x.json"
 

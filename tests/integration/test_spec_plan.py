@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from sglang_replayssm import heuristic as h
+from sglang_replayssm import spec_plan
 from sglang_replayssm.errors import ReplaySSMStartupError
 from sglang_replayssm.spec_plan import plan_for_server, plan_verify, pool_verify_shape, startup_refusals
 
@@ -89,15 +90,49 @@ def test_eager_batches_past_the_buckets_keep_off_an_overflowing_snapshot_commit(
 
 
 def test_init_spec_passes_the_runners_maximum_of_running_requests(monkeypatch):
-    from sglang_replayssm import spec_plan
     from sglang_replayssm.spec import VerifyMetadataMixin
 
     seen = {}
-    monkeypatch.setattr(spec_plan, "plan_for_server", lambda pool, args, device, max_batch: seen.update(mb=max_batch))
+    monkeypatch.setattr(spec_plan, "plan_for_server", lambda pool, args, device, max_batch, capture_bs:
+                        seen.update(mb=max_batch, capture=capture_bs))
     monkeypatch.setattr(spec_plan, "pool_snapshot_batch_limit", lambda pool: 7)
     host = SimpleNamespace(num_tokens=4, is_draft_worker=False, pool=None, device="cpu")
     VerifyMetadataMixin._init_spec(host, SimpleNamespace(server_args=_args(), max_running_requests=640))
-    assert seen == {"mb": 640} and host._snapshot_limit == 7
+    assert seen == {"mb": 640, "capture": None} and host._snapshot_limit == 7  # no CUDA graphs on a CPU
+
+
+def test_capture_buckets_are_sglangs(monkeypatch):
+    """On CUDA the plan decides the batch sizes SGLang captures (its own function: the configured list
+    clamped to the request pool, the pool's size added), at the verify's tokens per request."""
+    from sglang.srt.model_executor.runner import base_cuda_graph_runner as bcg
+
+    from sglang_replayssm.spec import _capture_buckets
+
+    seen = []
+
+    def fake(model_runner, width):
+        seen.append(width)
+        return [1, 2, 4, 48], []
+
+    monkeypatch.setattr(bcg, "get_batch_sizes_to_capture", fake)
+    runner = SimpleNamespace(server_args=_args(), decode_num_tokens_per_req=lambda: 4)
+    assert _capture_buckets(runner, torch.device("cuda")) == [1, 2, 4, 48] and seen == [4]
+    assert _capture_buckets(runner, torch.device("cpu")) is None
+    runner.server_args.disable_cuda_graph = True
+    assert _capture_buckets(runner, torch.device("cuda")) is None and seen == [4]
+
+
+def test_verify_buckets_add_the_largest_eager_batch():
+    graphs = _args(cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(bs=[1, 2, 4, 256])))
+    # SGLang's capture list replaces the configured one (buckets past the request pool are not captured)
+    assert spec_plan.verify_buckets(graphs, 48, capture_bs=[1, 2, 4, 48]) == [1, 2, 4, 48]
+    assert spec_plan.verify_buckets(graphs, 48) == [1, 2, 4, 256]  # no capture list: as configured
+    # eager batches past the largest graph (--cuda-graph-max-bs 4, 256 running) get their own decision
+    assert spec_plan.verify_buckets(graphs, 512, capture_bs=[1, 2, 4]) == [1, 2, 4, 512]
+    # without graphs: the runner's maximum, else the flag's, else 1
+    eager = _args(disable_cuda_graph=True, max_running_requests=None)
+    assert spec_plan.verify_buckets(eager, 640) == [640] and spec_plan.verify_buckets(eager) == [1]
+    assert spec_plan.verify_buckets(_args(disable_cuda_graph=True)) == [8]
 
 
 def _args(**kw) -> SimpleNamespace:
@@ -154,17 +189,17 @@ def test_plan_for_server_uses_the_graph_buckets_and_refuses_radix_tracking(monke
     from sglang_replayssm.spec_plan import pool_snapshot_batch_limit, snapshot_batch_limit
 
     assert pool_snapshot_batch_limit(pool) == snapshot_batch_limit(3, pool.mamba_cache.temporal[0, 0].numel())
-    plan = plan_for_server(pool, _args(), CPU)
-    assert sorted(plan) == [1, 2, 4] and all(d.num_tokens == 3 for d in plan.values())
+    plan = plan_for_server(pool, _args(), CPU)  # max_running_requests 8 passes the buckets: decided too
+    assert sorted(plan) == [1, 2, 4, 8] and all(d.num_tokens == 3 for d in plan.values())
     assert sorted(plan_for_server(pool, _args(disable_cuda_graph=True), CPU)) == [8]
     with pytest.raises(ReplaySSMStartupError, match="extra_buffer"):
         plan_for_server(pool, _args(enable_mamba_extra_buffer=lambda: True), CPU)
     # snapshot buckets need CUDA (SGLang's verify): forced, refused; auto's choices move to replay, logged
     monkeypatch.setenv("SGLANG_REPLAYSSM_CONFIG", '{"backend": "replay", "verify": "snapshot"}')
-    with pytest.raises(ReplaySSMStartupError, match=r"buckets \[1, 2, 4\].*needs CUDA.*--replayssm-verify replay"):
+    with pytest.raises(ReplaySSMStartupError, match=r"buckets \[1, 2, 4, 8\].*needs CUDA.*--replayssm-verify replay"):
         plan_for_server(pool, _args(), CPU)
     # the model runner's maximum of running requests reaches the overflow guard
-    with pytest.raises(ReplaySSMStartupError, match=r"up to \d+ running requests"):
+    with pytest.raises(ReplaySSMStartupError, match=r"above batch \d+.*--max-running-requests"):
         plan_for_server(pool, _args(), CPU, max_batch=pool_snapshot_batch_limit(pool) + 1)
 
 
@@ -226,17 +261,13 @@ def test_snapshot_buckets_past_the_scatter_limit_go_to_replay_or_are_refused(cap
     with pytest.raises(ReplaySSMStartupError, match=r"tree"):
         _guard_snapshot_overflow(tree, 4, limit4)
     assert _guard_snapshot_overflow(forced, 2, limit2) == forced
-    # eager batches past the largest bucket keep its decision: a forced snapshot is refused where the
-    # server's maximum of running requests passes the limit; auto is routed per forward instead
-    small = plan_verify(buckets=[8, 512], num_tokens=4, topk=1, mode="snapshot", shape=SHAPE, profile=GPU)
-    assert _guard_snapshot_overflow(small, 4, limit4, max_batch=1024) == small
-    with pytest.raises(ReplaySSMStartupError, match=r"up to 1025 running.*\(512\).*--max-running-requests at 1024"):
-        _guard_snapshot_overflow(small, 4, limit4, max_batch=1025)
-    with pytest.raises(ReplaySSMStartupError, match=r"up to 4096 running.*tree"):
-        _guard_snapshot_overflow(plan_verify(buckets=[8], num_tokens=4, topk=2, mode="auto", shape=SHAPE,
-                                             profile=GPU), 4, limit4, max_batch=4096)
-    assert _guard_snapshot_overflow(auto, 4, limit4, max_batch=5000)[1025].path == "replay"
-
+    # the server's maximum of running requests is a bucket of its own (verify_buckets), so a forced
+    # snapshot past the limit is refused by the same rule
+    args = _args(cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(bs=[8, 512])))
+    small = plan_verify(buckets=spec_plan.verify_buckets(args, 1025), num_tokens=4, topk=1, mode="snapshot",
+                        shape=SHAPE, profile=GPU)
+    with pytest.raises(ReplaySSMStartupError, match=r"\[1025\].*above batch 1024.*--max-running-requests at 1024"):
+        _guard_snapshot_overflow(small, 4, limit4)
 
 def test_snapshot_batch_limit_without_int32_strides():
     """A request stride past 2^31 is passed to SGLang's kernel as i64: no wrap, no limit."""

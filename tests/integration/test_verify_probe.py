@@ -131,6 +131,34 @@ def test_probe_scales_by_layers_and_counts_the_commits_once(family: str, monkeyp
         probe(4, 3)
 
 
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_probe_passes_the_read_copy_and_rounding_and_refreshes_the_copy(family: str, monkeypatch) -> None:
+    """Split precision / stochastic rounding change both paths' cost: the probe's verify gets the
+    keywords the server's does, its snapshot commit refreshes the copy as the server's does, and the
+    probed slots' copies are zeroed afterwards like their checkpoints."""
+    pool = _cpu_spec_pool(family, WINDOW, T, monkeypatch, verify="auto", read="bf16")
+    assert pool.read_state is not None
+    pool.sr_seed = torch.zeros(1, dtype=torch.int64)  # stochastic rounding's counter (on the pool)
+    pool.read_state[:, 0] = 3.0  # the null slot's copy: never touched
+    refreshed = []
+    refresh = pool.refresh_read
+    monkeypatch.setattr(pool, "refresh_read", lambda idx, layer_idx=None: (refreshed.append(idx.tolist()),
+                                                                           refresh(idx, layer_idx)))
+    seen, log = [], []
+    kernels = _recording_kernels(family, seen, log)
+    kernels = dataclasses.replace(kernels, replay_verify=lambda *a, **k: (seen.append(a[-4].shape[0]),
+                                                                          log.append(("replay_verify", a, k))))
+    VerifyProbe(pool, [1, 2, 4], kernels=lambda: kernels, timer=_Timer(seen))(4, T)
+    calls = [(a, k) for name, a, k in log if name == "replay_verify"]
+    for args, kw in calls:
+        layer = next(i for i in range(pool.ring_spec.num_layers) if args[0].data_ptr()
+                     == pool.mamba_cache.temporal[i].data_ptr())
+        assert kw["read_state"].data_ptr() == pool.read_state[layer].data_ptr()
+        assert kw["sr_seed"] is pool.sr_seed and kw["sr_layer"] == layer
+    assert [sorted(i) for i in refreshed] == [[1, 2, 3, 4]]
+    assert pool.read_state[:, 1:].float().abs().sum() == 0 and (pool.read_state[:, 0] == 3.0).all()
+
+
 def test_interpolation_and_extrapolation_between_measured_buckets(monkeypatch, caplog) -> None:
     caplog.set_level(logging.INFO, logger="sglang_replayssm.verify_probe")
     pool = _cpu_spec_pool("mamba2", WINDOW, T, monkeypatch, verify="auto")  # 6 free slots
@@ -277,13 +305,13 @@ def test_plan_for_server_passes_a_probe_only_for_cuda_auto_linear_drafts(mode, t
     handed = _wire(monkeypatch, tmp_path, probe)
     monkeypatch.setenv("SGLANG_REPLAYSSM_CONFIG", f'{{"backend": "replay", "verify": "{mode}"}}')
     plan = spec_plan.plan_for_server(pool, _args(topk), torch.device(device))
-    assert sorted(plan) == [1, 2, 4]
+    assert sorted(plan) == [1, 2, 4, 6]  # the graphs' buckets and the largest eager batch
     if device == "cpu":  # the byte model sends these tiny buckets to the snapshot path: CUDA-only, so replay
         assert all(d.path == "replay" and "needs CUDA" in d.reason for d in plan.values())
     if probed:
         assert {d.source.split(" (")[0] for d in plan.values()} == {"measured"}
     assert handed == [probe if probed else None]
-    assert calls == ([(1, T), (2, T), (4, T)] if probed else [])
+    assert calls == ([(1, T), (2, T), (4, T), (6, T)] if probed else [])
 
 
 def test_a_failing_probe_falls_back_to_the_byte_model_logged(monkeypatch, tmp_path, caplog) -> None:
@@ -298,7 +326,7 @@ def test_a_failing_probe_falls_back_to_the_byte_model_logged(monkeypatch, tmp_pa
         plan = spec_plan.plan_for_server(pool, _args(), torch.device("cuda"))
     note = "byte-model (probe failed: RuntimeError: CUDA error: no kernel image)"
     assert {d.source for d in plan.values()} == {note}
-    assert sum(f"source={note}" in r.getMessage() for r in caplog.records) == 3
+    assert sum(f"source={note}" in r.getMessage() for r in caplog.records) == 4  # buckets 1, 2, 4 and 6
     assert not (tmp_path / "cache.json").exists()  # a failed probe is not cached: the next start probes again
 
 
