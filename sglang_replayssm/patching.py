@@ -222,21 +222,34 @@ def fingerprint(target: str) -> dict[str, str | None]:
         kind, obj = ("class" if isinstance(raw, type) else "function"), raw
     obj = unwrap_hooks(obj)
     try:
-        signature: str | None = str(inspect.signature(obj))
+        # follow_wrapped=False / the code object: a ``functools.wraps`` wrapper that anything but
+        # HookRegistry put there (another plug-in, a shim) is a change, not the stock target
+        signature: str | None = str(inspect.signature(obj, follow_wrapped=False))
     except (TypeError, ValueError):
         signature = None
     try:
-        source_sha256: str | None = hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
+        source_sha256: str | None = hashlib.sha256(_source(obj).encode()).hexdigest()
     except (OSError, TypeError):  # no source file (e.g. defined in `python -c`)
         source_sha256 = None
     return {"kind": kind, "signature": signature, "source_sha256": source_sha256}
 
 
+def _source(obj: object) -> str:
+    """The source a fingerprint hashes: a function's own code (not what ``__wrapped__`` leads to); a
+    class's body and the bodies of the SGLang classes it inherits from (a class REPLACE overrides
+    and calls into its bases, whose changes must show too)."""
+    if isinstance(obj, type):
+        bases = [c for c in obj.__mro__ if c.__module__.split(".")[0] == "sglang"]
+        return "".join(inspect.getsource(c) for c in (bases or [obj]))
+    return inspect.getsource(getattr(obj, "__code__", obj))
+
+
 def _differences(expected: dict[str, str | None], found: dict[str, str | None]) -> list[str]:
+    # a target without source cannot be compared: never counted as unchanged
     return [
         f"{key} expected {expected.get(key)!r}, found {found[key]!r}"
         for key in FINGERPRINT_KEYS
-        if expected.get(key) != found[key]
+        if expected.get(key) != found[key] or (key == "source_sha256" and found[key] is None)
     ]
 
 
@@ -334,12 +347,24 @@ def install(config: ReplaySSMConfig) -> None:
     if not pending:
         return
     _check_fingerprints(pending, version)
+    ours = {id(spec.hook) for spec in hooks}
     for spec in pending:
         if spec.target in HookRegistry._patched:
             raise ReplaySSMStartupError(
                 f"{_describe(spec)} cannot be installed: the target was already patched, and SGLang's "
                 "HookRegistry ignores hooks registered after their target is patched (another plug-in, "
                 "or a second round of this one, hooked it first)."
+            )
+        foreign = [(hook_type, hook, source) for hook_type, hook, source in HookRegistry._hooks.get(spec.target, ())
+                   if id(hook) not in ours]
+        if foreign:
+            names = ", ".join(f"{getattr(t, 'value', t)} {getattr(h, '__module__', '?')}."
+                              f"{getattr(h, '__qualname__', repr(h))}"
+                              f" ({getattr(src, 'plugin_name', 'unknown source')})" for t, h, src in foreign)
+            raise ReplaySSMStartupError(
+                f"{_describe(spec)} cannot be installed: another hook is registered on the same target ({names}); "
+                "ours would be applied on top of it and the pinned fingerprint would not describe what runs. "
+                "Select only this plug-in (SGLANG_PLUGINS=replayssm) or remove the other hook."
             )
     for spec in pending:
         HookRegistry.register(spec.target, spec.hook, HookType(spec.hook_type))
@@ -379,6 +404,10 @@ def write_targets(directory: Path | None = None) -> Path:
     """
     version = sglang.__version__
     targets = {target: fingerprint(target) for target in sorted({spec.target for spec in all_hooks()})}
+    unpinnable = [target for target, found in targets.items() if found["source_sha256"] is None]
+    if unpinnable:
+        raise ValueError(f"write_targets: no source for {unpinnable} (a .pyc-only install?); a pin without "
+                         "source would accept any change: install SGLang with its sources")
     document = {"sglang": version, "generated_by": REGENERATE, "targets": targets}
     path = (directory or _targets_dir()) / f"sglang-{version}.json"
     path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")

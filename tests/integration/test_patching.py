@@ -145,6 +145,69 @@ def test_hook_registered_after_its_target_was_patched_is_refused(stock_sglang: N
         _load_plugins()
 
 
+def test_hook_registered_by_another_plugin_on_our_target_is_refused(stock_sglang: None) -> None:
+    """Registered, not yet applied: ours would wrap it, and the pin would not describe what runs."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def foreign(parser: object) -> None:  # another plug-in's REPLACE
+        return None
+
+    HookRegistry.register(ADD_CLI_ARGS, foreign, HookType.REPLACE)
+    with pytest.raises(ReplaySSMStartupError,
+                       match=r"add_flags on .*add_cli_args cannot be installed: another hook is registered on "
+                             r"the same target \(replace .*foreign"):
+        _load_plugins()
+    assert ADD_CLI_ARGS not in HookRegistry._patched
+
+
+def test_a_foreign_functools_wraps_wrapper_is_a_change(stock_sglang: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrapper that is not HookRegistry's shows in the fingerprint, though ``__wrapped__`` leads to the
+    stock function (``inspect`` would follow it)."""
+    import functools
+
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_replayssm import patching
+
+    stock = ServerArgs.__dict__["add_cli_args"].__func__
+
+    @functools.wraps(stock)
+    def shim(*args: object, **kwargs: object) -> None:
+        return None
+
+    monkeypatch.setattr(ServerArgs, "add_cli_args", staticmethod(shim))
+    found, pinned = patching.fingerprint(ADD_CLI_ARGS), patching.pinned_fingerprints("0.5.17")[ADD_CLI_ARGS]
+    assert found["signature"] == "(*args, **kwargs)"  # the wrapper's own, not the stock one
+    assert found["source_sha256"] != pinned["source_sha256"]
+    with pytest.raises(ReplaySSMStartupError, match=f"{ADD_CLI_ARGS}: signature expected"):
+        _load_plugins()
+
+
+def test_class_fingerprints_cover_sglang_base_classes() -> None:
+    """A class REPLACE overrides and calls into its SGLang bases: their source is in the hash."""
+    import inspect
+
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+    from sglang_replayssm import patching
+
+    bases = [c for c in GDNAttnBackend.__mro__ if c.__module__.startswith("sglang.")]
+    assert len(bases) >= 2  # GDNAttnBackend and the mamba backend base it inherits from
+    assert patching._source(GDNAttnBackend) == "".join(inspect.getsource(c) for c in bases)
+    assert "def init_forward_metadata_out_graph" not in inspect.getsource(GDNAttnBackend)
+    assert "def init_forward_metadata_out_graph" in patching._source(GDNAttnBackend)
+
+
+def test_a_target_without_source_is_never_unchanged(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from sglang_replayssm import patching
+
+    pinned = {"kind": "function", "signature": "()", "source_sha256": None}
+    assert patching._differences(pinned, dict(pinned)) == ["source_sha256 expected None, found None"]
+    monkeypatch.setattr(patching, "fingerprint", lambda target: dict(pinned))
+    with pytest.raises(ValueError, match=r"no source for \[.*\].*install SGLang with its sources"):
+        patching.write_targets(tmp_path)
+
+
 def test_installed_hooks_are_in_effect_and_unwrap_to_stock(stock_sglang: None) -> None:
     from sglang.srt.server_args import ServerArgs
 
