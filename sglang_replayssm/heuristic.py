@@ -4,7 +4,8 @@ Speculative verify of ``T`` tokens can run two ways for a hybrid SSM layer:
 
 - **snapshot** (SGLang 0.5.17 stock): the verify kernel reads the state ``S`` and writes one state
   per draft token into ``intermediate_ssm``; the commit copies the accepted one back into
-  ``temporal`` (read + write ``S``): ``(3 + T)·S + T·I`` bytes per layer and request (math.md §11).
+  ``temporal`` (read + write ``S``): ``(3 + T)·S + T·I`` bytes per layer and request (math.md §11);
+  as this plug-in runs it, a materialise call (``S + I``) comes first: ``B_snap`` counts that too.
 - **replay** (ours): read ``S`` and the ring history, write ``T`` ring records, write ``S`` only on a
   flush step: ``S + S/F + (h̄ + T)·r + T·r + T·I`` with ``F`` the flush period and ``h̄`` the mean
   history (below).
@@ -30,8 +31,8 @@ size ``bs``) and ``T``:
    ``t = layers · launch_s + B / peak`` (the log line says ``source=byte-model`` and why).
 
 Every decision is logged, one line per bucket, with the numbers behind it, and cached in a JSON
-file keyed by device, shape, ``T``, bucket and versions (SGLang, sglang-replayssm, a digest of the
-kernels' source, this rule), so a restart on the same GPU, model and code re-uses it without
+file keyed by device, shape, ``T``, bucket and versions (SGLang, sglang-replayssm, digests of the
+kernels' and the plug-in's source, this rule), so a restart on the same GPU, model and code re-uses it without
 probing.  Overrides and tree drafts are not cached (they need no probe).
 
 Nothing here imports SGLang or touches a GPU unless a CUDA probe / ``cuda_device_profile`` is called.
@@ -71,6 +72,7 @@ __all__ = [
     "decide",
     "decide_buckets",
     "replay_verify_bytes",
+    "snapshot_path_bytes",
     "snapshot_verify_bytes",
     "time_cuda",
     "verify_shape",
@@ -165,6 +167,14 @@ def verify_shape(
 def snapshot_verify_bytes(shape: VerifyShape, num_tokens: int) -> float:
     """SGLang 0.5.17's snapshot verify + commit copy, per layer and request: ``(3 + T)·S + T·I``."""
     return (3 + num_tokens) * shape.state_bytes + num_tokens * shape.io_bytes
+
+
+def snapshot_path_bytes(shape: VerifyShape, num_tokens: int) -> float:
+    """The plug-in's snapshot path, per layer and request: SGLang's (``snapshot_verify_bytes``) plus
+    the materialise call before it (our verify kernel over a one-token window, which reads the
+    checkpoint and one token even where the ring is empty): ``(4 + T)·S + (T + 1)·I``.  What the probe
+    times on that path, so the utilisation is taken over it."""
+    return snapshot_verify_bytes(shape, num_tokens) + shape.state_bytes + shape.io_bytes
 
 
 def replay_verify_bytes(shape: VerifyShape, num_tokens: int, accepted: float | None = None) -> float:
@@ -354,7 +364,7 @@ def decide(
     if batch_size < 1 or num_tokens < 1:
         raise ValueError(f"expected batch_size >= 1 and num_tokens >= 1, got {batch_size}, {num_tokens}")
     scale = batch_size * shape.num_layers
-    b_snap = snapshot_verify_bytes(shape, num_tokens) * scale
+    b_snap = snapshot_path_bytes(shape, num_tokens) * scale
     b_replay = replay_verify_bytes(shape, num_tokens) * scale
     if timing is not None and timing.usable():
         source = "measured" + (f" ({timing.how})" if timing.how else "")

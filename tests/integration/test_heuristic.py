@@ -28,7 +28,7 @@ T = 4
 
 def _bytes(bs: int) -> tuple[float, float]:
     scale = bs * SHAPE.num_layers
-    return h.snapshot_verify_bytes(SHAPE, T) * scale, h.replay_verify_bytes(SHAPE, T) * scale
+    return h.snapshot_path_bytes(SHAPE, T) * scale, h.replay_verify_bytes(SHAPE, T) * scale
 
 
 def _timing(bs: int, snap_util: float, speedup: float) -> h.Timing:
@@ -43,6 +43,8 @@ def test_byte_model_matches_math_md() -> None:
     shape = h.VerifyShape(family="mamba2", state_bytes=3_932_160, record_bytes=17_792, io_bytes=35_008,
                           num_layers=1, window=16)
     assert h.snapshot_verify_bytes(shape, 4) == 27_665_152
+    # the plug-in's snapshot path adds the materialise call's checkpoint and one token
+    assert h.snapshot_path_bytes(shape, 4) == 27_665_152 + 3_932_160 + 35_008
     # a = 2.5: F = 12/2.5 + 1 = 5.8, h̄ = (2.5 + 12)/2 = 7.25 (math.md's h̄ = 6 ignores the floor a)
     expected = 3_932_160 + 3_932_160 / 5.8 + (7.25 + 4) * 17_792 + 4 * 17_792 + 4 * 35_008
     assert h.replay_verify_bytes(shape, 4, 2.5) == pytest.approx(expected)
