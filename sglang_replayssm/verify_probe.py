@@ -414,8 +414,8 @@ class VerifyProbe:
 
         def call() -> None:  # spec._materialise_rows snapshot; SGLang's scatter (all layers); pool.reset_slots,
             # then pool.refresh_read (split precision: the copy follows the commit; no-op without one)
-            force = (r.slot_idx >= 0) & (r.cursors[r.slot_idx.clamp(min=0).long(), 1] > 0)
-            k.cursor_step(r.cursors, r.slot_idx, force, L, R, 1, r.out_start, r.out_len, r.out_flush)
+            k.cursor_step(r.cursors, r.slot_idx, None, L, R, 1, r.out_start, r.out_len, r.out_flush,
+                          flush_nonempty=True)  # one launch, as spec.build_verify_eager / fill
             k.snapshot_commit(temporal, interm, r.slot_idx, r.last_step)
             r.cursors.index_fill_(0, r.slot_idx.long().clamp(min=0), 0)
             self.pool.refresh_read(r.slot_idx)
