@@ -53,6 +53,7 @@ __all__ = [
     "in_effect",
     "install",
     "pinned_fingerprints",
+    "pinned_targets",
     "resolve_target",
     "select_hooks",
     "supported_versions",
@@ -136,6 +137,11 @@ def check_version() -> str:
 def all_hooks() -> list[HookSpec]:
     """Return the ``HOOKS`` of every module in ``hooks.HOOK_MODULES``, in order."""
     return [spec for name in HOOK_MODULES for spec in importlib.import_module(f"sglang_replayssm.hooks.{name}").HOOKS]
+
+
+def pinned_targets(specs: Iterable[HookSpec]) -> list[str]:
+    """Every path a set of hooks has pinned: each target, then its ``callers``, in order, once each."""
+    return list(dict.fromkeys(path for spec in specs for path in (spec.target, *spec.callers)))
 
 
 def select_hooks(specs: Iterable[HookSpec], config: ReplaySSMConfig) -> list[HookSpec]:
@@ -256,7 +262,7 @@ def _differences(expected: dict[str, str | None], found: dict[str, str | None]) 
 def _check_fingerprints(specs: Sequence[HookSpec], version: str) -> None:
     pinned = pinned_fingerprints(version)
     problems = []
-    for target in dict.fromkeys(spec.target for spec in specs):
+    for target in pinned_targets(specs):
         if target not in pinned:
             problems.append(f"{target}: no fingerprint pinned; review the target, then run {REGENERATE}")
             continue
@@ -403,7 +409,7 @@ def write_targets(directory: Path | None = None) -> Path:
         The written ``sglang-<version>.json``.
     """
     version = sglang.__version__
-    targets = {target: fingerprint(target) for target in sorted({spec.target for spec in all_hooks()})}
+    targets = {target: fingerprint(target) for target in sorted(pinned_targets(all_hooks()))}
     unpinnable = [target for target, found in targets.items() if found["source_sha256"] is None]
     if unpinnable:
         raise ValueError(f"write_targets: no source for {unpinnable} (a .pyc-only install?); a pin without "

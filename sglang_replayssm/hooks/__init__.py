@@ -44,12 +44,17 @@ class HookSpec:
         ``"always"``: installed in every process that loads plug-ins (e.g. the CLI flags), or
         ``"replay"``: installed only when ``--ssm-backend replay`` is configured, so
         ``--ssm-backend default`` leaves SGLang untouched.
+    callers : tuple of str
+        Dotted paths of the SGLang functions whose call of ``target`` is what runs the hook (where
+        nothing at run time notices a hook that is never reached): pinned and checked like the
+        target, so a release that stops calling it does not pass unnoticed.
     """
 
     target: str
     hook: Callable[..., Any] | type
     hook_type: str
     when: str = "replay"
+    callers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.hook_type not in HOOK_TYPES:

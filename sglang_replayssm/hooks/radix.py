@@ -63,5 +63,7 @@ def around_prepare_for_caching_req(original, self, req, insert_params, token_ids
 
 
 HOOKS: list[HookSpec] = [
-    HookSpec(target=TARGET, hook=around_prepare_for_caching_req, hook_type="around"),
+    HookSpec(target=TARGET, hook=around_prepare_for_caching_req, hook_type="around",
+             callers=("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.cache_finished_req",
+                      "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.cache_unfinished_req")),
 ]

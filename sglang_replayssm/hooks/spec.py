@@ -62,5 +62,6 @@ def around_update_after_verify(
 
 
 HOOKS: list[HookSpec] = [
-    HookSpec(target=COMMIT_TARGET, hook=around_update_after_verify, hook_type="around"),
+    HookSpec(target=COMMIT_TARGET, hook=around_update_after_verify, hook_type="around",
+             callers=("sglang.srt.speculative.spec_utils.commit_mamba_states_after_verify",)),
 ]

@@ -45,7 +45,7 @@ def test_pinned_fingerprints_match_the_installed_sglang(stock_sglang: None) -> N
 
     assert sglang.__version__ in patching.supported_versions()
     pinned = patching.pinned_fingerprints(sglang.__version__)
-    targets = {spec.target for spec in patching.all_hooks()}
+    targets = set(patching.pinned_targets(patching.all_hooks()))  # hook targets and their callers
     assert set(pinned) == targets, "stale or missing entries: run python -m sglang_replayssm.patching --write-targets"
     for target in sorted(targets):
         assert patching.fingerprint(target) == pinned[target], target
@@ -70,6 +70,29 @@ def test_manifest_lists_every_hook_target() -> None:
     manifest = (REPO / "patches" / "README.md").read_text()
     listed = set(re.findall(r"^### `([\w.]+)`", manifest, flags=re.MULTILINE))
     assert listed == {spec.target for spec in patching.all_hooks()}
+    sections = {m[0]: m[1] for m in re.findall(r"^### `([\w.]+)`\n(.*?)(?=^### |\Z)", manifest,
+                                                flags=re.MULTILINE | re.DOTALL)}
+    for spec in patching.all_hooks():  # each pinned caller named in its hook's section
+        for caller in spec.callers:
+            assert f"`{caller}`" in sections[spec.target], (spec.target, caller)
+
+
+def test_a_changed_caller_is_refused(stock_sglang: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release that stops calling a hooked function (here: the verify commit) must not start."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang.srt.speculative import spec_utils
+
+    from sglang_replayssm.config import ENV_VAR
+
+    def commit_mamba_states_after_verify(*args: object, **kwargs: object) -> None:
+        return None  # no longer reaches update_mamba_state_after_mtp_verify
+
+    monkeypatch.setattr(spec_utils, "commit_mamba_states_after_verify", commit_mamba_states_after_verify)
+    monkeypatch.setenv(ENV_VAR, '{"backend": "replay"}')
+    with pytest.raises(ReplaySSMStartupError,
+                       match=r"spec_utils\.commit_mamba_states_after_verify: signature expected"):
+        _load_plugins()
+    assert not any("update_mamba_state_after_mtp_verify" in t for t in HookRegistry._patched)
 
 
 def test_wrong_version_is_refused(stock_sglang: None, monkeypatch: pytest.MonkeyPatch) -> None:
