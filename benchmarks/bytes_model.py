@@ -24,7 +24,9 @@ What is left out (all < 0.01% at the real shapes, and identical across schemes w
 - per-row slot indices and cursors (``slot_idx``, ``ring_start``, ``ring_len``, ``flush``: 13 B/row);
 - the conv window (math.md §10: the same in every scheme);
 - re-reads that hit L2 (B shared by the H/G heads of a group, q/k shared by HV/Hk value heads,
-  SGLang's built-in kernel reading its S0 tile twice on a flush): counted once.
+  SGLang's built-in decode kernel reading its S0 tile twice on a flush, in one program): counted
+  once.  A re-read by a later launch (the GDN verifies' flush rows: the fold launch writes ``S``,
+  the next launch reads it again, after the whole batch's stores) is counted.
 """
 
 from __future__ import annotations
@@ -358,6 +360,7 @@ class VerifyBytes:
     ring_write: int = 0
     state_reads: int = 1
     state_writes: int = 0
+    flush_state_reads: int = 1  # S reads of a flush row: 2 where a second launch reads the folded S
     io_tokens: int | None = None  # tokens of activations moved (default T)
     extra: int = 0
     note: str = ""
@@ -371,7 +374,8 @@ class VerifyBytes:
         if h < 0:
             raise ValueError(f"{self.name}: expected h >= 0, got {h}")
         per = self.ring_read_flush if flush else self.ring_read_nonflush
-        return StepBytes(self.S, self.S if flush else 0, h * per, self.T * self.ring_write, io)
+        reads = self.flush_state_reads if flush else 1
+        return StepBytes(reads * self.S, self.S if flush else 0, h * per, self.T * self.ring_write, io)
 
     def batch_bytes(self, rows: Iterable[tuple[int, bool]]) -> int:
         """Bytes of one launch whose rows are at ``(h, flush)``."""
@@ -430,15 +434,16 @@ def gdn_replay_verify_bytes(
     shape: GDNShape, T: int, state_bytes: int = 4, act_bytes: int = 2, u_bytes: int | None = None
 ) -> VerifyBytes:
     """Our ``gdn_replay_verify``: non-flush rows read (u, k, g) of each history record, flush rows
-    replay raw (k, v, g, β); every row appends ``T`` full records (u, k, v, g, β)."""
+    replay raw (k, v, g, β); every row appends ``T`` full records (u, k, v, g, β).  A flush row's
+    ``S`` is read twice: by the fold launch (which writes it) and again by the window launch."""
     f = gdn_record_fields(shape, act_bytes, u_bytes)
     z = gdn_sizes(shape, state_bytes, act_bytes)
     return VerifyBytes(
         "replayssm gdn verify", T, z.S, z.I,
         ring_read_nonflush=f["u"] + f["k"] + f["g"],
         ring_read_flush=f["k"] + f["v"] + f["g"] + f["beta"],
-        ring_write=sum(f.values()),
-        note="non-flush reads u,k,g; flush reads k,v,g,beta; appends u,k,v,g,beta",
+        ring_write=sum(f.values()), flush_state_reads=2,
+        note="non-flush reads u,k,g; flush reads k,v,g,beta and S twice (fold, window); appends u,k,v,g,beta",
     )
 
 
@@ -465,15 +470,16 @@ def gdn_builtin_spec_verify_bytes(
 
     Non-flush rows read (d, k, g) of each history record (d, k in the pool's ring dtype,
     ``ring_bytes``, the SSM dtype by default); flush rows replay raw (v, k, g, β); every row writes
-    ``T`` records of both kinds (d, k, g and v, k, β).
+    ``T`` records of both kinds (d, k, g and v, k, β).  A flush row's ``S`` is read twice (the
+    fold launch, then the flush-output launch).
     """
     rb = state_bytes if ring_bytes is None else ring_bytes
     dkg = (shape.HV * shape.V + shape.Hk * shape.K) * rb + 4 * shape.HV
     raw = _gdn_raw_record(shape, act_bytes)
     z = gdn_sizes(shape, state_bytes, act_bytes)
     return VerifyBytes("sglang built-in spec verify", T, z.S, z.I, ring_read_nonflush=dkg,
-                       ring_read_flush=raw, ring_write=dkg + raw - 4 * shape.HV,
-                       note="non-flush reads d,k,g; flush reads raw v,k,g,beta; appends both")
+                       ring_read_flush=raw, ring_write=dkg + raw - 4 * shape.HV, flush_state_reads=2,
+                       note="non-flush reads d,k,g; flush reads raw v,k,g,beta and S twice; appends both")
 
 
 def gdn_builtin_fold_step_bytes(

@@ -99,14 +99,16 @@ def gdn_read_copy_bytes(
 @dataclass(frozen=True)
 class ReadCopyVerifyBytes(bm.VerifyBytes):
     """``VerifyBytes`` of our verify with a read copy: non-flush rows read ``S_read`` bytes of
-    state (the copy); flush rows read the checkpoint, write it and the refreshed copy."""
+    state (the copy); flush rows read the checkpoint, write it and the refreshed copy, and where a
+    second launch reads the folded state (GDN, ``flush_state_reads = 2``) it reads the copy."""
 
     S_read: int = 0
 
     def step(self, h: int = 0, flush: bool = False) -> bm.StepBytes:
         base = super().step(h, flush)
         if flush:
-            return bm.StepBytes(base.state_read, base.state_write + self.S_read, base.ring_read,
+            reads = self.S + (self.flush_state_reads - 1) * self.S_read
+            return bm.StepBytes(reads, base.state_write + self.S_read, base.ring_read,
                                 base.ring_write, base.io)
         return bm.StepBytes(self.S_read, 0, base.ring_read, base.ring_write, base.io)
 
@@ -118,6 +120,6 @@ def verify_read_copy_bytes(base: bm.VerifyBytes, S_read: int,
     return ReadCopyVerifyBytes(
         f"{base.name} (read copy {read_dtype})", base.T, base.S, base.I,
         ring_read_nonflush=base.ring_read_nonflush, ring_read_flush=base.ring_read_flush,
-        ring_write=base.ring_write, note=base.note + f"; non-flush reads a {read_dtype} copy",
-        S_read=S_read,
+        ring_write=base.ring_write, flush_state_reads=base.flush_state_reads,
+        note=base.note + f"; non-flush reads a {read_dtype} copy", S_read=S_read,
     )

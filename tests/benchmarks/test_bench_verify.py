@@ -127,6 +127,13 @@ def test_verify_byte_models():
     assert ours_g.step(5).ring_read == 5 * (f["u"] + f["k"] + f["g"])
     assert ours_g.step(5, True).ring_read == 5 * (f["k"] + f["v"] + f["g"] + f["beta"])
     assert ours_g.step(0).ring_write == 2 * sum(f.values())
+    # a flush row's S: read by the fold launch, written, read again by the window launch
+    assert (ours_g.step(5, True).state_read, ours_g.step(5, True).state_write) == (2 * g.S, g.S)
+    assert (ours_g.step(5).state_read, ours_g.step(5).state_write) == (g.S, 0)
+    builtin = bm.gdn_builtin_spec_verify_bytes(QWEN35_4B, 4)  # fold launch, then the flush outputs
+    assert builtin.step(5, True).state_read == 2 * g.S and builtin.step(5).state_read == g.S
+    m2 = bm.mamba2_replay_verify_bytes(NANO_4B, 4)  # one launch: the fold's values stay in registers
+    assert m2.step(5, True).state_read == z.S
     rows = [(1, False), (2, True)]
     assert ours_g.batch_bytes(rows) == ours_g.step(1).total + ours_g.step(2, True).total
 

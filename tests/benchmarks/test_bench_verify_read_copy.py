@@ -27,9 +27,9 @@ def test_gdn_verify_read_copy_bytes_by_hand():
     p = m.step(6)  # non-flush: the copy, 6 history records (u, k, g), 4 window records appended
     assert (p.state_read, p.state_write, p.ring_read, p.ring_write, p.io) == (
         S_r, 0, 6 * rd_nf, 4 * wr, 4 * I)
-    p = m.step(14, flush=True)  # flush: checkpoint read + written, the copy written
-    assert (p.state_read, p.state_write, p.ring_read, p.ring_write, p.io) == (
-        S, S + S_r, 14 * rd_f, 4 * wr, 4 * I)
+    p = m.step(14, flush=True)  # flush: checkpoint read + written, the copy written, then read
+    assert (p.state_read, p.state_write, p.ring_read, p.ring_write, p.io) == (  # by the window launch
+        S + S_r, S + S_r, 14 * rd_f, 4 * wr, 4 * I)
     assert m.batch_bytes([(6, False), (14, True)]) == m.step(6).total + m.step(14, True).total
 
 
