@@ -183,7 +183,13 @@ def test_replay_matches_stock_with_cuda_graphs(model_name: str, results):
     assert [t for t, _ in out[model_name, "replay_graph", "seq"]] == [t for t, _ in out[model_name, "replay_eager", "seq"]]
     # bf16 activations: replay computes outputs in another order than SGLang's kernel, so greedy
     # paths may part late (as stock graph vs stock eager may); a wrong ring or checkpoint parts early.
+    # A request where stock eager already parts from stock graph at or before replay's divergence is a
+    # near-tie that stock itself does not resolve one way (the thirty-third session, H100: qwen3_5_tiny
+    # request 8 parted at token 5 in stock_eager, replay_graph and replay_eager alike); it is exempt
+    # from MIN_COMMON, not from the logprob bound.
+    stock_firsts = [first for first, _ in table.get("stock_eager", ())]
     for run in ("replay_graph", "replay_window1"):
         for i, (first, diff) in enumerate(table.get(run, ())):
-            assert first is None or first >= MIN_COMMON, f"{model_name} {run} request {i}: diverged at token {first}"
+            tie = i < len(stock_firsts) and stock_firsts[i] is not None and first is not None and stock_firsts[i] <= first
+            assert first is None or first >= MIN_COMMON or tie, f"{model_name} {run} request {i}: diverged at token {first}"
             assert diff < tol, f"{model_name} {run} request {i}: logprob diff {diff} on the common prefix"
