@@ -43,10 +43,11 @@ class ReplaySSMConfig:
         ``"replay"``: ReplaySSM, a checkpoint plus a ring of the last ``window`` inputs per state slot.
     window : int
         Ring window ``L >= 1``: decode flushes the ring into the checkpoint every ``L`` steps.
-        ``L = 1`` is the conventional update.  Ignored by ``backend="default"``.
+        ``L = 1`` is the conventional update.  Needs ``backend="replay"`` unless it is the default.
     verify : str
         Speculative verify path: ``"auto"`` (per batch bucket and draft length, ``heuristic.py``),
         ``"replay"`` or ``"snapshot"`` (SGLang's own).  Ignored without speculative decoding.
+        Needs ``backend="replay"`` unless it is the default.
     read_dtype : str
         Split precision: ``"same"`` (decode reads the checkpoint itself) or the dtype of a read copy
         kept beside the checkpoint, ``"bf16"``, ``"fp16"`` or ``"fp8"`` (e4m3 with per-row scales),
@@ -57,7 +58,8 @@ class ReplaySSMConfig:
     ------
     ValueError
         On an unknown backend, verify mode or read dtype, a window that is not an integer ``>= 1``,
-        or a read copy with ``backend="default"``.
+        or a window, verify mode or read copy other than the default with ``backend="default"``
+        (SGLang's own kernels would ignore it silently).
     """
 
     backend: str = "default"
@@ -82,11 +84,17 @@ class ReplaySSMConfig:
             raise ValueError(
                 f"replayssm read dtype: expected one of {', '.join(READ_DTYPES)}, got {self.read_dtype!r}"
             )
-        if self.read_dtype != "same" and self.backend != "replay":
-            raise ValueError(
-                f"replayssm read dtype {self.read_dtype!r} needs --ssm-backend replay (got {self.backend!r}); "
-                "use --replayssm-read-dtype same or --ssm-backend replay"
-            )
+        if self.backend != "replay":
+            defaults = {field.name: field.default for field in dataclasses.fields(self)}
+            for name, label, flag in (("window", "window L", "--replayssm-window"),
+                                      ("verify", "verify", "--replayssm-verify"),
+                                      ("read_dtype", "read dtype", "--replayssm-read-dtype")):
+                value = getattr(self, name)
+                if value != defaults[name]:
+                    raise ValueError(
+                        f"replayssm {label} {value!r} needs --ssm-backend replay (got {self.backend!r}, whose "
+                        f"SGLang kernels would ignore it); use {flag} {defaults[name]} or --ssm-backend replay"
+                    )
 
     def read_torch_dtype(self):
         """The read copy's ``torch.dtype``, or ``None`` for ``read_dtype="same"`` (no copy)."""

@@ -40,6 +40,8 @@ from replayssm_kernels.commit import verify_commit_ref, verify_cursor_step, veri
 from replayssm_kernels.commit._validate import validate_commit
 from replayssm_kernels.commit.kernel import verify_commit_fwd
 
+from sglang_replayssm.spec_plan import FORCED_SOURCES
+
 __all__ = [
     "VerifyGraphBuffers",
     "VerifyMetadataMixin",
@@ -293,9 +295,10 @@ class VerifyMetadataMixin:
         (``spec_plan.verify_buckets``), so eager forwards past the largest CUDA graph have a decision
         of their own; above every bucket (not expected; a plan built without that maximum) the largest
         bucket's decision holds, except that a heuristic (``auto``) snapshot decision moves to replay above
-        ``spec_plan.snapshot_batch_limit`` (its commit scatter would overflow), logged once; an
-        override or tree drafts keep the snapshot path there (startup refused them where the server's
-        maximum of running requests passes that limit)."""
+        ``spec_plan.snapshot_batch_limit`` (its commit scatter would overflow), logged once; a forced
+        snapshot (``spec_plan.FORCED_SOURCES``: an override, tree drafts, a GDN draft length past the
+        replay kernel's) keeps the snapshot path there (startup refused it where the server's maximum of
+        running requests passes that limit)."""
         plan = getattr(self, "verify_plan", None)
         if not plan:
             return False
@@ -305,7 +308,7 @@ class VerifyMetadataMixin:
         decision = plan[max(plan)]
         if decision.path != "snapshot":
             return False
-        if decision.source not in ("override", "tree") and bs > self._snapshot_limit:
+        if decision.source not in FORCED_SOURCES and bs > self._snapshot_limit:
             if not getattr(self, "_logged_eager_overflow", False):
                 logger.info(
                     "ReplaySSM verify: eager batches above %d rows (the largest CUDA-graph bucket is %d) take the "

@@ -8,8 +8,15 @@ then route each verify forward by its batch size (``spec.VerifyMetadataMixin._sn
 replay verify, or SGLang's snapshot verify after folding the ring into the checkpoint (``spec.py``,
 "Snapshot fallback"; CUDA only).
 
-``startup_refusals`` holds the speculative-decoding checks of ``hooks/backends.validate_startup``
-(they need only ``ServerArgs`` and the plug-in config).
+``startup_refusals`` and ``draft_length_refusal`` hold the speculative-decoding checks of
+``hooks/backends.validate_startup`` (they need only ``ServerArgs``, the plug-in config and the model
+family).
+
+Gated DeltaNet with more draft tokens than its replay verify kernel takes (``GDN_VERIFY_MAX_T``):
+every ``auto`` bucket goes to SGLang's snapshot verify (``_guard_draft_length``, logged; its source
+``draft-length`` is as binding as an override, so the later guards refuse what cannot take the
+snapshot path instead of moving it back to replay); ``--replayssm-verify replay`` and ``--device cpu``
+are refused at start-up (``draft_length_refusal``).
 """
 
 from __future__ import annotations
@@ -21,16 +28,23 @@ import sys
 from collections.abc import Iterable, Sequence
 
 import torch
+from replayssm_kernels.gdn_decode._validate import MAX_T as GDN_VERIFY_MAX_T
 
 from sglang_replayssm import heuristic
 from sglang_replayssm.errors import ReplaySSMStartupError
 
 __all__ = [
-    "agree_across_ranks", "plan_for_server", "plan_verify", "pool_snapshot_batch_limit", "pool_verify_shape",
-    "snapshot_batch_limit", "startup_refusals", "tp_group",
+    "FORCED_SOURCES", "GDN_VERIFY_MAX_T", "agree_across_ranks", "draft_length_refusal", "plan_for_server",
+    "plan_verify", "pool_snapshot_batch_limit", "pool_verify_shape", "snapshot_batch_limit", "startup_refusals",
+    "tp_group",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: ``Decision.source`` values that bind a bucket to its path: an override, tree drafts, and
+#: ``_guard_draft_length``'s snapshot; the guards refuse, rather than move, such a bucket.
+FORCED_SOURCES: tuple[str, ...] = ("override", "tree", "draft-length")
+
 
 def startup_refusals(server_args, verify_mode: str) -> list[str]:
     """Speculative-decoding refusals for ``--ssm-backend replay`` (empty without speculation)."""
@@ -48,9 +62,52 @@ def startup_refusals(server_args, verify_mode: str) -> list[str]:
             "(--speculative-num-draft-tokens), while adaptive speculation captures a verify graph per "
             "draft length; run without --speculative-adaptive, or with --ssm-backend default"
         )
+    if getattr(server_args, "enable_deterministic_inference", False) and verify_mode == "auto" and topk == 1:
+        problems.append(
+            "--enable-deterministic-inference with --replayssm-verify auto: auto sends each CUDA-graph batch "
+            "bucket to the replay verify or to SGLang's snapshot verify (decided by a timed probe), and the two "
+            "sum in different orders, so a request's tokens could depend on the size of the batch it was "
+            "verified in; pass --replayssm-verify replay or --replayssm-verify snapshot"
+        )
     if getattr(server_args, "device", None) == "cpu":
         problems += _cpu_refusals(server_args, topk)
     return problems
+
+
+def draft_length_refusal(family: str, server_args, verify_mode: str) -> str | None:
+    """The start-up refusal of a draft length the Gated DeltaNet replay verify cannot run, or None.
+
+    ``gdn_replay_verify`` takes at most ``GDN_VERIFY_MAX_T`` tokens per row (its forward substitution
+    and per-token loops are unrolled over ``T``).  Linear drafts with more (tree drafts take SGLang's
+    snapshot verify anyway) are refused with ``--replayssm-verify replay`` and on ``--device cpu``,
+    where SGLang's snapshot verify does not run; ``auto`` on CUDA is served by the snapshot verify
+    (``_guard_draft_length``).
+
+    Parameters
+    ----------
+    family : str
+        ``"mamba2"`` or ``"gdn"`` (``hooks.pool.replay_family``).
+    server_args : sglang.srt.server_args.ServerArgs
+        Reads ``speculative_algorithm``, ``speculative_num_draft_tokens`` (unset until SGLang resolves
+        its speculative defaults: checked again in each scheduler), ``speculative_eagle_topk`` and
+        ``device``.
+    verify_mode : str
+        ``--replayssm-verify``.
+    """
+    num_tokens = getattr(server_args, "speculative_num_draft_tokens", None) or 0
+    topk = getattr(server_args, "speculative_eagle_topk", None) or 1
+    if (family != "gdn" or not getattr(server_args, "speculative_algorithm", None) or topk > 1
+            or num_tokens <= GDN_VERIFY_MAX_T):
+        return None
+    limit = (f"--speculative-num-draft-tokens {num_tokens}: the Gated DeltaNet replay verify kernel takes at most "
+             f"{GDN_VERIFY_MAX_T} draft tokens (its forward substitution is unrolled over them)")
+    if getattr(server_args, "device", None) == "cpu":
+        return (f"{limit}, and on --device cpu SGLang's snapshot verify does not run; use "
+                f"--speculative-num-draft-tokens {GDN_VERIFY_MAX_T} or fewer")
+    if verify_mode == "replay":
+        return (f"{limit}; use --speculative-num-draft-tokens {GDN_VERIFY_MAX_T} or fewer, or --replayssm-verify "
+                "auto or snapshot (SGLang's snapshot verify then serves every batch)")
+    return None
 
 
 #: Why each built-in algorithm cannot run on ``--device cpu`` (without ``sgl_kernel``'s CPU build).
@@ -156,9 +213,11 @@ def _profile(device: torch.device) -> heuristic.DeviceProfile:
 
 
 def _probe(pool, buckets: list[int], mode: str, topk: int, device: torch.device) -> heuristic.Probe | None:
-    """The timed probe where it is used: ``auto`` mode, linear drafts, CUDA; else None (overrides and
-    tree drafts need no timing, and a CPU decides from the byte model)."""
-    if mode != "auto" or topk > 1 or device.type != "cuda":
+    """The timed probe where it is used: ``auto`` mode, linear drafts, CUDA, a draft length the replay
+    verify runs; else None (overrides, tree drafts and ``_guard_draft_length``'s buckets need no timing,
+    and a CPU decides from the byte model)."""
+    if mode != "auto" or topk > 1 or device.type != "cuda" or _over_draft_length(pool.ring_spec.family,
+                                                                                  pool.spec_tokens):
         return None
     from sglang_replayssm.verify_probe import make_probe
 
@@ -194,12 +253,13 @@ def pool_snapshot_batch_limit(pool) -> int:
 def _keep_off_snapshot(plan: dict[int, heuristic.Decision], bad: list[int], reason: str, refusal: str,
                        log: logging.Logger) -> dict[int, heuristic.Decision]:
     """Buckets ``bad`` must not take the snapshot verify: ``auto`` decisions there move to replay with
-    ``reason`` (logged); an override or tree drafts there are refused with ``refusal`` (which must name
-    what to change; the buckets are prepended)."""
-    forced = [bs for bs in bad if plan[bs].source in ("override", "tree")]
+    ``reason`` (logged); forced ones (``FORCED_SOURCES``: an override, tree drafts, a GDN draft length
+    past the replay kernel's) are refused with ``refusal`` (which must name what to change; the
+    buckets and why they are on the snapshot path are prepended)."""
+    forced = [bs for bs in bad if plan[bs].source in FORCED_SOURCES]
     if forced:
         raise ReplaySSMStartupError(
-            f"--ssm-backend replay: batch buckets {forced} go to SGLang's snapshot verify ({plan[forced[0]].source}), "
+            f"--ssm-backend replay: batch buckets {forced} go to SGLang's snapshot verify ({plan[forced[0]].reason}), "
             + refusal
         )
     out = dict(plan)
@@ -209,12 +269,43 @@ def _keep_off_snapshot(plan: dict[int, heuristic.Decision], bad: list[int], reas
     return out
 
 
+def _over_draft_length(family: str, num_tokens: int) -> bool:
+    """Whether the replay verify kernel cannot run ``num_tokens`` (Gated DeltaNet past ``GDN_VERIFY_MAX_T``)."""
+    return family == "gdn" and num_tokens > GDN_VERIFY_MAX_T
+
+
+def _guard_draft_length(plan: dict[int, heuristic.Decision], family: str, num_tokens: int,
+                        log: logging.Logger = logger) -> dict[int, heuristic.Decision]:
+    """Gated DeltaNet past ``GDN_VERIFY_MAX_T`` draft tokens: every ``auto`` bucket goes to SGLang's
+    snapshot verify, source ``draft-length`` (logged; ``FORCED_SOURCES``, so the later guards refuse
+    a bucket that cannot take the snapshot path rather than move it to replay); a forced replay is
+    refused (``draft_length_refusal`` refuses it at start-up already).  Tree drafts and a forced
+    snapshot are there already."""
+    if not _over_draft_length(family, num_tokens):
+        return plan
+    forced = sorted(bs for bs, d in plan.items() if d.source in FORCED_SOURCES and d.path == "replay")
+    if forced:
+        raise ReplaySSMStartupError(
+            f"--ssm-backend replay: batch buckets {forced} are forced to the replay verify, whose Gated DeltaNet "
+            f"kernel takes at most {GDN_VERIFY_MAX_T} draft tokens (T={num_tokens}); use "
+            f"--speculative-num-draft-tokens {GDN_VERIFY_MAX_T} or fewer, or --replayssm-verify auto or snapshot"
+        )
+    reason = (f"the Gated DeltaNet replay verify takes at most {GDN_VERIFY_MAX_T} draft tokens, T={num_tokens}; "
+              f"--speculative-num-draft-tokens {GDN_VERIFY_MAX_T} or fewer would let it run")
+    out = dict(plan)
+    for bs in sorted(plan):
+        if plan[bs].source not in FORCED_SOURCES:
+            out[bs] = dataclasses.replace(plan[bs], path="snapshot", reason=reason, source="draft-length")
+            log.info(out[bs].log_line())
+    return out
+
+
 def _guard_snapshot_overflow(plan: dict[int, heuristic.Decision], num_tokens: int, limit: int,
                              log: logging.Logger = logger) -> dict[int, heuristic.Decision]:
     """Buckets above ``limit`` (``snapshot_batch_limit``) must not take the snapshot verify: ``auto``
-    decisions move to replay (logged); an override or tree drafts there are refused (what to change
-    is named).  The largest eager batch is a bucket of the plan (``verify_buckets``), so the guard
-    covers eager verify batches too."""
+    decisions move to replay (logged); forced ones there are refused (what to change is named).  The
+    largest eager batch is a bucket of the plan (``verify_buckets``), so the guard covers eager verify
+    batches too."""
     bad = sorted(bs for bs, d in plan.items() if d.path == "snapshot" and bs > limit)
     return _keep_off_snapshot(
         plan, bad, reason=f"snapshot commit would overflow SGLang 0.5.17's int32 offsets above batch {limit}",
@@ -298,7 +389,9 @@ def plan_for_server(pool, server_args, device: torch.device, max_batch: int = 0,
     the server's settings.
 
     Also refuses mamba radix tracking (``extra_buffer``) with speculative decoding: its post-verify
-    track copy reads per-draft states that the replay verify does not keep; and keeps buckets (and,
+    track copy reads per-draft states that the replay verify does not keep; sends every bucket to the
+    snapshot verify where the Gated DeltaNet replay verify cannot run the draft length
+    (``_guard_draft_length``); and keeps buckets (and,
     for a forced snapshot, eager batches up to ``max_batch``, the model runner's resolved maximum of
     running requests) above ``snapshot_batch_limit`` off the snapshot verify
     (``_guard_snapshot_overflow``).  On a non-CUDA device
@@ -322,6 +415,7 @@ def plan_for_server(pool, server_args, device: torch.device, max_batch: int = 0,
         cache=heuristic.DecisionCache(heuristic.default_cache_path()),
         probe=_probe(pool, buckets, mode, topk, device),
     )
+    plan = _guard_draft_length(plan, pool.ring_spec.family, pool.spec_tokens)
     plan = _guard_snapshot_overflow(plan, pool.spec_tokens, pool_snapshot_batch_limit(pool))
     plan = _guard_device(plan, device)
     plan = agree_across_ranks(plan, tp_group())

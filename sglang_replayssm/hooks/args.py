@@ -41,7 +41,8 @@ def _env_config() -> ReplaySSMConfig:
 
 def _window(text: str) -> int:
     try:
-        return ReplaySSMConfig(window=int(text)).window
+        # checked as a replay window: whether the backend takes it is config_from_namespace's check
+        return ReplaySSMConfig(backend="replay", window=int(text)).window
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
 
@@ -76,16 +77,21 @@ def add_flags(result: None, parser: argparse.ArgumentParser) -> None:
         default=defaults.window,
         metavar="L",
         help="ReplaySSM ring window: the state checkpoint is rewritten once every L decode steps "
-        "(L >= 1; L = 1 is the conventional update). Only used with --ssm-backend replay. Default: %(default)s.",
+        "(L >= 1; L = 1 is the conventional update). Needs --ssm-backend replay: with --ssm-backend "
+        "default anything but 16 is refused. Default: %(default)s.",
     )
     group.add_argument(
         "--replayssm-verify",
         choices=VERIFY_MODES,
         default=defaults.verify,
-        help="Speculative verify path with --ssm-backend replay. 'auto': per CUDA-graph batch bucket and "
-        "draft length, replay verify where SGLang's snapshot verify is memory-bandwidth-bound, else "
-        "snapshot; tree drafts (--speculative-eagle-topk > 1) always use snapshot. 'replay' / "
-        "'snapshot' force one path. Default: %(default)s.",
+        help="Speculative verify path with --ssm-backend replay. 'auto': per CUDA-graph batch bucket, replay "
+        "verify where SGLang's snapshot verify is memory-bandwidth-bound and replay is faster, else snapshot. "
+        "On a GPU a short start-up probe times both paths on the server's own pool; the decisions are cached "
+        "per GPU, model shape, draft length and code version ($SGLANG_REPLAYSSM_VERIFY_CACHE, default "
+        "~/.cache/sglang_replayssm/verify_decisions.json), so a restart re-uses them without probing; a CPU "
+        "decides from a byte model. One log line per bucket says which path and why. Tree drafts "
+        "(--speculative-eagle-topk > 1) always use snapshot. 'replay' / 'snapshot' force one path. Needs "
+        "--ssm-backend replay: with --ssm-backend default anything but auto is refused. Default: %(default)s.",
     )
     group.add_argument(
         "--replayssm-read-dtype",
@@ -94,8 +100,8 @@ def add_flags(result: None, parser: argparse.ArgumentParser) -> None:
         help="Split precision with --ssm-backend replay: keep a read copy of each SSM state checkpoint in "
         "this dtype ('fp8': e4m3 with one scale per state row), refreshed from the checkpoint at every "
         "flush and prefill; decode and speculative verify read the copy, the recurrence keeps the "
-        "checkpoint's precision. Costs the copy's bytes per mamba slot. 'same': no copy. "
-        "Default: %(default)s.",
+        "checkpoint's precision. Costs the copy's bytes per mamba slot. The copy must be narrower than the "
+        "checkpoint (--mamba-ssm-dtype; fp8 always is). 'same': no copy. Default: %(default)s.",
     )
 
 

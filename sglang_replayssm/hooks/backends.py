@@ -24,17 +24,27 @@
     How: refuses to start (``ReplaySSMStartupError``) unless the target model is a supported Mamba-2
     or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, speculative setups that cannot
     run (``spec_plan.startup_refusals``: on ``--device cpu`` SGLang's built-in algorithms and tree
-    drafts; ``--replayssm-verify replay`` with tree drafts; ``--speculative-adaptive``), tensor-parallel
-    layouts that cannot shard the SSM heads and groups (``tp.startup_refusal``), a Philox round count
+    drafts; ``--replayssm-verify replay`` with tree drafts; ``--speculative-adaptive``;
+    ``--enable-deterministic-inference`` with ``--replayssm-verify auto`` on linear drafts, whose verify
+    path depends on the batch bucket; ``spec_plan.draft_length_refusal``: for GDN, more draft tokens than
+    its replay verify kernel takes with ``--replayssm-verify replay`` or on ``--device cpu``),
+    tensor-parallel layouts that cannot shard the SSM heads and groups (``tp.startup_refusal``), a read
+    copy (``--replayssm-read-dtype``) not narrower than the SSM checkpoint's dtype, a Philox round count
     for stochastic rounding (``--mamba-cache-philox-rounds``: our flush hashes its bits), streaming sessions (a
-    session keeps a finished turn's slot without folding its ring), unified memory, PD
-    disaggregation, and for GDN ``--enable-mixed-chunk``;
-    draft model configs are not checked.  Runs during ``ServerArgs`` resolution, in the launching process,
-    before anything is loaded (and again in each scheduler).
+    session keeps a finished turn's slot without folding its ring), two-batch overlap (the micro-batches'
+    child attention backends build forward metadata again, so the ring cursors would advance twice per
+    forward), pipeline parallelism, unified memory, PD disaggregation, and for GDN
+    ``--enable-mixed-chunk``; draft model configs are not checked.  Runs during ``ServerArgs``
+    resolution, in the launching process, before anything is loaded (and again in each scheduler,
+    where SGLang's speculative defaults are resolved).
     Removal: never (it is the plug-in's own validation), unless SGLang grows a capability query.
 """
 
 from __future__ import annotations
+
+import dataclasses
+
+import torch
 
 from sglang_replayssm import tp
 from sglang_replayssm.config import ReplaySSMConfig
@@ -43,9 +53,42 @@ from sglang_replayssm.gdn import ReplayGDNAttnBackend
 from sglang_replayssm.hooks import HookSpec
 from sglang_replayssm.hooks.pool import replay_family
 from sglang_replayssm.mamba2 import ReplayMamba2AttnBackend, replay_selective_state_update
-from sglang_replayssm.spec_plan import startup_refusals
+from sglang_replayssm.spec_plan import draft_length_refusal, startup_refusals
 
 __all__ = ["HOOKS", "validate_startup"]
+
+
+def _state_dtype(model_config, server_args) -> torch.dtype:
+    """The dtype SGLang allocates the SSM checkpoint in: ``--mamba-ssm-dtype`` where given, else the
+    model config's ``mamba2_cache_params`` (``SGLANG_MAMBA_SSM_DTYPE``, the config's ``mamba_ssm_dtype``,
+    float32).  The flag comes first because ``ServerArgs`` exports it to that variable only after its
+    first ``ModelConfig.from_server_args``, which this check follows."""
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+    from sglang.srt.runtime_context import get_parallel
+
+    flag = getattr(server_args, "mamba_ssm_dtype", None)
+    if flag is not None:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[flag]
+    with get_parallel().override(attn_tp_size=1):
+        return mambaish_config(model_config).mamba2_cache_params.dtype.temporal
+
+
+def _read_copy_refusal(config: ReplaySSMConfig, state_dtype: torch.dtype) -> str | None:
+    """A read copy must be strictly narrower than the checkpoint: it exists to move fewer bytes, and a
+    copy as wide in another format can overflow (fp16 holds less range than a bf16 checkpoint)."""
+    read = config.read_torch_dtype()
+    if read is None or read.itemsize < state_dtype.itemsize:
+        return None
+    narrower = [name for name in ("bf16", "fp16", "fp8")
+                if dataclasses.replace(config, read_dtype=name).read_torch_dtype().itemsize < state_dtype.itemsize]
+    state = str(state_dtype).removeprefix("torch.")
+    return (
+        f"--replayssm-read-dtype {config.read_dtype}: expected a read copy narrower than the SSM checkpoint, got "
+        f"{read.itemsize} bytes per value for a {state} checkpoint ({state_dtype.itemsize} bytes; from "
+        "--mamba-ssm-dtype, else SGLANG_MAMBA_SSM_DTYPE or the model config's mamba_ssm_dtype): such a copy moves "
+        "no fewer bytes, and an fp16 copy of a bf16 checkpoint can overflow; use --replayssm-read-dtype "
+        + " or ".join([*narrower, "same"]) + ", or a wider --mamba-ssm-dtype"
+    )
 
 
 def _refusals(model_config, server_args) -> list[str]:
@@ -63,9 +106,16 @@ def _refusals(model_config, server_args) -> list[str]:
         )
     config = ReplaySSMConfig.from_env()
     problems += startup_refusals(server_args, config.verify)
+    draft_problem = draft_length_refusal(family, server_args, config.verify)
+    if draft_problem:
+        problems.append(draft_problem)
     tp_problem = tp.startup_refusal(family, model_config, server_args)
     if tp_problem:
         problems.append(tp_problem)
+    if config.read_dtype != "same":
+        read_problem = _read_copy_refusal(config, _state_dtype(model_config, server_args))
+        if read_problem:
+            problems.append(read_problem)
     if getattr(server_args, "enable_mamba_cache_stochastic_rounding", False) and getattr(
         server_args, "mamba_cache_philox_rounds", 0
     ):
@@ -78,6 +128,13 @@ def _refusals(model_config, server_args) -> list[str]:
             "--enable-streaming-session is not supported with --ssm-backend replay: a streaming session keeps a "
             "finished turn's SSM slot for the next turn without folding its ring into the checkpoint; run without "
             "--enable-streaming-session, or with --ssm-backend default"
+        )
+    if getattr(server_args, "enable_two_batch_overlap", False):
+        problems.append(
+            "--enable-two-batch-overlap is not supported with --ssm-backend replay: two-batch overlap builds the "
+            "forward metadata on the main attention backend and again on each micro-batch's child backend "
+            "(SGLang's TboAttnBackend), so every request's ring cursors would advance twice per forward; run "
+            "without --enable-two-batch-overlap, or with --ssm-backend default"
         )
     if (getattr(server_args, "pp_size", 1) or 1) > 1:
         problems.append(
@@ -102,10 +159,11 @@ def validate_startup(result, *args, **kwargs):
     """AFTER ``ModelConfig.from_server_args(server_args, ..., is_draft_model=...)``: refuse bad setups.
 
     Refused with ``ReplaySSMStartupError``: an unsupported model family, SGLang's built-in ReplaySSM
-    flags, speculative setups that cannot run (``spec_plan.startup_refusals``), a Philox round count
-    for the SSM cache's stochastic rounding, TP layouts that cannot
-    shard the SSM heads and groups (``tp.startup_refusal``), streaming sessions, pipeline parallelism,
-    unified memory, PD disaggregation, and (GDN)
+    flags, speculative setups that cannot run or would not be deterministic
+    (``spec_plan.startup_refusals``, ``spec_plan.draft_length_refusal``), TP layouts that cannot
+    shard the SSM heads and groups (``tp.startup_refusal``), a read copy not narrower than the SSM
+    checkpoint, a Philox round count for the SSM cache's stochastic rounding, streaming sessions,
+    two-batch overlap, pipeline parallelism, unified memory, PD disaggregation, and (GDN)
     ``--enable-mixed-chunk``.  Draft model configs are not checked.
     """
     if getattr(result, "is_draft_model", False):

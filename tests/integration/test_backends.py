@@ -187,3 +187,81 @@ def test_pipeline_parallelism_refused():
     assert _refusals(model, SimpleNamespace(**base, pp_size=1)) == []
     (problem,) = _refusals(model, SimpleNamespace(**base, pp_size=2))
     assert "--pp-size 2" in problem and "--pp-size 1" in problem and "--ssm-backend default" in problem
+
+
+def test_two_batch_overlap_refused():
+    """Two-batch overlap builds the forward metadata on SGLang's main attention backend and again on
+    each micro-batch's child backend (``TboAttnBackend``): every ring cursor would advance twice per
+    forward, so it is refused at startup, with what to change."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from sglang_replayssm.hooks.backends import _refusals
+
+    base = dict(tp_size=1, dp_size=1, enable_dp_attention=False, attn_cp_size=1, device="cuda",
+                speculative_algorithm=None)
+    model = ModelConfig(model_path=str(Path(__file__).resolve().parents[1] / "models" / "nemotron_h_tiny"))
+    assert _refusals(model, SimpleNamespace(**base, enable_two_batch_overlap=False)) == []
+    (problem,) = _refusals(model, SimpleNamespace(**base, enable_two_batch_overlap=True))
+    assert "--enable-two-batch-overlap" in problem and "twice per forward" in problem
+    assert "--ssm-backend default" in problem
+    # single-batch overlap only overlaps MoE communication within one batch: one metadata build, accepted
+    assert _refusals(model, SimpleNamespace(**base, enable_single_batch_overlap=True)) == []
+
+
+@pytest.mark.parametrize(("ssm_dtype", "read_dtype", "fixes"), [
+    ("bfloat16", "fp16", "fp8 or same"),  # as wide, less range: overflows
+    ("bfloat16", "bf16", "fp8 or same"),  # the checkpoint's own dtype: nothing saved
+    ("float16", "bf16", "fp8 or same"),
+    ("float32", "bf16", None), ("float32", "fp16", None), ("bfloat16", "fp8", None), ("float16", "fp8", None),
+])
+def test_read_copy_must_be_narrower_than_the_checkpoint(monkeypatch, ssm_dtype, read_dtype, fixes):
+    """``--replayssm-read-dtype`` must be strictly narrower than the SSM checkpoint's dtype, read from
+    ``--mamba-ssm-dtype`` or, without it, as SGLang resolves it (``SGLANG_MAMBA_SSM_DTYPE``, the model
+    config, float32): refused at startup otherwise, naming the dtypes that would do."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from sglang_replayssm.config import ENV_VAR
+    from sglang_replayssm.hooks.backends import _refusals
+
+    monkeypatch.setenv(ENV_VAR, f'{{"backend": "replay", "read_dtype": "{read_dtype}"}}')
+    base = dict(tp_size=1, dp_size=1, enable_dp_attention=False, attn_cp_size=1, device="cuda",
+                speculative_algorithm=None)
+    model = ModelConfig(model_path=str(Path(__file__).resolve().parents[1] / "models" / "nemotron_h_tiny"))
+    monkeypatch.setenv("SGLANG_MAMBA_SSM_DTYPE", "float32")  # the flag wins over the variable
+    by_flag = _refusals(model, SimpleNamespace(**base, mamba_ssm_dtype=ssm_dtype))
+    monkeypatch.setenv("SGLANG_MAMBA_SSM_DTYPE", ssm_dtype)
+    by_env = _refusals(model, SimpleNamespace(**base, mamba_ssm_dtype=None))
+    assert by_flag == by_env
+    if fixes is None:
+        assert by_flag == []
+    else:
+        (problem,) = by_flag
+        assert f"--replayssm-read-dtype {read_dtype}: expected a read copy narrower" in problem
+        assert f"{ssm_dtype} checkpoint" in problem and f"use --replayssm-read-dtype {fixes}," in problem
+    monkeypatch.delenv("SGLANG_MAMBA_SSM_DTYPE")  # no flag, no variable: the model config's float32
+    assert _refusals(model, SimpleNamespace(**base, mamba_ssm_dtype=None)) == []
+
+
+def test_gdn_draft_length_past_the_verify_kernel_is_refused_where_snapshot_cannot_serve(monkeypatch):
+    """Gated DeltaNet linear drafts longer than the replay verify kernel's ``T``: refused at startup
+    with ``--replayssm-verify replay`` and on ``--device cpu``; ``auto`` on CUDA starts (the snapshot
+    verify serves it, ``spec_plan._guard_draft_length``); Mamba-2 has no such limit."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from sglang_replayssm.config import ENV_VAR
+    from sglang_replayssm.hooks.backends import _refusals
+    from sglang_replayssm.spec_plan import GDN_VERIFY_MAX_T
+
+    models = Path(__file__).resolve().parents[1] / "models"
+    gdn = ModelConfig(model_path=str(models / "qwen3_next_tiny"))
+    mamba2 = ModelConfig(model_path=str(models / "nemotron_h_tiny"))
+    args = dict(tp_size=1, dp_size=1, enable_dp_attention=False, attn_cp_size=1, device="cuda",
+                speculative_algorithm="EAGLE", speculative_eagle_topk=1,
+                speculative_num_draft_tokens=GDN_VERIFY_MAX_T + 1)
+    monkeypatch.setenv(ENV_VAR, '{"backend": "replay", "verify": "replay"}')
+    (problem,) = _refusals(gdn, SimpleNamespace(**args))
+    assert f"--speculative-num-draft-tokens {GDN_VERIFY_MAX_T + 1}" in problem
+    assert _refusals(mamba2, SimpleNamespace(**args)) == []
+    assert _refusals(gdn, SimpleNamespace(**{**args, "speculative_num_draft_tokens": GDN_VERIFY_MAX_T})) == []
+    monkeypatch.setenv(ENV_VAR, '{"backend": "replay", "verify": "auto"}')
+    assert _refusals(gdn, SimpleNamespace(**args)) == []

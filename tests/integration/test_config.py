@@ -33,6 +33,11 @@ def test_defaults() -> None:
         ({"backend": "replay", "read_dtype": "int8"},
          "replayssm read dtype: expected one of same, bf16, fp16, fp8, got 'int8'"),
         ({"read_dtype": "bf16"}, "replayssm read dtype 'bf16' needs --ssm-backend replay"),
+        # SGLang's own kernels would ignore them: refused unless they are the defaults
+        ({"window": 4}, r"replayssm window L 4 needs --ssm-backend replay \(got 'default'.*use --replayssm-window 16 "
+                        "or --ssm-backend replay"),
+        ({"verify": "snapshot"}, r"replayssm verify 'snapshot' needs --ssm-backend replay \(got 'default'.*use "
+                                 "--replayssm-verify auto or --ssm-backend replay"),
     ],
 )
 def test_invalid_fields_are_rejected_with_expected_and_actual(fields: dict, message: str) -> None:
@@ -47,7 +52,7 @@ def test_config_is_frozen() -> None:
 
 @given(backend=st.sampled_from(BACKENDS), window=st.integers(min_value=1, max_value=2**31))
 def test_env_round_trip(backend: str, window: int) -> None:
-    config = ReplaySSMConfig(backend=backend, window=window)
+    config = ReplaySSMConfig(backend=backend, window=window if backend == "replay" else 16)
     environ: dict[str, str] = {}
     config.export(environ)
     assert ReplaySSMConfig.from_env(environ) == config
@@ -59,7 +64,8 @@ def test_unset_env_gives_defaults(environ: dict[str, str]) -> None:
 
 
 def test_partial_env_value_keeps_other_defaults() -> None:
-    assert ReplaySSMConfig.from_env_value('{"window": 4}') == ReplaySSMConfig(window=4)
+    assert ReplaySSMConfig.from_env_value('{"backend": "replay", "window": 4}') == ReplaySSMConfig(backend="replay",
+                                                                                                 window=4)
 
 
 @pytest.mark.parametrize(
@@ -114,12 +120,18 @@ def test_window_below_one_is_a_usage_error(stock_sglang: None, capsys: pytest.Ca
 def test_env_value_is_the_flags_default(stock_sglang: None, monkeypatch: pytest.MonkeyPatch) -> None:
     from sglang.srt.plugins import load_plugins
 
+    from sglang_replayssm.hooks.args import config_from_namespace
+
     load_plugins()
-    monkeypatch.setenv(ENV_VAR, '{"window": 4}')
+    monkeypatch.setenv(ENV_VAR, '{"backend": "replay", "window": 4}')
     args = _server_parser().parse_args(["--model-path", "m"])
-    assert (args.ssm_backend, args.replayssm_window) == ("default", 4)
+    assert (args.ssm_backend, args.replayssm_window) == ("replay", 4)
     args = _server_parser().parse_args(["--model-path", "m", "--replayssm-window", "2"])
     assert args.replayssm_window == 2
+    monkeypatch.delenv(ENV_VAR)
+    args = _server_parser().parse_args(["--model-path", "m", "--replayssm-window", "2"])
+    with pytest.raises(ReplaySSMStartupError, match="window L 2 needs --ssm-backend replay"):
+        config_from_namespace(args)  # --ssm-backend default would ignore it
 
 
 def test_verify_flag_reaches_the_config(stock_sglang: None, monkeypatch: pytest.MonkeyPatch,
@@ -131,9 +143,14 @@ def test_verify_flag_reaches_the_config(stock_sglang: None, monkeypatch: pytest.
     load_plugins()
     args = _server_parser().parse_args(["--model-path", "m"])
     assert config_from_namespace(args).verify == "auto"
+    args = _server_parser().parse_args(
+        ["--model-path", "m", "--ssm-backend", "replay", "--replayssm-verify", "snapshot"]
+    )
+    assert config_from_namespace(args) == ReplaySSMConfig(backend="replay", verify="snapshot")
     args = _server_parser().parse_args(["--model-path", "m", "--replayssm-verify", "snapshot"])
-    assert config_from_namespace(args) == ReplaySSMConfig(verify="snapshot")
-    monkeypatch.setenv(ENV_VAR, '{"verify": "replay"}')
+    with pytest.raises(ReplaySSMStartupError, match="verify 'snapshot' needs --ssm-backend replay"):
+        config_from_namespace(args)  # --ssm-backend default would ignore it
+    monkeypatch.setenv(ENV_VAR, '{"backend": "replay", "verify": "replay"}')
     assert _server_parser().parse_args(["--model-path", "m"]).replayssm_verify == "replay"
     with pytest.raises(SystemExit):
         _server_parser().parse_args(["--model-path", "m", "--replayssm-verify", "fast"])
@@ -207,3 +224,17 @@ def test_read_dtype_flag_reaches_the_config(stock_sglang: None, monkeypatch: pyt
     with pytest.raises(SystemExit):
         _server_parser().parse_args(["--model-path", "m", "--replayssm-read-dtype", "int4"])
     assert "argument --replayssm-read-dtype: invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_verify_help_says_what_auto_does(stock_sglang: None) -> None:
+    """`--replayssm-verify auto` times both paths with a start-up probe, caches the decisions (where),
+    and logs one line per bucket: the help says so."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    text = " ".join(_server_parser().format_help().split())
+    assert "a short start-up probe times both paths" in text
+    assert "cached per GPU, model shape, draft length and code version" in text
+    assert "$SGLANG_REPLAYSSM_VERIFY_CACHE, default ~/.cache/sglang_replayssm/verify_decisions.json" in text
+    assert "One log line per bucket" in text
+    assert "The copy must be narrower than the checkpoint" in text

@@ -157,6 +157,98 @@ def test_startup_refusals():
     assert "--speculative-adaptive" in adaptive and "--speculative-num-draft-tokens" in adaptive
 
 
+def test_deterministic_inference_refuses_the_per_bucket_verify_choice():
+    """``auto`` picks the verify path per batch bucket, so outputs could depend on the batch size:
+    refused under ``--enable-deterministic-inference`` (linear drafts), naming the two fixed paths."""
+    deterministic = dict(enable_deterministic_inference=True)
+    (problem,) = startup_refusals(_args(**deterministic), "auto")
+    assert "--enable-deterministic-inference with --replayssm-verify auto" in problem
+    assert "pass --replayssm-verify replay or --replayssm-verify snapshot" in problem
+    for mode in ("replay", "snapshot"):
+        assert startup_refusals(_args(**deterministic), mode) == []
+    assert startup_refusals(_args(enable_deterministic_inference=False), "auto") == []
+    assert startup_refusals(_args(speculative_eagle_topk=4, **deterministic), "auto") == []  # always snapshot
+    assert startup_refusals(_args(speculative_algorithm=None, **deterministic), "auto") == []
+
+
+def test_gdn_draft_length_refusal():
+    """Linear GDN drafts past ``GDN_VERIFY_MAX_T`` (the replay verify kernel's own limit): refused with
+    ``--replayssm-verify replay`` and on a CPU (no snapshot verify there); ``auto`` / ``snapshot`` on
+    CUDA, tree drafts, Mamba-2, a draft length not yet resolved and no speculation pass."""
+    from replayssm_kernels.gdn_decode._validate import MAX_T
+
+    from sglang_replayssm.spec_plan import GDN_VERIFY_MAX_T, draft_length_refusal
+
+    assert GDN_VERIFY_MAX_T == MAX_T == 16
+    long = dict(speculative_num_draft_tokens=17)
+    replay = draft_length_refusal("gdn", _args(**long), "replay")
+    assert "--speculative-num-draft-tokens 17" in replay and "at most 16 draft tokens" in replay
+    assert "use --speculative-num-draft-tokens 16 or fewer, or --replayssm-verify auto or snapshot" in replay
+    cpu = draft_length_refusal("gdn", _args(device="cpu", **long), "auto")
+    assert "--device cpu" in cpu and "use --speculative-num-draft-tokens 16 or fewer" in cpu
+    for mode in ("auto", "snapshot"):
+        assert draft_length_refusal("gdn", _args(**long), mode) is None
+    assert draft_length_refusal("gdn", _args(speculative_num_draft_tokens=16), "replay") is None
+    assert draft_length_refusal("gdn", _args(speculative_num_draft_tokens=None), "replay") is None
+    assert draft_length_refusal("gdn", _args(speculative_eagle_topk=4, **long), "snapshot") is None
+    assert draft_length_refusal("mamba2", _args(**long), "replay") is None
+    assert draft_length_refusal("gdn", _args(speculative_algorithm=None, **long), "replay") is None
+
+
+GDN_SHAPE = h.verify_shape(
+    family="gdn", temporal_shape=(32, 128, 128), conv_dim=2 * 16 * 128 + 32 * 128, num_k_heads=16,
+    num_layers=24, window=16, state_dtype=torch.float32, act_dtype=torch.bfloat16,
+)
+
+
+def test_gdn_draft_length_past_the_replay_kernel_sends_every_bucket_to_snapshot(caplog):
+    """``auto`` with more GDN draft tokens than the replay verify takes: every bucket goes to SGLang's
+    snapshot verify, logged, as binding as an override: the overflow guard then refuses a bucket
+    past its limit (naming why it is on snapshot), and eager batches past the buckets stay there."""
+    from sglang_replayssm.spec import VerifyMetadataMixin
+    from sglang_replayssm.spec_plan import _guard_draft_length, _guard_snapshot_overflow
+
+    caplog.set_level(logging.INFO)
+    launch_bound = h.DeviceProfile(name="cuda:Synthetic", kind="cuda", peak_bytes_per_s=4.0e12, launch_s=1e-4,
+                                   peak_source="synthetic")
+    auto = plan_verify(buckets=[1, 4096], num_tokens=17, topk=1, mode="auto", shape=GDN_SHAPE,
+                       profile=launch_bound)
+    assert auto[1].path == "snapshot" and auto[4096].path == "replay"  # the byte model alone
+    caplog.clear()
+    guarded = _guard_draft_length(auto, "gdn", 17)
+    assert all(d.path == "snapshot" and d.source == "draft-length" and "at most 16 draft tokens" in d.reason
+               for d in guarded.values())
+    assert _lines(caplog) == [guarded[1].log_line(), guarded[4096].log_line()]
+    assert guarded[4096].times == auto[4096].times  # the numbers behind the moved decision are kept
+    # within the kernel's limit, or Mamba-2: untouched
+    short = plan_verify(buckets=[1, 4096], num_tokens=16, topk=1, mode="auto", shape=GDN_SHAPE, profile=GPU)
+    assert _guard_draft_length(short, "gdn", 16) is short and _guard_draft_length(auto, "mamba2", 17) is auto
+    # tree drafts and a forced snapshot are on snapshot already; a forced replay is refused
+    for mode, topk in (("auto", 2), ("snapshot", 1)):
+        plan = plan_verify(buckets=[8], num_tokens=17, topk=topk, mode=mode, shape=GDN_SHAPE, profile=GPU)
+        assert _guard_draft_length(plan, "gdn", 17) == plan
+    forced = plan_verify(buckets=[8], num_tokens=17, topk=1, mode="replay", shape=GDN_SHAPE, profile=GPU)
+    with pytest.raises(ReplaySSMStartupError, match=r"\[8\] are forced to the replay verify.*at most 16"):
+        _guard_draft_length(forced, "gdn", 17)
+    # past the snapshot commit's int32 limit such a bucket cannot be moved back to replay: refused
+    with pytest.raises(ReplaySSMStartupError, match=r"\[4096\].*\(the Gated DeltaNet replay verify takes at most "
+                       r"16.*above batch 100.*--max-running-requests at 100"):
+        _guard_snapshot_overflow(guarded, 17, 100)
+    host = SimpleNamespace(verify_plan=guarded, _snapshot_limit=100)
+    assert VerifyMetadataMixin._snapshot_path(host, 5000) is True
+
+
+def test_probe_is_skipped_where_the_replay_verify_cannot_run():
+    """A GDN draft length past the replay kernel's: no timed probe (its replay half would fail)."""
+    from tests.integration.test_pool import _pool
+
+    pool = _pool("gdn")
+    pool.spec_tokens = 17
+    assert spec_plan._probe(pool, [1, 8], "auto", 1, torch.device("cuda")) is None
+    pool.spec_tokens = 16
+    assert spec_plan._probe(pool, [1, 8], "auto", 1, torch.device("cuda")) is not None
+
+
 def test_cpu_runs_plugin_algorithms_with_linear_drafts_only(monkeypatch):
     from sglang.srt.speculative import spec_registry
 
