@@ -476,7 +476,7 @@ def summarize(case: VCase, T: int, a: int, batch: int, model: bm.VerifyBytes,
     ph, sp = zip(*(med(("phase", i)) for i in range(len(case.phases))))
     nonflush = [t for t, (_, f) in zip(ph, case.phases) if not f]
     flush = [t for t, (_, f) in zip(ph, case.phases) if f]
-    cyc_bytes = sum(model.step(h, f).total for h, f in case.phases) / len(case.phases)
+    cyc_bytes = model.cycle_mean(case.phases)
     spread = max((x for x in sp if not math.isnan(x)), default=math.nan)
     rows = [Row(case.family, case.key, f"{label} a{a}", T, a, batch, "cycle", sum(ph) / len(ph),
                 batch * cyc_bytes, nonflush_us=bd._median(nonflush) if nonflush else math.nan,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sglang_replayssm.byte_model import GDNDims, Mamba2Dims
+
 __all__ = [
     "Mamba2Shape",
     "GDNShape",
@@ -24,14 +26,11 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)
-class Mamba2Shape:
-    """One Mamba-2 mixer layer (``MambaMixer2``): H heads of dim P, state dim N, G groups."""
+class Mamba2Shape(Mamba2Dims):
+    """One Mamba-2 mixer layer (``MambaMixer2``): H heads of dim P, state dim N, G groups (keywords,
+    ``Mamba2Dims``), named, with its layer count."""
 
     name: str
-    H: int
-    P: int
-    N: int
-    G: int
     layers: int
 
     def __post_init__(self) -> None:
@@ -40,14 +39,11 @@ class Mamba2Shape:
 
 
 @dataclass(frozen=True)
-class GDNShape:
-    """One Gated DeltaNet layer: HV value heads of dim V, Hk key heads of dim K."""
+class GDNShape(GDNDims):
+    """One Gated DeltaNet layer: HV value heads of dim V, Hk key heads of dim K (keywords,
+    ``GDNDims``), named, with its layer count."""
 
     name: str
-    HV: int
-    Hk: int
-    K: int
-    V: int
     layers: int
 
     def __post_init__(self) -> None:

@@ -5,10 +5,15 @@ Speculative verify of ``T`` tokens can run two ways for a hybrid SSM layer:
 - **snapshot** (SGLang 0.5.17 stock): the verify kernel reads the state ``S`` and writes one state
   per draft token into ``intermediate_ssm``; the commit copies the accepted one back into
   ``temporal`` (read + write ``S``): ``(3 + T)·S + T·I`` bytes per layer and request (math.md §11);
-  as this plug-in runs it, a materialise call (``S + I``) comes first: ``B_snap`` counts that too.
-- **replay** (ours): read ``S`` and the ring history, write ``T`` ring records, write ``S`` only on a
-  flush step: ``S + S/F + (h̄ + T)·r + T·r + T·I`` with ``F`` the flush period and ``h̄`` the mean
-  history (below).
+  as this plug-in runs it, a materialise call (our verify kernel over a one-token window on an
+  empty ring: ``S + r + I``, ``r`` one full ring record) comes first: ``B_snap`` counts that too.
+- **replay** (ours): read ``S`` and the fields of the ring history that the kernel reads, write
+  ``T`` ring records, write ``S`` only on a flush step (a GDN flush row reads ``S`` twice: the fold
+  launch, then the window launch); ``B_replay`` is the mean over the steady verify cycle at ``a = T``
+  accepted tokens per step (``replay_verify_bytes``).
+
+Both come from ``sglang_replayssm.byte_model``, the one byte model of the kernels (shared with the
+benchmarks): ``*_replay_verify_bytes`` per step and ``verify_cycle`` for the steady cycle.
 
 The replay path moves far fewer bytes, but does more arithmetic per byte and has the same launch
 count, so it only pays where the snapshot path is **bandwidth-bound**.  The rule, per bucket (batch
@@ -52,6 +57,18 @@ from pathlib import Path
 
 import torch
 
+from sglang_replayssm.byte_model import (
+    GDNDims,
+    Mamba2Dims,
+    VerifyBytes,
+    gdn_replay_verify_bytes,
+    gdn_snapshot_commit_bytes,
+    gdn_snapshot_verify_bytes,
+    mamba2_replay_verify_bytes,
+    mamba2_snapshot_commit_bytes,
+    mamba2_snapshot_verify_bytes,
+    verify_cycle,
+)
 from sglang_replayssm.config import VERIFY_MODES
 from sglang_replayssm.errors import ReplaySSMStartupError
 from sglang_replayssm.sizing import ring_spec
@@ -89,24 +106,26 @@ CACHE_ENV_VAR = "SGLANG_REPLAYSSM_VERIFY_CACHE"
 
 
 # --------------------------------------------------------------------------------------------------
-# Byte model (math.md §11, per layer and request)
+# Byte model (sglang_replayssm.byte_model, per layer and request)
 # --------------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class VerifyShape:
-    """The per-layer sizes the byte model needs, for one rank.
+    """The per-layer shape the byte model needs, for one rank.
 
     Attributes
     ----------
     family : str
         ``"mamba2"`` or ``"gdn"``.
+    dims : Mamba2Dims or GDNDims
+        The layer's per-rank heads and dims (``sglang_replayssm.byte_model``), of ``family``.
     state_bytes : int
-        ``S``: one request's temporal state of one layer.
-    record_bytes : int
-        ``r``: one ring record (one token) of one layer (``sizing.ring_spec``).
-    io_bytes : int
-        ``I``: one token's kernel inputs and output of one layer.
+        Bytes per element of the checkpoint (``temporal``).
+    act_bytes : int
+        Bytes per element of the activations (and of the records stored in their dtype).
+    u_bytes : int or None
+        Bytes per element of GDN's ``ring_u`` (``sizing.ring_spec``: fp32); ``None`` for Mamba-2.
     num_layers : int
         SSM layers on this rank.
     window : int
@@ -114,22 +133,52 @@ class VerifyShape:
     variant : str
         What else changes the replay kernels' cost without changing these sizes (the read copy's
         dtype, stochastic rounding; ``pool_verify_shape``): part of ``key`` so that a cached
-        decision is not re-used across them; ``""`` (none) by default.
+        decision is not re-used across them; ``""`` (none) by default.  The byte model does not
+        see it: with a read copy it counts checkpoint reads where the kernels read the copy.
+
+    Raises
+    ------
+    ValueError
+        ``dims`` not of ``family``, or ``u_bytes`` missing for GDN.
     """
 
     family: str
+    dims: Mamba2Dims | GDNDims
     state_bytes: int
-    record_bytes: int
-    io_bytes: int
+    act_bytes: int
+    u_bytes: int | None = None
     num_layers: int
     window: int
     variant: str = ""
 
+    def __post_init__(self) -> None:
+        expected = {"mamba2": Mamba2Dims, "gdn": GDNDims}.get(self.family)
+        if expected is None or not isinstance(self.dims, expected):
+            raise ValueError(f"dims: expected {expected.__name__ if expected else 'a known family'} for family "
+                             f"{self.family!r}, got {type(self.dims).__name__}")
+        if self.family == "gdn" and self.u_bytes is None:
+            raise ValueError("u_bytes: expected ring_u's element size for family 'gdn', got None")
+
     def key(self) -> str:
+        dims = ".".join(f"{f.name}{getattr(self.dims, f.name)}" for f in dataclasses.fields(self.dims))
+        u = f":u{self.u_bytes}" if self.u_bytes is not None else ""
         return (
-            f"{self.family}:S{self.state_bytes}:r{self.record_bytes}:I{self.io_bytes}"
-            f":layers{self.num_layers}:L{self.window}" + (f":{self.variant}" if self.variant else "")
+            f"{self.family}:{dims}:s{self.state_bytes}:a{self.act_bytes}{u}:layers{self.num_layers}"
+            f":L{self.window}" + (f":{self.variant}" if self.variant else "")
         )
+
+    def replay(self, num_tokens: int) -> VerifyBytes:
+        """Our verify kernel's per-step model for ``T = num_tokens``."""
+        if self.family == "mamba2":
+            return mamba2_replay_verify_bytes(self.dims, num_tokens, self.state_bytes, self.act_bytes)
+        return gdn_replay_verify_bytes(self.dims, num_tokens, self.state_bytes, self.act_bytes, self.u_bytes)
+
+    def snapshot(self, num_tokens: int) -> tuple[VerifyBytes, VerifyBytes]:
+        """SGLang's snapshot verify and its commit, for ``T = num_tokens``."""
+        verify, commit = ((mamba2_snapshot_verify_bytes, mamba2_snapshot_commit_bytes) if self.family == "mamba2"
+                          else (gdn_snapshot_verify_bytes, gdn_snapshot_commit_bytes))
+        return (verify(self.dims, num_tokens, self.state_bytes, self.act_bytes),
+                commit(self.dims, num_tokens, self.state_bytes, self.act_bytes))
 
 
 def verify_shape(
@@ -143,58 +192,56 @@ def verify_shape(
     state_dtype: torch.dtype,
     act_dtype: torch.dtype,
 ) -> VerifyShape:
-    """Build a ``VerifyShape`` from SGLang's per-rank state shape (as ``sizing.ring_spec`` takes it)."""
+    """Build a ``VerifyShape`` from SGLang's per-rank state shape (as ``sizing.ring_spec`` takes it,
+    which checks it and gives the ring's groups and ``u`` dtype)."""
     spec = ring_spec(
         family=family, temporal_shape=temporal_shape, conv_dim=conv_dim, num_k_heads=num_k_heads,
         num_layers=num_layers, window=window, act_dtype=act_dtype,
     )
-    a_b = act_dtype.itemsize
-    h, p, n = temporal_shape
-    state = h * p * n * state_dtype.itemsize
-    record = spec.bytes_per_slot_layer // spec.rows
     if family == "mamba2":
-        g = (conv_dim - h * p) // (2 * n)
-        io = 2 * h * p * a_b + h * a_b + 2 * g * n * a_b  # x, out, dt, B, C
+        h, p, n = temporal_shape
+        dims, u_bytes = Mamba2Dims(H=h, P=p, N=n, G=spec.tensors["B"][0][0]), None
     else:
         hv, v, k = temporal_shape
-        io = (2 * num_k_heads * k + 2 * hv * v) * a_b + 2 * hv * a_b  # q, k, v, out, a, b
+        dims, u_bytes = GDNDims(HV=hv, Hk=num_k_heads, K=k, V=v), spec.tensors["u"][1].itemsize
     return VerifyShape(
-        family=family, state_bytes=state, record_bytes=record, io_bytes=io, num_layers=num_layers,
-        window=window,
+        family=family, dims=dims, state_bytes=state_dtype.itemsize, act_bytes=act_dtype.itemsize,
+        u_bytes=u_bytes, num_layers=num_layers, window=window,
     )
 
 
 def snapshot_verify_bytes(shape: VerifyShape, num_tokens: int) -> float:
     """SGLang 0.5.17's snapshot verify + commit copy, per layer and request: ``(3 + T)·S + T·I``."""
-    return (3 + num_tokens) * shape.state_bytes + num_tokens * shape.io_bytes
+    verify, commit = shape.snapshot(num_tokens)
+    return verify.step().total + commit.step().total
 
 
 def snapshot_path_bytes(shape: VerifyShape, num_tokens: int) -> float:
     """The plug-in's snapshot path, per layer and request: SGLang's (``snapshot_verify_bytes``) plus
-    the materialise call before it (our verify kernel over a one-token window, which reads the
-    checkpoint and one token even where the ring is empty): ``(4 + T)·S + (T + 1)·I``.  What the probe
-    times on that path, so the utilisation is taken over it."""
-    return snapshot_verify_bytes(shape, num_tokens) + shape.state_bytes + shape.io_bytes
+    the materialise call before it (our verify kernel over a one-token window on an empty ring, which
+    reads the checkpoint and one token and writes that token's record: ``S + r + I``), so
+    ``(4 + T)·S + r + (T + 1)·I``.  What the probe times on that path, so the utilisation is taken
+    over it."""
+    return snapshot_verify_bytes(shape, num_tokens) + shape.replay(1).step(0).total
 
 
-def replay_verify_bytes(shape: VerifyShape, num_tokens: int, accepted: float | None = None) -> float:
-    """Replay verify + commit, per layer and request: ``S + S/F + (h̄ + T)·r + T·r + T·I``.
+def replay_verify_bytes(shape: VerifyShape, num_tokens: int, accepted: int | None = None) -> float:
+    """Replay verify, per layer and request: our kernel's bytes averaged over the steady verify cycle.
 
     With the flush rule "flush when ``len + T > L``" (kernels/README.md) and ``a`` accepted tokens per
-    step, a flush leaves ``len = a`` and the history grows by ``a`` up to ``L − T``: the flush period
-    is ``F = max(L − T, 0)/a + 1`` and the mean history ``h̄ = (a + max(L − T, a))/2``.  ``a``
-    defaults to ``T`` (every draft accepted): the most frequent flushes, the upper bound.
+    step, a flush leaves ``len = a`` and the history grows by ``a`` while ``len + T <= L``
+    (``verify_cycle``): ``F = floor(max(L − T, 0)/a) + 1`` steps, the last flushing, mean history
+    ``a·(F + 1)/2``.  Each step reads ``S`` (twice on a GDN flush row), the history's fields that the
+    kernel reads, writes ``T`` records and ``S`` on the flush step, and moves ``T·I``.  ``a`` defaults
+    to ``T`` (every draft accepted): the most frequent flushes.
+
+    Raises
+    ------
+    ValueError
+        ``a`` outside ``1 .. T``.
     """
-    t = num_tokens
-    a = float(t if accepted is None else accepted)
-    if not 1 <= a <= t:
-        raise ValueError(f"accepted: expected 1 <= a <= T={t}, got {a}")
-    slack = max(shape.window - t, 0)
-    flush_period = slack / a + 1
-    history = (a + max(slack, a)) / 2
-    r = shape.record_bytes
-    s = shape.state_bytes
-    return s + s / flush_period + (history + t) * r + t * r + t * shape.io_bytes
+    a = num_tokens if accepted is None else accepted
+    return shape.replay(num_tokens).cycle_mean(verify_cycle(shape.window, num_tokens, a))
 
 
 # --------------------------------------------------------------------------------------------------

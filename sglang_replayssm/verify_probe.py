@@ -27,10 +27,11 @@ fallback, not of stock SGLang.
 
 **Ring fill (the byte model's assumptions).**  ``heuristic.replay_verify_bytes`` assumes every draft
 accepted (``a = T``): a flush leaves ``len = a``, the history grows by ``a`` while ``len + T <= L`` and
-the next step flushes, so one flush every ``F`` steps.  The probe puts the batch's rows on that cycle
-(``replay_cycle``): row ``i`` is at phase ``(i + j) mod F`` in variant ``j``; every variant is timed and
-the per-variant medians are averaged, so even ``bs < F`` sees the flush share ``1/F``.  Ring starts are
-random (rings wrap).  The snapshot commit scatters draft ``T - 1`` (all accepted).
+the next step flushes, so one flush every ``F`` steps (``sglang_replayssm.byte_model.verify_cycle``).
+The probe puts the batch's rows on that same cycle: row ``i`` is at phase ``(i + j) mod F`` in variant
+``j``; every variant is timed and the per-variant medians are averaged, so even ``bs < F`` sees the
+flush share ``1/F``.  Ring starts are random (rings wrap).  The snapshot commit scatters draft
+``T - 1`` (all accepted).
 
 **Memory: the server pool's own tensors, no new state.**  Batch × ``T`` full states are what SGLang's
 ``intermediate_ssm`` already holds (and ``auto`` keeps it), so the probe reuses the pool: ``temporal``,
@@ -76,6 +77,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from sglang_replayssm import heuristic
+from sglang_replayssm.byte_model import verify_cycle
 
 __all__ = [
     "ProbeKernels",
@@ -86,7 +88,6 @@ __all__ = [
     "cuda_kernels",
     "cuda_median_timer",
     "make_probe",
-    "replay_cycle",
 ]
 
 logger = logging.getLogger(__name__)
@@ -98,39 +99,6 @@ shortens the lead the host gets)."""
 
 Timer = Callable[[str, Sequence[Callable[[], object]]], float]
 """``timer(unit, calls) -> seconds per call``: the mean over ``calls`` of each call's median time."""
-
-
-def replay_cycle(window: int, num_tokens: int, accepted: int | None = None) -> list[tuple[int, bool]]:
-    """The steady verify cycle of one slot: ``(len, flush)`` of each step, the last one flushing.
-
-    With ``a`` tokens accepted per step (``accepted``, default ``T``: the byte model's upper bound on
-    flushes) a flush leaves ``len = a``; the history grows by ``a`` while ``len + T <= L``; the next
-    step flushes (``verify_cursor_step``'s rule).  The cycle length is the byte model's flush period
-    ``F`` (``heuristic.replay_verify_bytes``) rounded down.
-
-    Parameters
-    ----------
-    window, num_tokens : int
-        ``L`` and ``T``.
-    accepted : int, optional
-        ``a``, ``1 <= a <= T``.
-
-    Raises
-    ------
-    ValueError
-        ``a`` outside ``1..T``, or ``L`` / ``T`` below 1.
-    """
-    if window < 1 or num_tokens < 1:
-        raise ValueError(f"window, num_tokens: expected >= 1, got {window}, {num_tokens}")
-    a = num_tokens if accepted is None else accepted
-    if not 1 <= a <= num_tokens:
-        raise ValueError(f"accepted: expected 1 <= a <= T={num_tokens}, got {a}")
-    phases, length = [], a
-    while length + num_tokens <= window:
-        phases.append((length, False))
-        length += a
-    phases.append((length, True))
-    return phases
 
 
 def anchor_buckets(buckets: Iterable[int], cap: int, max_anchors: int = MAX_ANCHORS) -> list[int]:
@@ -455,7 +423,7 @@ class _Rows:
         self.bs, self.T = bs, T
         self.slot_idx = (torch.randperm(bs, generator=self.gen) + 1).to(**i32)
         self.ring_start = torch.randint(0, R, (bs,), generator=self.gen).to(**i32)
-        cycle = replay_cycle(L, T)
+        cycle = verify_cycle(L, T, T)
         self.variants = []
         for j in range(len(cycle)):
             phase = [cycle[(i + j) % len(cycle)] for i in range(bs)]

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from sglang_replayssm import heuristic as h
+from sglang_replayssm.byte_model import GDNDims, Mamba2Dims
 from sglang_replayssm.errors import ReplaySSMStartupError
+from sglang_replayssm.sizing import ring_spec
 
 # A Mamba-2 layer of realistic size (H=64, P=64, N=128, G=8), 21 layers, L=16.
 SHAPE = h.verify_shape(
@@ -38,31 +40,68 @@ def _timing(bs: int, snap_util: float, speedup: float) -> h.Timing:
     return h.Timing(snapshot_s=t_snap, replay_s=t_snap / speedup)
 
 
-def test_byte_model_matches_math_md() -> None:
-    # math.md §11: SGLang snapshot spec (3+T)S + T·I; ReplaySSM spec S + S/F + (h̄+T)r + T·r + T·I.
-    shape = h.VerifyShape(family="mamba2", state_bytes=3_932_160, record_bytes=17_792, io_bytes=35_008,
-                          num_layers=1, window=16)
+def _real_shape(family: str) -> h.VerifyShape:
+    """One layer of Nemotron-3-Nano-4B (Mamba-2) or Qwen3.5-4B (GDN), L = 16, fp32 state, bf16."""
+    if family == "mamba2":
+        kw = dict(temporal_shape=(96, 80, 128), conv_dim=96 * 80 + 2 * 8 * 128, num_k_heads=1)
+    else:
+        kw = dict(temporal_shape=(32, 128, 128), conv_dim=0, num_k_heads=16)
+    return h.verify_shape(family=family, num_layers=1, window=16, state_dtype=torch.float32,
+                          act_dtype=torch.bfloat16, **kw)
+
+
+def test_byte_model_is_the_kernels_model_mamba2() -> None:
+    """``sglang_replayssm.byte_model`` at Nano-4B: math.md's S, r, I; the replay verify reads the
+    ``h`` committed records (x, dt, B: the whole record), writes ``T`` and ``S`` on the flush step."""
+    shape = _real_shape("mamba2")
+    S, r, I = 3_932_160, 17_792, 35_008  # noqa: E741 (math.md's symbols)
+    # math.md §11: SGLang snapshot spec (3+T)S + T·I
     assert h.snapshot_verify_bytes(shape, 4) == 27_665_152
-    # the plug-in's snapshot path adds the materialise call's checkpoint and one token
-    assert h.snapshot_path_bytes(shape, 4) == 27_665_152 + 3_932_160 + 35_008
-    # a = 2.5: F = 12/2.5 + 1 = 5.8, h̄ = (2.5 + 12)/2 = 7.25 (math.md's h̄ = 6 ignores the floor a)
-    expected = 3_932_160 + 3_932_160 / 5.8 + (7.25 + 4) * 17_792 + 4 * 17_792 + 4 * 35_008
-    assert h.replay_verify_bytes(shape, 4, 2.5) == pytest.approx(expected)
+    # the plug-in's snapshot path adds the materialise call: S read, its one-token record written, I
+    assert h.snapshot_path_bytes(shape, 4) == 27_665_152 + S + r + I
+    # a = T = 4, L = 16: lens 4, 8, 12, then 16 flushing (F = 4, mean history a·(F+1)/2 = 10)
+    assert h.replay_verify_bytes(shape, 4) == S + S / 4 + 10 * r + 4 * r + 4 * I == 5_304_320
+    # a = 3: lens 3, 6, 9, 12, then 15 flushing (F = 5, mean history 9)
+    assert h.replay_verify_bytes(shape, 4, 3) == pytest.approx(S + S / 5 + 9 * r + 4 * r + 4 * I)
     # the default a = T is the upper bound over a
     assert all(h.replay_verify_bytes(shape, 4) >= h.replay_verify_bytes(shape, 4, a) for a in (1, 2, 3, 4))
-    # T > L: every verify flushes
-    short = h.VerifyShape(family="mamba2", state_bytes=100, record_bytes=1, io_bytes=1, num_layers=1, window=2)
-    assert h.replay_verify_bytes(short, 4) == 100 + 100 + (4 + 4) + 4 + 4
-    with pytest.raises(ValueError, match="accepted: expected 1 <= a <= T=4, got 5"):
+    # T > L: every verify flushes, with the last window (a = T = 4 records) as its history
+    short = dataclasses.replace(shape, window=2)
+    assert h.replay_verify_bytes(short, 4) == 2 * S + 4 * r + 4 * r + 4 * I
+    with pytest.raises(ValueError, match="expected 1 <= a <= T = 4, got a = 5"):
         h.replay_verify_bytes(shape, 4, 5)
 
 
-def test_gdn_shape_uses_the_ring_record() -> None:
-    shape = h.verify_shape(family="gdn", temporal_shape=(32, 128, 128), conv_dim=0, num_k_heads=16,
-                           num_layers=24, window=16, state_dtype=torch.float32, act_dtype=torch.bfloat16)
-    # record: u [HV, V] fp32, v [HV, V] bf16, k [Hk, K] bf16, g, beta [HV] fp32
-    assert shape.record_bytes == 32 * 128 * (4 + 2) + 16 * 128 * 2 + 32 * 4 * 2
-    assert shape.state_bytes == 32 * 128 * 128 * 4
+def test_byte_model_is_the_kernels_model_gdn() -> None:
+    """At Qwen3.5-4B with the server's fp32 ``u``: non-flush rows read (u, k, g) per record, the flush
+    row (k, v, g, beta) and ``S`` twice (fold launch, window launch); every row writes ``T`` full
+    records, the record ``sizing.ring_spec`` allocates."""
+    shape = _real_shape("gdn")
+    assert (shape.dims, shape.state_bytes, shape.act_bytes, shape.u_bytes) == (
+        GDNDims(HV=32, Hk=16, K=128, V=128), 4, 2, 4)
+    spec = ring_spec(family="gdn", temporal_shape=(32, 128, 128), conv_dim=0, num_k_heads=16, num_layers=1,
+                     window=16, act_dtype=torch.bfloat16)
+    record = 32 * 128 * (4 + 2) + 16 * 128 * 2 + 32 * 4 * 2  # u fp32, v, k bf16, g, beta fp32
+    assert shape.replay(4).ring_write == spec.bytes_per_slot_layer // spec.rows == record == 28_928
+    S, I = 32 * 128 * 128 * 4, 24_704  # noqa: E741
+    read_nf, read_fl = 32 * 128 * 4 + 16 * 128 * 2 + 32 * 4, 16 * 128 * 2 + 32 * 128 * 2 + 32 * 8
+    assert (read_nf, read_fl) == (20_608, 12_544)
+    assert h.snapshot_verify_bytes(shape, 4) == 7 * S + 4 * I == 14_778_880  # math.md §11
+    assert h.snapshot_path_bytes(shape, 4) == 14_778_880 + S + record + I
+    # lens 4, 8, 12 (non-flush), 16 (flush: S read twice, written once)
+    want = (3 * S + 3 * S + (4 + 8 + 12) * read_nf + 16 * read_fl) / 4 + 4 * record + 4 * I
+    assert h.replay_verify_bytes(shape, 4) == want == 3_534_080
+
+
+def test_shape_checks_its_family_and_keys_its_dims() -> None:
+    with pytest.raises(ValueError, match="dims: expected Mamba2Dims for family 'mamba2', got GDNDims"):
+        h.VerifyShape(family="mamba2", dims=GDNDims(HV=2, Hk=1, K=4, V=4), state_bytes=4, act_bytes=2,
+                      num_layers=1, window=4)
+    with pytest.raises(ValueError, match="u_bytes"):
+        h.VerifyShape(family="gdn", dims=GDNDims(HV=2, Hk=1, K=4, V=4), state_bytes=4, act_bytes=2,
+                      num_layers=1, window=4)
+    assert _real_shape("gdn").key() == "gdn:HV32.Hk16.K128.V128:s4:a2:u4:layers1:L16"
+    assert SHAPE.key() == "mamba2:H64.P64.N128.G8:s4:a2:layers21:L16"
 
 
 @pytest.mark.parametrize(
@@ -144,8 +183,8 @@ def test_cpu_decides_from_the_byte_model_alone(caplog: pytest.LogCaptureFixture)
         assert d.replay_s == pytest.approx(fixed + b_replay / cpu.peak_bytes_per_s)
     assert all("source=byte-model (no CUDA: byte model only)" in r.getMessage() for r in caplog.records)
     # a tiny model is launch-bound even by the byte model: snapshot
-    tiny = h.VerifyShape(family="mamba2", state_bytes=4096, record_bytes=160, io_bytes=300, num_layers=2,
-                         window=16)
+    tiny = h.VerifyShape(family="mamba2", dims=Mamba2Dims(H=2, P=16, N=32, G=1), state_bytes=4, act_bytes=2,
+                         num_layers=2, window=16)
     assert h.decide(1, T, tiny, cpu).path == "snapshot"
 
 

@@ -23,8 +23,9 @@ import torch
 import replayssm_kernels as rk
 from sglang_replayssm import heuristic as h
 from sglang_replayssm import spec_plan, verify_probe
+from sglang_replayssm.byte_model import verify_cycle
 from sglang_replayssm.errors import ReplaySSMStartupError
-from sglang_replayssm.verify_probe import ProbeKernels, ProbeParts, VerifyProbe, anchor_buckets, replay_cycle
+from sglang_replayssm.verify_probe import ProbeKernels, ProbeParts, VerifyProbe, anchor_buckets
 from tests.integration.test_spec_verify import _cpu_spec_pool
 
 GPU = h.DeviceProfile(name="cuda:Synthetic", kind="cuda", peak_bytes_per_s=4.0e12, launch_s=5e-6,
@@ -63,19 +64,6 @@ def _recording_kernels(family: str, seen: list[int], log: list) -> ProbeKernels:
     )
 
 
-def test_replay_cycle_matches_the_byte_model() -> None:
-    assert replay_cycle(16, 4) == [(4, False), (8, False), (12, False), (16, True)]
-    # F = max(L - T, 0)/a + 1 (heuristic.replay_verify_bytes), integral cases
-    for L, t in ((16, 4), (16, 8), (8, 2), (4, 4), (2, 4)):
-        assert len(replay_cycle(L, t)) == max(L - t, 0) / t + 1
-    assert replay_cycle(2, 4) == [(4, True)]  # T > L: every verify flushes
-    assert replay_cycle(16, 4, accepted=3) == [(3, False), (6, False), (9, False), (12, False), (15, True)]
-    for L, t in ((16, 4), (16, 8), (5, 3)):
-        assert all(n + t <= max(L, t) + t for n, _ in replay_cycle(L, t))  # fits the ring R = max(L, T) + T
-    with pytest.raises(ValueError, match="accepted: expected 1 <= a <= T=4, got 5"):
-        replay_cycle(16, 4, accepted=5)
-
-
 def test_anchor_buckets() -> None:
     sglang_buckets = [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256]
     assert anchor_buckets(sglang_buckets, cap=1000) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -105,7 +93,9 @@ def test_probe_scales_by_layers_and_counts_the_commits_once(family: str, monkeyp
                            ("snapshot commit", 1)]
     replays = [(a, k) for name, a, k in log if name == "replay_verify"]
     ring_len, flush = replays[0][0][-2], replays[0][0][-1]
-    assert sorted(ring_len.tolist()) == [2, 4, 6, 8] and flush.tolist() == [n == 8 for n in ring_len.tolist()]
+    # the byte model's steady cycle at a = T (heuristic.replay_verify_bytes)
+    assert sorted(ring_len.tolist()) == [n for n, _ in verify_cycle(WINDOW, T, T)] == [2, 4, 6, 8]
+    assert flush.tolist() == [n == 8 for n in ring_len.tolist()]
     # the materialise call of the snapshot path: empty rings (steady state) do not flush, one-token window
     mat_len, mat_flush = replays[-1][0][-2], replays[-1][0][-1]
     assert mat_len.tolist() == [0] * 4 and not mat_flush.any()
@@ -220,8 +210,8 @@ def test_sglang_scatter_limit_refuses_the_bucket_and_falls_back(caplog) -> None:
     )
     probe = VerifyProbe(pool, [256, 512], kernels=lambda: pytest.fail("no kernel may run"), timer=None)
     assert probe.cap() == 274
-    shape = h.VerifyShape(family="mamba2", state_bytes=3_932_160, record_bytes=17_792, io_bytes=35_008,
-                          num_layers=21, window=16)
+    shape = h.verify_shape(family="mamba2", temporal_shape=state, conv_dim=96 * 80 + 2 * 8 * 128, num_k_heads=1,
+                           num_layers=21, window=16, state_dtype=torch.float32, act_dtype=torch.bfloat16)
     with caplog.at_level(logging.INFO, logger="sglang_replayssm.heuristic"):
         (d,) = h.decide_buckets([512], 8, shape, GPU, probe=probe).values()
     assert d.source.startswith("byte-model (probe failed: RuntimeError: SGLang's snapshot commit")
