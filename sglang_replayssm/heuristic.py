@@ -12,8 +12,15 @@ Speculative verify of ``T`` tokens can run two ways for a hybrid SSM layer:
   launch, then the window launch); ``B_replay`` is the mean over the steady verify cycle at ``a = T``
   accepted tokens per step (``replay_verify_bytes``).
 
+With a split-precision read copy (``--replayssm-read-dtype``: ``S_r`` bytes per slot and layer, fp8's
+row scales included) our kernels read the copy instead of ``S`` on non-flush rows (the materialise
+call's empty-ring row among them) and in a GDN flush row's window launch, and a flush row also writes
+the refreshed copy; SGLang's snapshot verify and commit read ``S``, and the commit is followed by a
+refresh of the copy from the committed checkpoint (``S + S_r``).
+
 Both come from ``sglang_replayssm.byte_model``, the one byte model of the kernels (shared with the
-benchmarks): ``*_replay_verify_bytes`` per step and ``verify_cycle`` for the steady cycle.
+benchmarks): ``*_replay_verify_bytes`` per step (``verify_read_copy_bytes`` with a copy),
+``read_copy_refresh_bytes`` and ``verify_cycle`` for the steady cycle.
 
 The replay path moves far fewer bytes, but does more arithmetic per byte and has the same launch
 count, so it only pays where the snapshot path is **bandwidth-bound**.  The rule, per bucket (batch
@@ -67,7 +74,10 @@ from sglang_replayssm.byte_model import (
     mamba2_replay_verify_bytes,
     mamba2_snapshot_commit_bytes,
     mamba2_snapshot_verify_bytes,
+    read_copy_refresh_bytes,
+    read_copy_size,
     verify_cycle,
+    verify_read_copy_bytes,
 )
 from sglang_replayssm.config import VERIFY_MODES
 from sglang_replayssm.errors import ReplaySSMStartupError
@@ -130,16 +140,22 @@ class VerifyShape:
         SSM layers on this rank.
     window : int
         Decode window ``L``.
+    read_bytes : int or None
+        Split precision: bytes per element of the read copy (2 for bf16 / fp16, 1 for fp8); ``None``
+        (the default): no copy.
+    read_scale_bytes : int
+        Bytes of the copy's scale per state row (fp8: 4, one fp32 scale per row); 0 otherwise.
     variant : str
-        What else changes the replay kernels' cost without changing these sizes (the read copy's
+        What changes the replay kernels' cost beyond these sizes, or names it (the read copy's
         dtype, stochastic rounding; ``pool_verify_shape``): part of ``key`` so that a cached
-        decision is not re-used across them; ``""`` (none) by default.  The byte model does not
-        see it: with a read copy it counts checkpoint reads where the kernels read the copy.
+        decision is not re-used across them; ``""`` (none) by default.  The byte model sees the
+        copy through ``read_bytes`` / ``read_scale_bytes``, not through this.
 
     Raises
     ------
     ValueError
-        ``dims`` not of ``family``, or ``u_bytes`` missing for GDN.
+        ``dims`` not of ``family``, ``u_bytes`` missing for GDN, ``read_bytes`` below 1, or
+        ``read_scale_bytes`` negative or given without a copy.
     """
 
     family: str
@@ -149,6 +165,8 @@ class VerifyShape:
     u_bytes: int | None = None
     num_layers: int
     window: int
+    read_bytes: int | None = None
+    read_scale_bytes: int = 0
     variant: str = ""
 
     def __post_init__(self) -> None:
@@ -158,6 +176,11 @@ class VerifyShape:
                              f"{self.family!r}, got {type(self.dims).__name__}")
         if self.family == "gdn" and self.u_bytes is None:
             raise ValueError("u_bytes: expected ring_u's element size for family 'gdn', got None")
+        if self.read_bytes is not None and self.read_bytes < 1:
+            raise ValueError(f"read_bytes: expected the read copy's element size >= 1 or None, got {self.read_bytes}")
+        if self.read_scale_bytes < 0 or (self.read_scale_bytes and self.read_bytes is None):
+            raise ValueError(f"read_scale_bytes: expected >= 0, and 0 without a read copy (read_bytes None), got "
+                             f"{self.read_scale_bytes} with read_bytes {self.read_bytes}")
 
     def key(self) -> str:
         dims = ".".join(f"{f.name}{getattr(self.dims, f.name)}" for f in dataclasses.fields(self.dims))
@@ -167,11 +190,23 @@ class VerifyShape:
             f":L{self.window}" + (f":{self.variant}" if self.variant else "")
         )
 
+    @property
+    def read_copy_bytes(self) -> int:
+        """``S_r``: one slot's read copy in one layer, scales included (0 without a copy)."""
+        if self.read_bytes is None:
+            return 0
+        return read_copy_size(self.dims, self.read_bytes, self.read_scale_bytes)
+
     def replay(self, num_tokens: int) -> VerifyBytes:
-        """Our verify kernel's per-step model for ``T = num_tokens``."""
+        """Our verify kernel's per-step model for ``T = num_tokens`` (with the read copy if any)."""
         if self.family == "mamba2":
-            return mamba2_replay_verify_bytes(self.dims, num_tokens, self.state_bytes, self.act_bytes)
-        return gdn_replay_verify_bytes(self.dims, num_tokens, self.state_bytes, self.act_bytes, self.u_bytes)
+            model = mamba2_replay_verify_bytes(self.dims, num_tokens, self.state_bytes, self.act_bytes)
+        else:
+            model = gdn_replay_verify_bytes(self.dims, num_tokens, self.state_bytes, self.act_bytes, self.u_bytes)
+        if self.read_bytes is None:
+            return model
+        label = f"{8 * self.read_bytes}-bit" + (" + row scales" if self.read_scale_bytes else "")
+        return verify_read_copy_bytes(model, self.read_copy_bytes, label)
 
     def snapshot(self, num_tokens: int) -> tuple[VerifyBytes, VerifyBytes]:
         """SGLang's snapshot verify and its commit, for ``T = num_tokens``."""
@@ -221,8 +256,18 @@ def snapshot_path_bytes(shape: VerifyShape, num_tokens: int) -> float:
     the materialise call before it (our verify kernel over a one-token window on an empty ring, which
     reads the checkpoint and one token and writes that token's record: ``S + r + I``), so
     ``(4 + T)·S + r + (T + 1)·I``.  What the probe times on that path, so the utilisation is taken
-    over it."""
-    return snapshot_verify_bytes(shape, num_tokens) + shape.replay(1).step(0).total
+    over it.
+
+    With a read copy (``S_r``): the materialise call's empty-ring row is a non-flush row, so it reads
+    the copy (``S_r + r + I``), and after SGLang's commit the pool refreshes the rows' copies from
+    their new checkpoints (``spec.py``'s commit, ``pool.refresh_read``: ``S + S_r``), so
+    ``(4 + T)·S + 2·S_r + r + (T + 1)·I``.
+    """
+    materialise = shape.replay(1)
+    path = snapshot_verify_bytes(shape, num_tokens) + materialise.step(0).total
+    if shape.read_bytes is not None:
+        path += read_copy_refresh_bytes(materialise.S, shape.read_copy_bytes).total
+    return path
 
 
 def replay_verify_bytes(shape: VerifyShape, num_tokens: int, accepted: int | None = None) -> float:
@@ -232,8 +277,11 @@ def replay_verify_bytes(shape: VerifyShape, num_tokens: int, accepted: int | Non
     step, a flush leaves ``len = a`` and the history grows by ``a`` while ``len + T <= L``
     (``verify_cycle``): ``F = floor(max(L − T, 0)/a) + 1`` steps, the last flushing, mean history
     ``a·(F + 1)/2``.  Each step reads ``S`` (twice on a GDN flush row), the history's fields that the
-    kernel reads, writes ``T`` records and ``S`` on the flush step, and moves ``T·I``.  ``a`` defaults
-    to ``T`` (every draft accepted): the most frequent flushes.
+    kernel reads, writes ``T`` records and ``S`` on the flush step, and moves ``T·I``.  With a read copy
+    (``S_r``) non-flush rows read it instead of ``S``, a GDN flush row reads ``S + S_r`` (fold launch,
+    then the window launch on the refreshed copy), and the flush step writes ``S + S_r``
+    (``byte_model.verify_read_copy_bytes``).  ``a`` defaults to ``T`` (every draft accepted): the most
+    frequent flushes.
 
     Raises
     ------

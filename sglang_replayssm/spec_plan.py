@@ -46,12 +46,53 @@ logger = logging.getLogger(__name__)
 FORCED_SOURCES: tuple[str, ...] = ("override", "tree", "draft-length")
 
 
+def _draft_topk(server_args) -> int:
+    """``--speculative-eagle-topk`` as SGLang resolves it: for NGRAM, ``--speculative-ngram-max-bfs-breadth``
+    (SGLang 0.5.17's ``speculative_hook._handle_ngram`` copies it over the flag, and may not have run yet
+    at the first check)."""
+    if str(server_args.speculative_algorithm).upper() == "NGRAM":
+        return server_args.speculative_ngram_max_bfs_breadth
+    return getattr(server_args, "speculative_eagle_topk", None) or 1
+
+
+def _ngram_chain_refusal(server_args) -> str | None:
+    """NGRAM at breadth 1: SGLang treats its drafts as chains, but they are trees.
+
+    SGLang 0.5.17 sets ``speculative_eagle_topk`` to ``--speculative-ngram-max-bfs-breadth``
+    (``arg_groups/speculative_hook.py:699``), while NGRAM's drafts are trees at any breadth: the corpus
+    match walks a chain from the root for every matched suffix length (``kernels/jit/csrc/ngram_corpus/
+    trie.cpp:234-236``), and a short match is padded with children of the root (``result.cpp:32-35``);
+    its verify input reports an irregular tree (``ngram_info.py:55-57``, ``tree_topk = -1``) and is
+    accepted along tree paths (``eagle_utils.verify_tree_greedy_func``).  At topk 1 the replay verify runs
+    the ``T`` tokens as one chain and commits ``last accepted index + 1`` tokens, and SGLang's snapshot
+    verify does the same (``hybrid_linear_attn_backend.py:195`` builds the tree's parent indices only for
+    topk > 1), so a token after a branch would be verified on the wrong state: refused (off CPU; there
+    ``_cpu_refusals`` refuses NGRAM outright).  Breadth 2 or more reaches SGLang's tree verify.
+    """
+    if str(server_args.speculative_algorithm).upper() != "NGRAM" or _draft_topk(server_args) > 1:
+        return None
+    return (
+        "--speculative-algorithm NGRAM with --speculative-ngram-max-bfs-breadth 1: NGRAM's drafts are trees at any "
+        "breadth (a chain from the root per matched suffix length, short matches padded with children of the "
+        "root), but at breadth 1 SGLang 0.5.17 sets --speculative-eagle-topk 1, and at topk 1 both the replay "
+        "verify and SGLang's snapshot verify run the draft as one chain, so tokens after a branch would be "
+        "verified on the wrong SSM state (stock SGLang shares the flaw); use --speculative-ngram-max-bfs-breadth "
+        "2 or more (tree drafts: SGLang's snapshot verify, with --replayssm-verify auto or snapshot)"
+    )
+
+
 def startup_refusals(server_args, verify_mode: str) -> list[str]:
-    """Speculative-decoding refusals for ``--ssm-backend replay`` (empty without speculation)."""
+    """Speculative-decoding refusals for ``--ssm-backend replay`` (empty without speculation).
+
+    ``--replayssm-verify replay`` with tree drafts, NGRAM at breadth 1 (``_ngram_chain_refusal``),
+    ``--speculative-adaptive``, ``--enable-deterministic-inference`` with ``auto`` on linear drafts, and
+    on ``--device cpu`` what has no CPU path (``_cpu_refusals``).  The draft's ``topk`` is read as SGLang
+    resolves it (``_draft_topk``).
+    """
     if not getattr(server_args, "speculative_algorithm", None):
         return []
     problems = []
-    topk = getattr(server_args, "speculative_eagle_topk", None) or 1
+    topk = _draft_topk(server_args)
     try:
         heuristic.check_verify_mode(verify_mode, topk)
     except ReplaySSMStartupError as exc:
@@ -71,6 +112,10 @@ def startup_refusals(server_args, verify_mode: str) -> list[str]:
         )
     if getattr(server_args, "device", None) == "cpu":
         problems += _cpu_refusals(server_args, topk)
+    else:
+        ngram = _ngram_chain_refusal(server_args)
+        if ngram:
+            problems.append(ngram)
     return problems
 
 
@@ -188,8 +233,9 @@ def plan_verify(
 
 
 def pool_verify_shape(pool) -> heuristic.VerifyShape:
-    """``heuristic.VerifyShape`` of a ``ReplayMambaPool`` (its own state and ring shapes; ``variant``
-    names a read copy's dtype and stochastic rounding, which change the kernels' cost)."""
+    """``heuristic.VerifyShape`` of a ``ReplayMambaPool`` (its own state and ring shapes; a split-precision
+    read copy's element size and, fp8, per-row scale size, from the pool's ``read_state`` / ``read_scale``;
+    ``variant`` names the copy's dtype and stochastic rounding, which change the kernels' cost)."""
     temporal = pool.mamba_cache.temporal
     spec = pool.ring_spec
     num_k_heads = spec.tensors["k"][0][0] if spec.family == "gdn" else 1
@@ -198,10 +244,13 @@ def pool_verify_shape(pool) -> heuristic.VerifyShape:
         num_k_heads=num_k_heads, num_layers=spec.num_layers, window=spec.window, state_dtype=temporal.dtype,
         act_dtype=pool.replay.act_dtype,
     )
-    read = getattr(pool, "read_state", None)
+    read, scale = pool.read_state, pool.read_scale
     variant = ([f"read-{str(read.dtype).removeprefix('torch.')}"] if read is not None else []) + (
-        ["sr"] if getattr(pool, "sr_seed", None) is not None else [])
-    return dataclasses.replace(shape, variant="+".join(variant))
+        ["sr"] if pool.sr_seed is not None else [])
+    return dataclasses.replace(
+        shape, variant="+".join(variant), read_bytes=None if read is None else read.element_size(),
+        read_scale_bytes=0 if scale is None else scale.element_size(),
+    )
 
 
 def _profile(device: torch.device) -> heuristic.DeviceProfile:

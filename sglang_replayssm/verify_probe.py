@@ -17,13 +17,15 @@ snapshot, per layer         the materialise call (our verify kernel, one-token w
 snapshot, per forward       the materialise cursor snapshot + SGLang's commit
                             (``fused_mamba_state_scatter_with_mask`` over all layers: one launch, as
                             ``scatter_mamba_states_after_mtp_verify`` runs it) + the ring reset
+                            + the read copy's refresh (split precision: ``pool.refresh_read``)
 ==========================  ========================================================================
 
 ``Timing = layers · per-layer + per-forward`` for each path.  The conv rollback is left out: both paths
 run the same one.  The snapshot side includes our materialise call because the server runs it on
 every snapshot-path forward (in steady state the ring is empty then, ``len = 0``: no row flushes, but
-the kernel still reads the checkpoint for its discarded outputs); it is the cost of *our* snapshot
-fallback, not of stock SGLang.
+the kernel still reads the checkpoint, or a split-precision read copy, for its discarded outputs),
+and with a copy the commit's refresh of it; it is the cost of *our* snapshot fallback, not of stock
+SGLang.
 
 **Ring fill (the byte model's assumptions).**  ``heuristic.replay_verify_bytes`` assumes every draft
 accepted (``a = T``): a flush leaves ``len = a``, the history grows by ``a`` while ``len + T <= L`` and

@@ -41,7 +41,10 @@ What is left out (all < 0.01% at the real shapes, and identical across schemes w
   once.  A re-read by a later launch (the GDN verifies' flush rows: the fold launch writes ``S``,
   the next launch reads it again, after the whole batch's stores) is counted.
 
-A split-precision read copy is modelled on top of these in ``benchmarks/bytes_read_copy.py``.
+A split-precision read copy (``read_copy.py``): non-flush rows read the copy's ``S_r`` bytes instead
+of ``S``, flush rows also write the refreshed copy (and a second launch on a flush row reads the copy),
+and a refresh outside the kernels reads ``S`` and writes ``S_r``; ``benchmarks/bytes_read_copy.py``
+re-exports it.
 """
 
 from sglang_replayssm.byte_model.decode import (
@@ -50,6 +53,18 @@ from sglang_replayssm.byte_model.decode import (
     gdn_replay_bytes,
     mamba2_replay_bytes,
     selective_state_update_bytes,
+)
+from sglang_replayssm.byte_model.read_copy import (
+    READ_COPY_BYTES,
+    READ_COPY_SCALE_BYTES,
+    ReadCopyKernelBytes,
+    ReadCopyVerifyBytes,
+    gdn_read_copy_bytes,
+    mamba2_read_copy_bytes,
+    read_copy_bytes,
+    read_copy_refresh_bytes,
+    read_copy_size,
+    verify_read_copy_bytes,
 )
 from sglang_replayssm.byte_model.sizes import GDNDims, Mamba2Dims, Sizes, gdn_record_fields, gdn_sizes, mamba2_sizes
 from sglang_replayssm.byte_model.steps import KernelBytes, StepBytes, VerifyBytes, verify_cycle
@@ -65,9 +80,13 @@ from sglang_replayssm.byte_model.verify import (
 )
 
 __all__ = [
+    "READ_COPY_BYTES",
+    "READ_COPY_SCALE_BYTES",
     "GDNDims",
     "KernelBytes",
     "Mamba2Dims",
+    "ReadCopyKernelBytes",
+    "ReadCopyVerifyBytes",
     "Sizes",
     "StepBytes",
     "VerifyBytes",
@@ -75,17 +94,23 @@ __all__ = [
     "gdn_builtin_replay_bytes",
     "gdn_builtin_spec_verify_bytes",
     "gdn_packed_decode_bytes",
+    "gdn_read_copy_bytes",
     "gdn_record_fields",
     "gdn_replay_bytes",
     "gdn_replay_verify_bytes",
     "gdn_sizes",
     "gdn_snapshot_commit_bytes",
     "gdn_snapshot_verify_bytes",
+    "mamba2_read_copy_bytes",
     "mamba2_replay_bytes",
     "mamba2_replay_verify_bytes",
     "mamba2_sizes",
     "mamba2_snapshot_commit_bytes",
     "mamba2_snapshot_verify_bytes",
+    "read_copy_bytes",
+    "read_copy_refresh_bytes",
+    "read_copy_size",
     "selective_state_update_bytes",
     "verify_cycle",
+    "verify_read_copy_bytes",
 ]

@@ -24,7 +24,8 @@
     How: refuses to start (``ReplaySSMStartupError``) unless the target model is a supported Mamba-2
     or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, speculative setups that cannot
     run (``spec_plan.startup_refusals``: on ``--device cpu`` SGLang's built-in algorithms and tree
-    drafts; ``--replayssm-verify replay`` with tree drafts; ``--speculative-adaptive``;
+    drafts; ``--replayssm-verify replay`` with tree drafts; NGRAM at ``--speculative-ngram-max-bfs-breadth
+    1``, whose tree drafts SGLang would verify as chains; ``--speculative-adaptive``;
     ``--enable-deterministic-inference`` with ``--replayssm-verify auto`` on linear drafts, whose verify
     path depends on the batch bucket; ``spec_plan.draft_length_refusal``: for GDN, more draft tokens than
     its replay verify kernel takes with ``--replayssm-verify replay`` or on ``--device cpu``),
@@ -33,10 +34,13 @@
     for stochastic rounding (``--mamba-cache-philox-rounds``: our flush hashes its bits), streaming sessions (a
     session keeps a finished turn's slot without folding its ring), two-batch overlap (the micro-batches'
     child attention backends build forward metadata again, so the ring cursors would advance twice per
-    forward), pipeline parallelism, unified memory, PD disaggregation, and for GDN
-    ``--enable-mixed-chunk``; draft model configs are not checked.  Runs during ``ServerArgs``
-    resolution, in the launching process, before anything is loaded (and again in each scheduler,
-    where SGLang's speculative defaults are resolved).
+    forward), PD multiplexing (``--enable-pdmux``: layer-split prefills, which no supported model
+    implements, on a second stream beside decode forwards on other backend copies), ``--enable-torch-compile``
+    (not validated: the SSM layers' kernels and wrappers run inside the compiled model forward),
+    pipeline parallelism, unified memory, PD disaggregation, and for GDN ``--enable-mixed-chunk``; draft
+    model configs are not checked.  Runs during ``ServerArgs`` resolution, in the launching process,
+    before anything is loaded (and again in each scheduler, where SGLang's speculative defaults are
+    resolved).
     Removal: never (it is the plug-in's own validation), unless SGLang grows a capability query.
 """
 
@@ -136,6 +140,21 @@ def _refusals(model_config, server_args) -> list[str]:
             "(SGLang's TboAttnBackend), so every request's ring cursors would advance twice per forward; run "
             "without --enable-two-batch-overlap, or with --ssm-backend default"
         )
+    if getattr(server_args, "enable_pdmux", False):
+        problems.append(
+            "--enable-pdmux is not supported with --ssm-backend replay: PD multiplexing runs every prefill as a "
+            "layer-split prefill (model.forward_split_prefill, which none of SGLang 0.5.17's Mamba-2 or Gated "
+            "DeltaNet hybrids implements, so stock SGLang fails at the first prefill too) on a second stream, "
+            "concurrently with decode forwards on other copies of the attention backend, a schedule the rings and "
+            "cursors were never run under; run without --enable-pdmux"
+        )
+    if getattr(server_args, "enable_torch_compile", False):
+        problems.append(
+            "--enable-torch-compile is not supported with --ssm-backend replay (not validated): SGLang compiles the "
+            "whole model forward with torch.compile for the graph-captured batch sizes up to "
+            "--torch-compile-max-bs, and the SSM layers' ReplaySSM kernels and their Python wrappers run inside "
+            "that compiled region; run without --enable-torch-compile, or with --ssm-backend default"
+        )
     if (getattr(server_args, "pp_size", 1) or 1) > 1:
         problems.append(
             f"--pp-size {server_args.pp_size}: pipeline parallelism is not supported with --ssm-backend replay (the "
@@ -163,8 +182,9 @@ def validate_startup(result, *args, **kwargs):
     (``spec_plan.startup_refusals``, ``spec_plan.draft_length_refusal``), TP layouts that cannot
     shard the SSM heads and groups (``tp.startup_refusal``), a read copy not narrower than the SSM
     checkpoint, a Philox round count for the SSM cache's stochastic rounding, streaming sessions,
-    two-batch overlap, pipeline parallelism, unified memory, PD disaggregation, and (GDN)
-    ``--enable-mixed-chunk``.  Draft model configs are not checked.
+    two-batch overlap, PD multiplexing (``--enable-pdmux``), ``--enable-torch-compile``, pipeline
+    parallelism, unified memory, PD disaggregation, and (GDN) ``--enable-mixed-chunk``.  Draft model
+    configs are not checked.
     """
     if getattr(result, "is_draft_model", False):
         return result

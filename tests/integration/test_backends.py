@@ -265,3 +265,27 @@ def test_gdn_draft_length_past_the_verify_kernel_is_refused_where_snapshot_canno
     assert _refusals(gdn, SimpleNamespace(**{**args, "speculative_num_draft_tokens": GDN_VERIFY_MAX_T})) == []
     monkeypatch.setenv(ENV_VAR, '{"backend": "replay", "verify": "auto"}')
     assert _refusals(gdn, SimpleNamespace(**args)) == []
+
+
+def test_pd_multiplexing_and_torch_compile_refused():
+    """``--enable-pdmux`` runs each prefill layer-split (``model.forward_split_prefill``, which no
+    supported hybrid implements) on a second stream beside decode forwards on other backend copies;
+    ``--enable-torch-compile`` compiles the model forward around the SSM layers' kernels and wrappers
+    (never validated): both refused at startup, with what to change."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from sglang_replayssm.hooks.backends import _refusals
+
+    base = dict(tp_size=1, dp_size=1, enable_dp_attention=False, attn_cp_size=1, device="cuda",
+                speculative_algorithm=None)
+    models = Path(__file__).resolve().parents[1] / "models"
+    for name in ("nemotron_h_tiny", "qwen3_next_tiny"):
+        model = ModelConfig(model_path=str(models / name))
+        assert _refusals(model, SimpleNamespace(**base, enable_pdmux=False, enable_torch_compile=False)) == []
+        (pdmux,) = _refusals(model, SimpleNamespace(**base, enable_pdmux=True))
+        assert "--enable-pdmux" in pdmux and "forward_split_prefill" in pdmux
+        assert "run without --enable-pdmux" in pdmux
+        (compiled,) = _refusals(model, SimpleNamespace(**base, enable_torch_compile=True))
+        assert "--enable-torch-compile" in compiled and "not validated" in compiled
+        assert "run without --enable-torch-compile, or with --ssm-backend default" in compiled
+        assert len(_refusals(model, SimpleNamespace(**base, enable_pdmux=True, enable_torch_compile=True))) == 2

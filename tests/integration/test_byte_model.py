@@ -1,5 +1,5 @@
 """The shared byte model (``sglang_replayssm.byte_model``): the steady verify cycle, the verify
-cycle mean, and the dims types the benchmarks' shape presets extend. Its per-kernel numbers are
+cycle mean, the dims types the benchmarks' shape presets extend, and the read copy's sizes. Its per-kernel numbers are
 checked against math.md and kernels/README.md in ``tests/benchmarks/test_bytes_model.py`` and
 ``test_bench_verify.py`` (the benchmarks re-export it) and at the serving shapes in
 ``tests/integration/test_heuristic.py``."""
@@ -57,3 +57,30 @@ def test_benchmark_shapes_are_dims() -> None:
     assert mamba2_replay_verify_bytes(NANO_4B, 4) == mamba2_replay_verify_bytes(
         Mamba2Dims(H=96, P=80, N=128, G=8), 4)
     assert gdn_replay_verify_bytes(QWEN35_4B, 4) == gdn_replay_verify_bytes(GDNDims(HV=32, Hk=16, K=128, V=128), 4)
+
+
+def test_read_copy_sizes_and_refresh() -> None:
+    """``read_copy_size`` from element sizes is ``read_copy_bytes`` by dtype name (fp8: e4m3 values and
+    one fp32 scale per state row); a refresh outside the kernels reads ``S`` and writes ``S_r``; only a
+    ring (phased) verify model takes a copy."""
+    from sglang_replayssm.byte_model import (
+        READ_COPY_BYTES,
+        READ_COPY_SCALE_BYTES,
+        mamba2_snapshot_verify_bytes,
+        read_copy_bytes,
+        read_copy_refresh_bytes,
+        read_copy_size,
+        verify_read_copy_bytes,
+    )
+
+    for shape in (NANO_4B, QWEN35_4B, MAMBA2_TINY, GDN_TINY):
+        for rd in READ_COPY_BYTES:
+            assert read_copy_bytes(shape, rd) == read_copy_size(shape, READ_COPY_BYTES[rd], READ_COPY_SCALE_BYTES[rd])
+    assert read_copy_size(NANO_4B, 1, 4) == 96 * 80 * (128 + 4) == 1_013_760
+    assert read_copy_size(QWEN35_4B, 2) == 32 * 128 * 128 * 2 == 1_048_576
+    assert read_copy_size(GDNDims(HV=32, Hk=16, K=128, V=128), 1, 4) == 540_672  # rows HV·V, scaled over K
+    step = read_copy_refresh_bytes(2_097_152, 540_672)
+    assert (step.state_read, step.state_write, step.ring_read, step.ring_write, step.io) == (2_097_152, 540_672, 0,
+                                                                                             0, 0)
+    with pytest.raises(ValueError, match="expected a phased"):
+        verify_read_copy_bytes(mamba2_snapshot_verify_bytes(NANO_4B, 4), 1_013_760, "fp8")

@@ -102,6 +102,94 @@ def test_shape_checks_its_family_and_keys_its_dims() -> None:
                       num_layers=1, window=4)
     assert _real_shape("gdn").key() == "gdn:HV32.Hk16.K128.V128:s4:a2:u4:layers1:L16"
     assert SHAPE.key() == "mamba2:H64.P64.N128.G8:s4:a2:layers21:L16"
+    with pytest.raises(ValueError, match="read_scale_bytes: expected >= 0, and 0 without a read copy"):
+        dataclasses.replace(SHAPE, read_scale_bytes=4)
+    with pytest.raises(ValueError, match="read_bytes: expected the read copy's element size >= 1 or None, got 0"):
+        dataclasses.replace(SHAPE, read_bytes=0)
+
+
+#: the copy's element size and per-row scale bytes (fp8: e4m3 and one fp32 scale per state row)
+READ_COPY = {"bf16": (2, 0), "fp8": (1, 4)}
+#: replay bytes per layer and request, T = 4, L = 16, a = T, fp32 state, bf16 activations (GDN: u fp32):
+#: 3,534,080 (Qwen3.5-4B) and 5,304,320 (Nano-4B) without a copy
+REPLAY_WITH_COPY = {("gdn", "bf16"): 2_747_648, ("gdn", "fp8"): 2_112_768,
+                    ("mamba2", "bf16"): 4_321_280, ("mamba2", "fp8"): 3_368_960}
+
+
+@pytest.mark.parametrize("rd", sorted(READ_COPY))
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_byte_model_counts_the_read_copy_as_the_audited_model(family: str, rd: str) -> None:
+    """With a read copy (``S_r``) the replay bytes are the audited read-copy model's
+    (``benchmarks/bytes_read_copy.py``), below the no-copy bytes; the snapshot path's materialise call
+    reads the copy and the commit's refresh reads ``S`` and writes ``S_r``; SGLang's verify and commit
+    are unchanged."""
+    from benchmarks import bytes_model as bm
+    from benchmarks.bytes_read_copy import read_copy_bytes, verify_read_copy_bytes
+    from benchmarks.shapes import NANO_4B, QWEN35_4B
+    from sglang_replayssm.byte_model import verify_cycle
+
+    plain = _real_shape(family)
+    read_bytes, scale_bytes = READ_COPY[rd]
+    shape = dataclasses.replace(plain, read_bytes=read_bytes, read_scale_bytes=scale_bytes)
+    preset = NANO_4B if family == "mamba2" else QWEN35_4B
+    S, S_r = plain.replay(4).S, read_copy_bytes(preset, rd)
+    assert shape.read_copy_bytes == S_r and plain.read_copy_bytes == 0
+    audited = verify_read_copy_bytes(
+        bm.mamba2_replay_verify_bytes(preset, 4, 4, 2) if family == "mamba2"
+        else bm.gdn_replay_verify_bytes(preset, 4, 4, 2, 4), S_r, rd)
+    for a in (1, 2, 3, 4):
+        assert h.replay_verify_bytes(shape, 4, a) == audited.cycle_mean(verify_cycle(16, 4, a))
+        assert h.replay_verify_bytes(shape, 4, a) < h.replay_verify_bytes(plain, 4, a)
+    # by hand at a = T = 4 (lens 4, 8, 12, then 16 flushing): the three non-flush steps read S_r
+    # instead of S; the flush step reads S (GDN: and S_r, its window launch) and writes S + S_r
+    flush_reads = 2 if family == "gdn" else 1
+    want = (h.replay_verify_bytes(plain, 4) - (3 * S + flush_reads * S + S) / 4
+            + (3 * S_r + S + (flush_reads - 1) * S_r + S + S_r) / 4)
+    assert h.replay_verify_bytes(shape, 4) == want == REPLAY_WITH_COPY[family, rd]
+    # snapshot path: SGLang's part reads the checkpoint; our materialise call (an empty ring: a
+    # non-flush row) reads S_r instead of S; the commit is followed by the copy's refresh, S + S_r
+    assert h.snapshot_verify_bytes(shape, 4) == h.snapshot_verify_bytes(plain, 4)
+    assert h.snapshot_path_bytes(shape, 4) == h.snapshot_path_bytes(plain, 4) - S + S_r + S + S_r
+
+
+@pytest.mark.parametrize("rd", sorted(READ_COPY))
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_a_read_copy_only_moves_byte_model_decisions_towards_replay(family: str, rd: str) -> None:
+    """Fewer replay bytes and more snapshot-path bytes: a bucket that the byte model sends to replay
+    without a copy goes to replay with one (and the copy turns none to snapshot)."""
+    plain = dataclasses.replace(_real_shape(family), num_layers=24)
+    read_bytes, scale_bytes = READ_COPY[rd]
+    shape = dataclasses.replace(plain, read_bytes=read_bytes, read_scale_bytes=scale_bytes,
+                                variant=f"read-{rd}")
+    for bs in (1, 2, 4, 8, 16, 64, 256):
+        without, with_copy = h.decide(bs, 4, plain, GPU), h.decide(bs, 4, shape, GPU)
+        assert with_copy.replay_bytes < without.replay_bytes and with_copy.snapshot_bytes > without.snapshot_bytes
+        if without.path == "replay":
+            assert with_copy.path == "replay"
+    assert h.decide(256, 4, shape, GPU).path == "replay"
+
+
+@pytest.mark.parametrize(("read_dtype", "read_bytes", "scale_bytes"),
+                         [(torch.bfloat16, 2, 0), (torch.float16, 2, 0), (torch.float8_e4m3fn, 1, 4)])
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_pool_verify_shape_reads_the_pools_read_copy(family: str, read_dtype: torch.dtype, read_bytes: int,
+                                                     scale_bytes: int) -> None:
+    """``spec_plan.pool_verify_shape`` takes the copy's element and scale sizes from the pool's own
+    ``read_state`` / ``read_scale``: its ``S_r`` over the layers is what the pool allocates per slot."""
+    from sglang_replayssm.pool import read_copy_bytes_per_slot
+    from sglang_replayssm.spec_plan import pool_verify_shape
+    from tests.integration.test_read_copy_pool import _pool
+
+    pool = _pool(read_dtype, family)
+    shape = pool_verify_shape(pool)
+    assert (shape.read_bytes, shape.read_scale_bytes) == (read_bytes, scale_bytes)
+    assert shape.variant == f"read-{str(read_dtype).removeprefix('torch.')}"
+    temporal = pool.mamba_cache.temporal
+    assert shape.num_layers * shape.read_copy_bytes == read_copy_bytes_per_slot(
+        tuple(temporal.shape[2:]), shape.num_layers, read_dtype)
+    plain = pool_verify_shape(_pool(None, family))
+    assert (plain.read_bytes, plain.read_scale_bytes, plain.variant) == (None, 0, "")
+    assert dataclasses.replace(shape, read_bytes=None, read_scale_bytes=0, variant="") == plain
 
 
 @pytest.mark.parametrize(

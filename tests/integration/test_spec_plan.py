@@ -136,7 +136,7 @@ def test_verify_buckets_add_the_largest_eager_batch():
 
 
 def _args(**kw) -> SimpleNamespace:
-    base = dict(speculative_algorithm="NGRAM", speculative_eagle_topk=1, device="cuda", disable_cuda_graph=False,
+    base = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, device="cuda", disable_cuda_graph=False,
                 cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(bs=[1, 2, 4])), max_running_requests=8,
                 enable_mamba_extra_buffer=lambda: False)
     base.update(kw)
@@ -150,11 +150,36 @@ def test_startup_refusals():
     assert startup_refusals(_args(speculative_eagle_topk=4), "auto") == []  # tree -> snapshot path
     (tree,) = startup_refusals(_args(speculative_eagle_topk=4), "replay")
     assert "--speculative-eagle-topk 4" in tree
-    (cpu,) = startup_refusals(_args(device="cpu"), "replay")
+    (cpu,) = startup_refusals(_args(device="cpu", speculative_algorithm="NGRAM", speculative_ngram_max_bfs_breadth=1),
+                              "replay")
     assert "--device cpu with NGRAM" in cpu and "sgl_kernel" in cpu and "plug-in-registered" in cpu
     assert startup_refusals(_args(speculative_adaptive=False), "auto") == []
     (adaptive,) = startup_refusals(_args(speculative_adaptive=True), "auto")
     assert "--speculative-adaptive" in adaptive and "--speculative-num-draft-tokens" in adaptive
+
+
+def test_ngram_at_breadth_one_is_refused_its_drafts_are_trees():
+    """NGRAM's drafts are trees at any breadth, but at ``--speculative-ngram-max-bfs-breadth 1`` SGLang sets
+    ``speculative_eagle_topk`` 1 and both verify paths would run them as chains: refused in every mode.
+    Breadth 2 or more is a tree draft (SGLang's snapshot verify): ``auto`` / ``snapshot`` start, ``replay``
+    is refused, also before SGLang has copied the breadth into ``speculative_eagle_topk``."""
+    ngram = dict(speculative_algorithm="NGRAM")
+    for mode in ("auto", "replay", "snapshot"):
+        problems = startup_refusals(_args(**ngram, speculative_ngram_max_bfs_breadth=1), mode)
+        (chain,) = [p for p in problems if "NGRAM" in p]
+        assert "--speculative-ngram-max-bfs-breadth 1" in chain and "trees" in chain
+        assert "use --speculative-ngram-max-bfs-breadth 2 or more" in chain
+    assert startup_refusals(_args(**ngram, speculative_ngram_max_bfs_breadth=1), "snapshot") == [chain]
+    for mode in ("auto", "snapshot"):  # SGLang's default breadth 10, before and after its resolution
+        assert startup_refusals(_args(**ngram, speculative_ngram_max_bfs_breadth=10, speculative_eagle_topk=None),
+                                mode) == []
+        assert startup_refusals(_args(**ngram, speculative_ngram_max_bfs_breadth=10, speculative_eagle_topk=10),
+                                mode) == []
+    (tree,) = startup_refusals(_args(**ngram, speculative_ngram_max_bfs_breadth=2, speculative_eagle_topk=None),
+                               "replay")
+    assert "cannot serve tree drafts (--speculative-eagle-topk 2 > 1)" in tree
+    # other algorithms keep --speculative-eagle-topk: linear EAGLE chains start
+    assert startup_refusals(_args(speculative_ngram_max_bfs_breadth=1), "replay") == []
 
 
 def test_deterministic_inference_refuses_the_per_bucket_verify_choice():
