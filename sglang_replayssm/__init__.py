@@ -29,13 +29,20 @@ def register() -> None:
         On an invalid configuration, an unsupported SGLang, a changed target, a hook that did not
         take effect, or any unexpected error while installing.
     """
-    from sglang_replayssm.config import ReplaySSMConfig
+    from sglang_replayssm.config import ENV_VAR, ReplaySSMConfig
     from sglang_replayssm.errors import ReplaySSMStartupError
 
     try:
         config = ReplaySSMConfig.from_env()
     except ValueError as exc:
         raise ReplaySSMStartupError(str(exc)) from None
+    ignored = config.ignored_fields()
+    if ignored:
+        logger.warning(
+            "sglang-replayssm: %s sets %s, which backend %r ignores (SGLang's own kernels run); add "
+            '"backend": "replay" to it or unset it', ENV_VAR,
+            ", ".join(f"{name}={value!r}" for name, value in ignored.items()), config.backend,
+        )
     try:
         from sglang_replayssm import patching
 

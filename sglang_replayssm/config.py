@@ -24,12 +24,15 @@ import os
 from collections.abc import Mapping, MutableMapping
 from typing import Self
 
-__all__ = ["BACKENDS", "ENV_VAR", "READ_DTYPES", "VERIFY_MODES", "ReplaySSMConfig"]
+__all__ = ["BACKENDS", "ENV_VAR", "FLAGS", "READ_DTYPES", "VERIFY_MODES", "ReplaySSMConfig"]
 
 ENV_VAR = "SGLANG_REPLAYSSM_CONFIG"
 BACKENDS: tuple[str, ...] = ("default", "replay")
 VERIFY_MODES: tuple[str, ...] = ("auto", "replay", "snapshot")
 READ_DTYPES: tuple[str, ...] = ("same", "bf16", "fp16", "fp8")
+#: The replay-only fields and their command-line flags.
+FLAGS: dict[str, str] = {"window": "--replayssm-window", "verify": "--replayssm-verify",
+                         "read_dtype": "--replayssm-read-dtype"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,23 +46,22 @@ class ReplaySSMConfig:
         ``"replay"``: ReplaySSM, a checkpoint plus a ring of the last ``window`` inputs per state slot.
     window : int
         Ring window ``L >= 1``: decode flushes the ring into the checkpoint every ``L`` steps.
-        ``L = 1`` is the conventional update.  Needs ``backend="replay"`` unless it is the default.
+        ``L = 1`` is the conventional update.  Ignored by ``backend="default"`` (``ignored_fields``).
     verify : str
         Speculative verify path: ``"auto"`` (per batch bucket and draft length, ``heuristic.py``),
         ``"replay"`` or ``"snapshot"`` (SGLang's own).  Ignored without speculative decoding.
-        Needs ``backend="replay"`` unless it is the default.
+        Ignored by ``backend="default"``.
     read_dtype : str
         Split precision: ``"same"`` (decode reads the checkpoint itself) or the dtype of a read copy
         kept beside the checkpoint, ``"bf16"``, ``"fp16"`` or ``"fp8"`` (e4m3 with per-row scales),
         which non-flush decode rows read instead (``kernels/README.md``, "Split precision").
-        Needs ``backend="replay"``.
+        Ignored by ``backend="default"``.
 
     Raises
     ------
     ValueError
-        On an unknown backend, verify mode or read dtype, a window that is not an integer ``>= 1``,
-        or a window, verify mode or read copy other than the default with ``backend="default"``
-        (SGLang's own kernels would ignore it silently).
+        On an unknown backend, verify mode or read dtype, or a window that is not an integer ``>= 1``
+        (fields that ``backend="default"`` ignores are reported by ``ignored_fields``, not refused here).
     """
 
     backend: str = "default"
@@ -84,17 +86,23 @@ class ReplaySSMConfig:
             raise ValueError(
                 f"replayssm read dtype: expected one of {', '.join(READ_DTYPES)}, got {self.read_dtype!r}"
             )
-        if self.backend != "replay":
-            defaults = {field.name: field.default for field in dataclasses.fields(self)}
-            for name, label, flag in (("window", "window L", "--replayssm-window"),
-                                      ("verify", "verify", "--replayssm-verify"),
-                                      ("read_dtype", "read dtype", "--replayssm-read-dtype")):
-                value = getattr(self, name)
-                if value != defaults[name]:
-                    raise ValueError(
-                        f"replayssm {label} {value!r} needs --ssm-backend replay (got {self.backend!r}, whose "
-                        f"SGLang kernels would ignore it); use {flag} {defaults[name]} or --ssm-backend replay"
-                    )
+
+    def ignored_fields(self) -> dict[str, object]:
+        """The fields that ``backend="default"`` ignores and that differ from their defaults.
+
+        Empty for ``backend="replay"``.  Not refused here: a leftover ``SGLANG_REPLAYSSM_CONFIG`` must not
+        stop a stock server (``register`` warns); a flag given on the command line is refused by
+        ``hooks.args.config_from_namespace``.
+
+        Returns
+        -------
+        dict[str, object]
+            Field name -> value, in the order window, verify, read_dtype.
+        """
+        if self.backend == "replay":
+            return {}
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
+        return {name: getattr(self, name) for name in FLAGS if getattr(self, name) != defaults[name]}
 
     def read_torch_dtype(self):
         """The read copy's ``torch.dtype``, or ``None`` for ``read_dtype="same"`` (no copy)."""

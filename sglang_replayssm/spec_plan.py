@@ -41,6 +41,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: For decisions that a guard replaces before they are final (their lines would contradict the guard's).
+_UNLOGGED = logging.getLogger(f"{__name__}.replaced")
+_UNLOGGED.disabled = True
+
 #: ``Decision.source`` values that bind a bucket to its path: an override, tree drafts, and
 #: ``_guard_draft_length``'s snapshot; the guards refuse, rather than move, such a bucket.
 FORCED_SOURCES: tuple[str, ...] = ("override", "tree", "draft-length")
@@ -119,6 +123,26 @@ def startup_refusals(server_args, verify_mode: str) -> list[str]:
     return problems
 
 
+#: Algorithms whose linear drafts SGLang 0.5.17 sizes as ``--speculative-num-steps + 1`` tokens
+#: (``speculative_hook._handle_eagle_family``), whatever ``--speculative-num-draft-tokens`` says.
+_STEPS_PLUS_ONE = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+
+
+def _draft_tokens(server_args) -> tuple[int, str]:
+    """Linear drafts' ``T`` as SGLang resolves it, and the flag that sets it (for messages).
+
+    The first check runs before SGLang resolves its speculative settings
+    (``_handle_model_specific_adjustments`` precedes ``handle_speculative_decoding``): there an
+    EAGLE-family draft with ``--speculative-num-steps`` given has ``T = steps + 1``; otherwise
+    ``--speculative-num-draft-tokens`` (0 while unset: the scheduler's check sees the resolved value).
+    """
+    steps = getattr(server_args, "speculative_num_steps", None)
+    if str(server_args.speculative_algorithm).upper() in _STEPS_PLUS_ONE and steps is not None:
+        return steps + 1, f"--speculative-num-steps {steps}"
+    num_tokens = getattr(server_args, "speculative_num_draft_tokens", None) or 0
+    return num_tokens, f"--speculative-num-draft-tokens {num_tokens}"
+
+
 def draft_length_refusal(family: str, server_args, verify_mode: str) -> str | None:
     """The start-up refusal of a draft length the Gated DeltaNet replay verify cannot run, or None.
 
@@ -133,19 +157,19 @@ def draft_length_refusal(family: str, server_args, verify_mode: str) -> str | No
     family : str
         ``"mamba2"`` or ``"gdn"`` (``hooks.pool.replay_family``).
     server_args : sglang.srt.server_args.ServerArgs
-        Reads ``speculative_algorithm``, ``speculative_num_draft_tokens`` (unset until SGLang resolves
-        its speculative defaults: checked again in each scheduler), ``speculative_eagle_topk`` and
-        ``device``.
+        Reads ``speculative_algorithm``, ``speculative_num_steps`` / ``speculative_num_draft_tokens``
+        (``_draft_tokens``; unset until SGLang resolves its speculative defaults: checked again in each
+        scheduler), the draft's topk (``_draft_topk``) and ``device``.
     verify_mode : str
         ``--replayssm-verify``.
     """
-    num_tokens = getattr(server_args, "speculative_num_draft_tokens", None) or 0
-    topk = getattr(server_args, "speculative_eagle_topk", None) or 1
-    if (family != "gdn" or not getattr(server_args, "speculative_algorithm", None) or topk > 1
-            or num_tokens <= GDN_VERIFY_MAX_T):
+    if family != "gdn" or not getattr(server_args, "speculative_algorithm", None) or _draft_topk(server_args) > 1:
         return None
-    limit = (f"--speculative-num-draft-tokens {num_tokens}: the Gated DeltaNet replay verify kernel takes at most "
-             f"{GDN_VERIFY_MAX_T} draft tokens (its forward substitution is unrolled over them)")
+    num_tokens, given = _draft_tokens(server_args)
+    if num_tokens <= GDN_VERIFY_MAX_T:
+        return None
+    limit = (f"{given}: {num_tokens} draft tokens, but the Gated DeltaNet replay verify kernel takes at most "
+             f"{GDN_VERIFY_MAX_T} (its forward substitution is unrolled over them)")
     if getattr(server_args, "device", None) == "cpu":
         return (f"{limit}, and on --device cpu SGLang's snapshot verify does not run; use "
                 f"--speculative-num-draft-tokens {GDN_VERIFY_MAX_T} or fewer")
@@ -356,11 +380,14 @@ def _guard_snapshot_overflow(plan: dict[int, heuristic.Decision], num_tokens: in
     largest eager batch is a bucket of the plan (``verify_buckets``), so the guard covers eager verify
     batches too."""
     bad = sorted(bs for bs, d in plan.items() if d.path == "snapshot" and bs > limit)
+    # the replay verify is the way out, except where it cannot run the draft length
+    way_out = ("--speculative-num-draft-tokens " + str(GDN_VERIFY_MAX_T) + " or fewer (the replay verify then runs)"
+               if any(plan[bs].source == "draft-length" for bs in bad)
+               else "--replayssm-verify replay with linear drafts")
     return _keep_off_snapshot(
         plan, bad, reason=f"snapshot commit would overflow SGLang 0.5.17's int32 offsets above batch {limit}",
         refusal=(f"whose commit scatter overflows int32 offsets above batch {limit} at T={num_tokens} (SGLang "
-                 f"0.5.17); cap --cuda-graph-max-bs / --max-running-requests at {limit}, or use "
-                 "--replayssm-verify replay with linear drafts"),
+                 f"0.5.17); cap --cuda-graph-max-bs / --max-running-requests at {limit}, or use {way_out}"),
         log=log)
 
 
@@ -458,11 +485,14 @@ def plan_for_server(pool, server_args, device: torch.device, max_batch: int = 0,
     buckets = verify_buckets(server_args, max_batch, capture_bs)
     topk = server_args.speculative_eagle_topk or 1
     mode = ReplaySSMConfig.from_env().verify
+    # every auto bucket goes to snapshot below (_guard_draft_length logs that): nothing logged or cached here
+    over = mode == "auto" and topk <= 1 and _over_draft_length(pool.ring_spec.family, pool.spec_tokens)
     plan = plan_verify(
         buckets=buckets, num_tokens=pool.spec_tokens, topk=topk, mode=mode, shape=pool_verify_shape(pool),
         profile=_profile(device),
-        cache=heuristic.DecisionCache(heuristic.default_cache_path()),
+        cache=None if over else heuristic.DecisionCache(heuristic.default_cache_path()),
         probe=_probe(pool, buckets, mode, topk, device),
+        log=_UNLOGGED if over else logger,
     )
     plan = _guard_draft_length(plan, pool.ring_spec.family, pool.spec_tokens)
     plan = _guard_snapshot_overflow(plan, pool.spec_tokens, pool_snapshot_batch_limit(pool))

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_replayssm import patching
-from sglang_replayssm.config import BACKENDS, READ_DTYPES, VERIFY_MODES, ReplaySSMConfig
+from sglang_replayssm.config import BACKENDS, FLAGS, READ_DTYPES, VERIFY_MODES, ReplaySSMConfig
 from sglang_replayssm.errors import ReplaySSMStartupError
 from sglang_replayssm.hooks import HookSpec
 
@@ -41,8 +41,7 @@ def _env_config() -> ReplaySSMConfig:
 
 def _window(text: str) -> int:
     try:
-        # checked as a replay window: whether the backend takes it is config_from_namespace's check
-        return ReplaySSMConfig(backend="replay", window=int(text)).window
+        return ReplaySSMConfig(window=int(text)).window
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
 
@@ -77,8 +76,8 @@ def add_flags(result: None, parser: argparse.ArgumentParser) -> None:
         default=defaults.window,
         metavar="L",
         help="ReplaySSM ring window: the state checkpoint is rewritten once every L decode steps "
-        "(L >= 1; L = 1 is the conventional update). Needs --ssm-backend replay: with --ssm-backend "
-        "default anything but 16 is refused. Default: %(default)s.",
+        "(L >= 1; L = 1 is the conventional update). Needs --ssm-backend replay (given with "
+        "--ssm-backend default, it is refused). Default: %(default)s.",
     )
     group.add_argument(
         "--replayssm-verify",
@@ -91,7 +90,7 @@ def add_flags(result: None, parser: argparse.ArgumentParser) -> None:
         "~/.cache/sglang_replayssm/verify_decisions.json), so a restart re-uses them without probing; a CPU "
         "decides from a byte model. One log line per bucket says which path and why. Tree drafts "
         "(--speculative-eagle-topk > 1) always use snapshot. 'replay' / 'snapshot' force one path. Needs "
-        "--ssm-backend replay: with --ssm-backend default anything but auto is refused. Default: %(default)s.",
+        "--ssm-backend replay (given with --ssm-backend default, it is refused). Default: %(default)s.",
     )
     group.add_argument(
         "--replayssm-read-dtype",
@@ -121,7 +120,8 @@ def config_from_namespace(args: argparse.Namespace) -> ReplaySSMConfig | None:
     Raises
     ------
     ReplaySSMStartupError
-        When only one of the two flags is present, or a value is invalid.
+        When only one of the two flags is present, a value is invalid, or a replay-only flag was given
+        (a value other than the environment's) with ``--ssm-backend default``.
     """
     present = [hasattr(args, "ssm_backend"), hasattr(args, "replayssm_window")]
     if not any(present):
@@ -131,16 +131,28 @@ def config_from_namespace(args: argparse.Namespace) -> ReplaySSMConfig | None:
             f"expected both ssm_backend and replayssm_window in the parsed arguments, got only "
             f"{'ssm_backend' if present[0] else 'replayssm_window'}"
         )
+    env = _env_config()
     try:
-        return ReplaySSMConfig(
+        config = ReplaySSMConfig(
             backend=args.ssm_backend,
             window=args.replayssm_window,
             # absent from a namespace built by hand before this flag existed: keep the env/default
-            verify=getattr(args, "replayssm_verify", None) or _env_config().verify,
-            read_dtype=getattr(args, "replayssm_read_dtype", None) or _env_config().read_dtype,
+            verify=getattr(args, "replayssm_verify", None) or env.verify,
+            read_dtype=getattr(args, "replayssm_read_dtype", None) or env.read_dtype,
         )
     except ValueError as exc:
         raise ReplaySSMStartupError(str(exc)) from None
+    # A value equal to the environment's is the flag's default (register() warned about it); one that
+    # differs was given on the command line, where --ssm-backend default would ignore it silently.
+    given = {name: value for name, value in config.ignored_fields().items() if value != getattr(env, name)}
+    if given:
+        flags = " ".join(f"{FLAGS[name]} {value}" for name, value in given.items())
+        raise ReplaySSMStartupError(
+            f"{flags}: expected --ssm-backend replay with {'this flag' if len(given) == 1 else 'these flags'}, got "
+            f"--ssm-backend {config.backend} (SGLang's own kernels would ignore "
+            f"{'it' if len(given) == 1 else 'them'}); add --ssm-backend replay or drop {flags}"
+        )
+    return config
 
 
 def take_config(original: Callable[..., Any], cls: type, args: argparse.Namespace) -> Any:

@@ -90,7 +90,9 @@ def _read_copy_refusal(config: ReplaySSMConfig, state_dtype: torch.dtype) -> str
         f"--replayssm-read-dtype {config.read_dtype}: expected a read copy narrower than the SSM checkpoint, got "
         f"{read.itemsize} bytes per value for a {state} checkpoint ({state_dtype.itemsize} bytes; from "
         "--mamba-ssm-dtype, else SGLANG_MAMBA_SSM_DTYPE or the model config's mamba_ssm_dtype): such a copy moves "
-        "no fewer bytes, and an fp16 copy of a bf16 checkpoint can overflow; use --replayssm-read-dtype "
+        "no fewer bytes" + (f", and an {config.read_dtype} copy of a {state} checkpoint can overflow"
+                            if (read, state_dtype) == (torch.float16, torch.bfloat16) else "")
+        + "; use --replayssm-read-dtype "
         + " or ".join([*narrower, "same"]) + ", or a wider --mamba-ssm-dtype"
     )
 

@@ -32,17 +32,25 @@ def test_defaults() -> None:
         ({"verify": "fast"}, "replayssm verify: expected one of auto, replay, snapshot, got 'fast'"),
         ({"backend": "replay", "read_dtype": "int8"},
          "replayssm read dtype: expected one of same, bf16, fp16, fp8, got 'int8'"),
-        ({"read_dtype": "bf16"}, "replayssm read dtype 'bf16' needs --ssm-backend replay"),
-        # SGLang's own kernels would ignore them: refused unless they are the defaults
-        ({"window": 4}, r"replayssm window L 4 needs --ssm-backend replay \(got 'default'.*use --replayssm-window 16 "
-                        "or --ssm-backend replay"),
-        ({"verify": "snapshot"}, r"replayssm verify 'snapshot' needs --ssm-backend replay \(got 'default'.*use "
-                                 "--replayssm-verify auto or --ssm-backend replay"),
     ],
 )
 def test_invalid_fields_are_rejected_with_expected_and_actual(fields: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ReplaySSMConfig(**fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "ignored"),
+    [
+        ({}, {}),
+        ({"backend": "replay", "window": 4, "verify": "snapshot", "read_dtype": "fp8"}, {}),
+        ({"window": 4}, {"window": 4}),
+        ({"verify": "snapshot", "read_dtype": "bf16"}, {"verify": "snapshot", "read_dtype": "bf16"}),
+        ({"window": 16, "verify": "auto"}, {}),
+    ],
+)
+def test_ignored_fields_are_the_replay_fields_off_their_defaults(fields: dict, ignored: dict) -> None:
+    assert ReplaySSMConfig(**fields).ignored_fields() == ignored
 
 
 def test_config_is_frozen() -> None:
@@ -52,7 +60,7 @@ def test_config_is_frozen() -> None:
 
 @given(backend=st.sampled_from(BACKENDS), window=st.integers(min_value=1, max_value=2**31))
 def test_env_round_trip(backend: str, window: int) -> None:
-    config = ReplaySSMConfig(backend=backend, window=window if backend == "replay" else 16)
+    config = ReplaySSMConfig(backend=backend, window=window)
     environ: dict[str, str] = {}
     config.export(environ)
     assert ReplaySSMConfig.from_env(environ) == config
@@ -130,7 +138,9 @@ def test_env_value_is_the_flags_default(stock_sglang: None, monkeypatch: pytest.
     assert args.replayssm_window == 2
     monkeypatch.delenv(ENV_VAR)
     args = _server_parser().parse_args(["--model-path", "m", "--replayssm-window", "2"])
-    with pytest.raises(ReplaySSMStartupError, match="window L 2 needs --ssm-backend replay"):
+    with pytest.raises(ReplaySSMStartupError, match=r"--replayssm-window 2: expected --ssm-backend replay with this "
+                       r"flag, got --ssm-backend default \(SGLang's own kernels would ignore it\); add --ssm-backend "
+                       "replay or drop --replayssm-window 2"):
         config_from_namespace(args)  # --ssm-backend default would ignore it
 
 
@@ -148,7 +158,7 @@ def test_verify_flag_reaches_the_config(stock_sglang: None, monkeypatch: pytest.
     )
     assert config_from_namespace(args) == ReplaySSMConfig(backend="replay", verify="snapshot")
     args = _server_parser().parse_args(["--model-path", "m", "--replayssm-verify", "snapshot"])
-    with pytest.raises(ReplaySSMStartupError, match="verify 'snapshot' needs --ssm-backend replay"):
+    with pytest.raises(ReplaySSMStartupError, match="--replayssm-verify snapshot: expected --ssm-backend replay"):
         config_from_namespace(args)  # --ssm-backend default would ignore it
     monkeypatch.setenv(ENV_VAR, '{"backend": "replay", "verify": "replay"}')
     assert _server_parser().parse_args(["--model-path", "m"]).replayssm_verify == "replay"
@@ -173,6 +183,42 @@ def test_env_config_is_checked_when_plugins_load(
     monkeypatch.setenv(ENV_VAR, value)
     with pytest.raises(ReplaySSMStartupError, match=message):
         load_plugins()
+
+
+def test_leftover_env_fields_warn_and_do_not_stop_a_stock_server(
+    stock_sglang: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A leftover `SGLANG_REPLAYSSM_CONFIG` without `"backend": "replay"` is ignored by the stock
+    backend: register() warns (the process has not read its command line yet) and the flags' defaults,
+    being the environment's values, are not refused."""
+    from sglang.srt.plugins import load_plugins
+
+    from sglang_replayssm.hooks.args import config_from_namespace
+
+    monkeypatch.setenv(ENV_VAR, '{"window": 8, "read_dtype": "fp8"}')
+    with caplog.at_level("WARNING", logger="sglang_replayssm"):
+        load_plugins()
+    assert f"{ENV_VAR} sets window=8, read_dtype='fp8', which backend 'default' ignores" in caplog.text
+    args = _server_parser().parse_args(["--model-path", "m"])
+    assert config_from_namespace(args) == ReplaySSMConfig(window=8, read_dtype="fp8")
+    args = _server_parser().parse_args(["--model-path", "m", "--replayssm-window", "4"])
+    with pytest.raises(ReplaySSMStartupError, match="--replayssm-window 4: expected --ssm-backend replay"):
+        config_from_namespace(args)
+
+
+def test_env_replay_then_default_on_the_command_line_names_the_conflict(
+    stock_sglang: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The environment's replay window is the flag's default: `--ssm-backend default` meets the
+    backend conflict, not a refusal of a window the user did not give."""
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
+
+    monkeypatch.setenv(ENV_VAR, '{"backend": "replay", "window": 8}')
+    load_plugins()
+    args = _server_parser().parse_args(["--model-path", "m", "--ssm-backend", "default"])
+    with pytest.raises(ReplaySSMStartupError, match="--ssm-backend default conflicts with the replay hooks"):
+        ServerArgs.from_cli_args(args)
 
 
 def test_default_on_the_command_line_after_replay_from_env_is_refused(
@@ -216,8 +262,10 @@ def test_read_dtype_flag_reaches_the_config(stock_sglang: None, monkeypatch: pyt
         ["--model-path", "m", "--ssm-backend", "replay", "--replayssm-read-dtype", "fp8"]
     )
     assert config_from_namespace(args) == ReplaySSMConfig(backend="replay", read_dtype="fp8")
-    args = _server_parser().parse_args(["--model-path", "m", "--replayssm-read-dtype", "bf16"])
-    with pytest.raises(ReplaySSMStartupError, match="needs --ssm-backend replay"):
+    args = _server_parser().parse_args(["--model-path", "m", "--replayssm-read-dtype", "bf16",
+                                        "--replayssm-window", "8"])
+    with pytest.raises(ReplaySSMStartupError, match="--replayssm-window 8 --replayssm-read-dtype bf16: expected "
+                       "--ssm-backend replay with these flags"):
         config_from_namespace(args)
     monkeypatch.setenv(ENV_VAR, '{"backend": "replay", "read_dtype": "fp16"}')
     assert _server_parser().parse_args(["--model-path", "m"]).replayssm_read_dtype == "fp16"

@@ -3,6 +3,7 @@ the refusal of everything that would need SGLang's snapshot verify (not built be
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from types import SimpleNamespace
 
@@ -207,7 +208,7 @@ def test_gdn_draft_length_refusal():
     assert GDN_VERIFY_MAX_T == MAX_T == 16
     long = dict(speculative_num_draft_tokens=17)
     replay = draft_length_refusal("gdn", _args(**long), "replay")
-    assert "--speculative-num-draft-tokens 17" in replay and "at most 16 draft tokens" in replay
+    assert "--speculative-num-draft-tokens 17: 17 draft tokens" in replay and "takes at most 16 (" in replay
     assert "use --speculative-num-draft-tokens 16 or fewer, or --replayssm-verify auto or snapshot" in replay
     cpu = draft_length_refusal("gdn", _args(device="cpu", **long), "auto")
     assert "--device cpu" in cpu and "use --speculative-num-draft-tokens 16 or fewer" in cpu
@@ -218,6 +219,15 @@ def test_gdn_draft_length_refusal():
     assert draft_length_refusal("gdn", _args(speculative_eagle_topk=4, **long), "snapshot") is None
     assert draft_length_refusal("mamba2", _args(**long), "replay") is None
     assert draft_length_refusal("gdn", _args(speculative_algorithm=None, **long), "replay") is None
+    # before SGLang resolves its settings: an EAGLE-family chain is num_steps + 1 tokens whatever the
+    # draft-token flag says, and NGRAM's topk is its breadth
+    steps = draft_length_refusal("gdn", _args(speculative_num_steps=16, speculative_num_draft_tokens=4), "replay")
+    assert steps.startswith("--speculative-num-steps 16: 17 draft tokens")
+    for algorithm in ("EAGLE", "STANDALONE", "NEXTN"):
+        assert draft_length_refusal("gdn", _args(speculative_algorithm=algorithm, speculative_num_steps=3,
+                                                 **long), "replay") is None
+    assert draft_length_refusal("gdn", _args(speculative_algorithm="NGRAM", speculative_ngram_max_bfs_breadth=4,
+                                             speculative_num_steps=None, **long), "replay") is None
 
 
 GDN_SHAPE = h.verify_shape(
@@ -257,7 +267,8 @@ def test_gdn_draft_length_past_the_replay_kernel_sends_every_bucket_to_snapshot(
         _guard_draft_length(forced, "gdn", 17)
     # past the snapshot commit's int32 limit such a bucket cannot be moved back to replay: refused
     with pytest.raises(ReplaySSMStartupError, match=r"\[4096\].*\(the Gated DeltaNet replay verify takes at most "
-                       r"16.*above batch 100.*--max-running-requests at 100"):
+                       r"16.*above batch 100.*--max-running-requests at 100, or use --speculative-num-draft-tokens 16 "
+                       r"or fewer \(the replay verify then runs\)$"):
         _guard_snapshot_overflow(guarded, 17, 100)
     host = SimpleNamespace(verify_plan=guarded, _snapshot_limit=100)
     assert VerifyMetadataMixin._snapshot_path(host, 5000) is True
@@ -318,6 +329,26 @@ def test_plan_for_server_uses_the_graph_buckets_and_refuses_radix_tracking(monke
     # the model runner's maximum of running requests reaches the overflow guard
     with pytest.raises(ReplaySSMStartupError, match=r"above batch \d+.*--max-running-requests"):
         plan_for_server(pool, _args(), CPU, max_batch=pool_snapshot_batch_limit(pool) + 1)
+
+
+def test_plan_for_server_logs_one_line_per_bucket_past_the_gdn_draft_length(monkeypatch, tmp_path, caplog):
+    """``auto`` with GDN drafts past the replay kernel: the byte model's decisions are replaced before
+    they are final, so only ``_guard_draft_length``'s snapshot lines are logged, and nothing is cached."""
+    from tests.integration.test_pool import _pool
+
+    monkeypatch.setenv("SGLANG_REPLAYSSM_CONFIG", '{"backend": "replay", "verify": "auto"}')
+    monkeypatch.setenv(h.CACHE_ENV_VAR, str(tmp_path / "cache.json"))
+    monkeypatch.setattr(spec_plan, "_profile", lambda device: GPU)  # CUDA's: the snapshot verify may serve
+    pool = _pool("gdn")
+    pool.spec_tokens = 17
+    cache = pool.mamba_cache  # with the snapshot verify's per-draft buffer (auto keeps it)
+    pool.mamba_cache = SimpleNamespace(**{f.name: getattr(cache, f.name) for f in dataclasses.fields(cache)},
+                                       intermediate_ssm=torch.zeros(1))
+    caplog.set_level(logging.INFO)
+    plan = plan_for_server(pool, _args(), torch.device("cuda"))
+    assert sorted(plan) == [1, 2, 4, 8] and {(d.path, d.source) for d in plan.values()} == {("snapshot", "draft-length")}
+    assert _lines(caplog) == [plan[bs].log_line() for bs in sorted(plan)]
+    assert not (tmp_path / "cache.json").exists()
 
 
 def test_auto_on_a_cpu_moves_snapshot_choices_to_replay_and_logs_them(caplog):
