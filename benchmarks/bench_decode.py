@@ -593,7 +593,7 @@ class _ReadCopy:
             return None, None
         import torch
 
-        from replayssm_kernels.mamba2_decode.read_copy import refresh_read_copy
+        from replayssm_kernels.read_copy_refresh import refresh_read_copy_ref
 
         rdt = {"bf16": torch.bfloat16, "fp16": torch.float16,
                "fp8": torch.float8_e4m3fn}[self.cfg.read_dtype]
@@ -602,7 +602,7 @@ class _ReadCopy:
         scale = None
         if rdt == torch.float8_e4m3fn:
             scale = torch.empty(state.shape[:-1], dtype=torch.float32, device=state.device)
-        refresh_read_copy(state, read, scale, torch.arange(S, device=state.device))
+        refresh_read_copy_ref(state, read, scale, torch.arange(S, device=state.device))
         return read, scale
 
     def _read_kwargs(self, read=None, scale=None) -> dict:

@@ -29,7 +29,7 @@ from replayssm_kernels import (
     mamba2_conventional_f64,
     mamba2_replay_decode_ref,
 )
-from replayssm_kernels.mamba2_decode.read_copy import refresh_read_copy
+from replayssm_kernels.read_copy_refresh import refresh_read_copy_ref
 
 __all__ = ["CURVES", "error_curves", "main"]
 
@@ -72,7 +72,7 @@ def _run(inp: dict, state_dtype: torch.dtype, read_dtype: torch.dtype | None, L:
         read = torch.empty(slots, H, P, N, dtype=read_dtype)
         if read_dtype == torch.float8_e4m3fn:
             scale = torch.empty(slots, H, P)
-        refresh_read_copy(state, read, scale, torch.arange(slots))
+        refresh_read_copy_ref(state, read, scale, torch.arange(slots))
     cursors = torch.zeros(slots, 2, dtype=torch.int32)
     slot_idx = torch.ones(1, dtype=torch.int32)
     no_force = torch.zeros(1, dtype=torch.bool)

@@ -16,6 +16,7 @@ from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_re
 from replayssm_kernels.gdn_verify import gdn_replay_verify, gdn_replay_verify_ref
 from replayssm_kernels.mamba2_decode import mamba2_replay_decode, mamba2_replay_decode_ref
 from replayssm_kernels.mamba2_verify import mamba2_replay_verify, mamba2_replay_verify_ref
+from replayssm_kernels.read_copy_refresh import refresh_read_copy, refresh_read_copy_ref
 from replayssm_kernels.row_order import flush_first_order, flush_first_order_ref
 
 __all__ = [
@@ -38,4 +39,6 @@ __all__ = [
     "gdn_conventional_f64",
     "gdn_replay_verify",
     "gdn_replay_verify_ref",
+    "refresh_read_copy",
+    "refresh_read_copy_ref",
 ]

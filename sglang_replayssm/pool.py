@@ -41,7 +41,8 @@ Split precision (``--replayssm-read-dtype``): per layer a read copy ``read_state
 (``[layers, slots, ...]`` as ``temporal``, bf16 / fp16 / fp8 e4m3) and for fp8 its per-row scales
 ``read_scale`` (``[layers, slots, ...]`` as ``temporal`` without the last dim).  Invariant: for every
 slot the copy is ``quantize_rows`` of the checkpoint as stored.  The decode kernels keep it on flush
-rows; everything else that writes a checkpoint refreshes it with ``refresh_read``: extend forwards
+rows; everything else that writes a checkpoint refreshes it with ``refresh_read`` (on CUDA one fused
+launch, ``replayssm_kernels.read_copy_refresh``; padding entries write nothing): extend forwards
 (the backends, per layer), ``clear_slots``, ``copy_from`` (the destination is refreshed from its new
 checkpoint, so a source written by SGLang's radix track-copy is never carried stale), reload and
 radix materialisation.
@@ -68,7 +69,7 @@ from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache import memory_pool as _mp
 from sglang.srt.mem_cache.memory_pool import MambaPool
 
-from replayssm_kernels.mamba2_decode.read_copy import quantize_rows
+from replayssm_kernels.read_copy_refresh import refresh_read_copy, refresh_read_copy_ref
 
 from sglang_replayssm.config import ReplaySSMConfig
 from sglang_replayssm.radix import assert_all
@@ -354,10 +355,9 @@ class ReplayMambaPool(MambaPool):
                 torch.empty(temporal.shape[:-1], dtype=torch.float32, device=temporal.device)
                 if dtype == torch.float8_e4m3fn else None
             )
-        q, scale = quantize_rows(temporal, dtype)
-        read_state.copy_(q)
-        if read_scale is not None:
-            read_scale.copy_(scale)
+        # Every slot of every layer, in place (CUDA: the fused kernel, no checkpoint-sized temporaries).
+        refresh = refresh_read_copy if temporal.device.type == "cuda" else refresh_read_copy_ref
+        refresh(temporal, read_state, read_scale, torch.arange(temporal.shape[1], device=temporal.device))
         return read_state, read_scale
 
     def _alloc_rounding(self, enabled: bool) -> torch.Tensor | None:
@@ -401,29 +401,30 @@ class ReplayMambaPool(MambaPool):
     def refresh_read(self, indices: torch.Tensor, layer_idx: int | None = None) -> None:
         """Rewrite the read copy of ``indices`` from their checkpoints (no-op without a copy).
 
+        On CUDA one fused launch (``replayssm_kernels.refresh_read_copy``: each touched checkpoint
+        row read once, the copy and fp8 scales written once, no temporaries, no host sync); on a CPU
+        pool the torch reference ``refresh_read_copy_ref`` (same bits).  Padding entries (``-1``)
+        write nothing (the null slot 0's copy included).
+
         Parameters
         ----------
         indices : torch.Tensor
-            ``[k]`` integer slots; ``-1`` (padding) goes to the null slot 0.  No host sync.
+            ``[k]`` (or any shape, flattened) integer slots; ``-1`` is padding.
         layer_idx : int, optional
             One pool layer (after that layer's extend), or every layer when None.
         """
         if self.read_state is None:
             return
-        idx = indices.to(device=self.read_state.device, dtype=torch.long).reshape(-1).clamp(min=0)
+        idx = indices.reshape(-1)
+        if idx.dtype not in (torch.int32, torch.int64):
+            idx = idx.to(torch.int64)
+        idx = idx.to(device=self.read_state.device)
         if idx.numel() == 0:
             return
         temporal = self.mamba_cache.temporal
-        if layer_idx is None:
-            q, scale = quantize_rows(temporal[:, idx], self.read_state.dtype)
-            self.read_state[:, idx] = q
-            if scale is not None:
-                self.read_scale[:, idx] = scale
-        else:
-            q, scale = quantize_rows(temporal[layer_idx, idx], self.read_state.dtype)
-            self.read_state[layer_idx, idx] = q
-            if scale is not None:
-                self.read_scale[layer_idx, idx] = scale
+        refresh = refresh_read_copy if temporal.device.type == "cuda" else refresh_read_copy_ref
+        refresh(temporal, self.read_state, self.read_scale, idx,
+                layer_idx=None if layer_idx is None else int(layer_idx))
 
     def layer_rings(self, layer_idx: int) -> dict[str, torch.Tensor]:
         """Per-layer ring views ``name -> [slots, heads, R, ...]`` (pool layer index)."""

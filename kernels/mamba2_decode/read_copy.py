@@ -15,8 +15,10 @@ kernels on the GPU and under the interpreter (with conftest's rounding shim). De
 
 The kernels write the copy themselves on flush rows with ``store_read_tile`` (Triton, below,
 inlined by the Mamba-2 and GDN decode kernels); ``quantize_rows`` is the same rounding in torch
-(references, tests) and ``refresh_read_copy`` the host-side refresh for checkpoints written outside
-the ring protocol (allocation, prefill, copy-on-write); both give the kernels' bits.
+(references, tests). The refresh for checkpoints written outside the ring protocol (allocation,
+prefill, copy-on-write, ...) is ``replayssm_kernels.read_copy_refresh``: ``refresh_read_copy`` (one
+fused Triton launch, ``fp8_row_scale`` below) and ``refresh_read_copy_ref`` (``quantize_rows`` of a
+gather, then a scatter); both give the kernels' bits.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ __all__ = [
     "fp8_row_scale",
     "store_read_tile",
     "dequantize_rows",
-    "refresh_read_copy",
     "validate_read_copy",
 ]
 
@@ -165,35 +166,3 @@ def validate_read_copy(
     check_same_device(state=state, read_state=read_state, read_scale=read_scale)
     check_no_overlap(read_state=read_state, read_scale=read_scale)
 
-
-def refresh_read_copy(
-    state: torch.Tensor,
-    read_state: torch.Tensor,
-    read_scale: torch.Tensor | None,
-    slots: torch.Tensor,
-) -> None:
-    """Rewrite the read copy of ``slots`` from the checkpoint (host side, same bits as a flush).
-
-    Parameters
-    ----------
-    state : torch.Tensor
-        ``[slots, ...]`` checkpoint (read only).
-    read_state : torch.Tensor
-        Same shape, a ``READ_DTYPES`` dtype; rows ``slots`` are written in place.
-    read_scale : torch.Tensor or None
-        ``[slots, ...]`` (``state.shape[:-1]``) fp32 for an fp8 copy, written in place; else None.
-    slots : torch.Tensor
-        ``[k]`` int64/int32 slot indices (no ``-1``).
-
-    Raises
-    ------
-    ValueError
-        As ``validate_read_copy``, or ``slots`` not a 1-D integer tensor.
-    """
-    validate_read_copy(state, read_state, read_scale)
-    check_tensor("slots", slots, (None,), (torch.int32, torch.int64))
-    idx = slots.to(device=state.device, dtype=torch.int64)
-    q, scale = quantize_rows(state[idx], read_state.dtype)
-    read_state[idx] = q
-    if scale is not None:
-        read_scale[idx] = scale

@@ -19,8 +19,8 @@ ring + I" with the ring and I of the no-copy models (GDN: +v, β over math.md's 
 copy).
 
 A copy refreshed outside the kernels (``ReplayMambaPool.refresh_read``: after prefill, copy-on-write,
-radix materialisation and SGLang's snapshot-path commit) reads the checkpoint and writes the copy:
-``read_copy_refresh_bytes``.
+radix materialisation and SGLang's snapshot-path commit; one fused launch on CUDA) reads the checkpoint
+and writes the copy: ``read_copy_refresh_bytes``.
 
 Moved here from ``benchmarks/bytes_read_copy.py`` (audited; it re-exports these, numbers unchanged) so
 that the serving plug-in's verify heuristic counts the same bytes.
@@ -78,12 +78,16 @@ def read_copy_bytes(shape: Mamba2Dims | GDNDims, read_dtype: str) -> int:
 
 
 def read_copy_refresh_bytes(S: int, S_read: int) -> StepBytes:
-    """A refresh of one slot's copy in one layer outside the kernels (``ReplayMambaPool.refresh_read``):
-    the checkpoint read (``S``), the copy and its scales written (``S_read``).
+    """A refresh of one slot's copy in one layer outside the decode kernels
+    (``ReplayMambaPool.refresh_read``): the checkpoint read (``S``), the copy and its scales written
+    (``S_read``).
 
-    Unique bytes, as everywhere in this model; the pool's refresh is torch code (a gather of the
-    checkpoint, ``quantize_rows``, a scatter), whose intermediate tensors (the gathered checkpoint;
-    for fp8 the |x|, row max and scaled passes) are not counted.
+    On CUDA this is also what moves: the pool calls the fused kernel
+    ``replayssm_kernels.read_copy_refresh.refresh_read_copy``, which reads each touched checkpoint row
+    once and writes the copy (and the fp8 scale) once; padding entries move nothing. (The unfused
+    torch path it replaced, a gather, ``quantize_rows`` and a scatter, moved about ``3S + 3S_read``
+    for a 16-bit copy and about ``8S`` for fp8 through its temporaries; a CPU pool still runs that
+    path, ``refresh_read_copy_ref``.)
     """
     return StepBytes(S, S_read, 0, 0, 0)
 

@@ -5,6 +5,8 @@ bit-identical to ``quantize_rows`` of its checkpoint; slots not written stay bit
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from replayssm_kernels.mamba2_decode.read_copy import quantize_rows
@@ -29,11 +31,12 @@ def _params(family: str, ssm_dtype: torch.dtype = torch.float32):
                              dtype=Mamba2StateDType(conv=torch.float32, temporal=ssm_dtype))
 
 
-def _pool(read_dtype, family: str = "mamba2", ssm_dtype: torch.dtype = torch.float32) -> ReplayMambaPool:
+def _pool(read_dtype, family: str = "mamba2", ssm_dtype: torch.dtype = torch.float32,
+          device: str = "cpu") -> ReplayMambaPool:
     return ReplayMambaPool(
         replay=ReplayPoolSpec(family=family, window=4, act_dtype=torch.bfloat16, read_dtype=read_dtype),
         size=SIZE, spec_state_size=SIZE, cache_params=_params(family, ssm_dtype), mamba_layer_ids=LAYERS,
-        device="cpu",
+        device=device,
     )
 
 
@@ -43,7 +46,7 @@ def _fill(pool: ReplayMambaPool, seed: int) -> None:
     t = pool.mamba_cache.temporal
     mag = torch.exp2(torch.randint(-20, 20, t.shape[:-1], generator=g).float())[..., None]
     t.copy_((torch.randn(t.shape, generator=g) * mag).to(t.dtype))
-    pool.refresh_read(torch.arange(SIZE + 1))
+    pool.refresh_read(torch.arange(SIZE + 1, device=t.device))
 
 
 def _assert_copy_follows(pool: ReplayMambaPool, slots) -> None:
@@ -62,8 +65,8 @@ def _snapshot(pool: ReplayMambaPool):
 def _assert_untouched(pool: ReplayMambaPool, before, written: list[int]) -> None:
     keep = [s for s in range(SIZE + 1) if s not in written]
     assert torch.equal(pool.read_state[:, keep].view(torch.uint8), before[0][:, keep].view(torch.uint8))
-    if before[1] is not None:
-        assert torch.equal(pool.read_scale[:, keep], before[1][:, keep])
+    if before[1] is not None:  # bitwise: NaN-poisoned scales compare equal
+        assert torch.equal(pool.read_scale[:, keep].view(torch.int32), before[1][:, keep].view(torch.int32))
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
@@ -109,11 +112,81 @@ def test_layer_views_and_refresh_one_layer(read_dtype: torch.dtype):
     assert (view["read_scale"] is None) == (read_dtype != torch.float8_e4m3fn)
     before = _snapshot(pool)
     pool.mamba_cache.temporal[1, 3] *= 3.0  # an extend wrote layer 1 of slot 3
-    pool.refresh_read(torch.tensor([3, -1]), layer_idx=1)  # -1: padding, goes to the null slot
+    pool.refresh_read(torch.tensor([3, -1]), layer_idx=1)  # -1: padding, writes nothing
     _assert_copy_follows(pool, list(range(SIZE + 1)))
     changed = [(layer, s) for layer in range(3) for s in range(SIZE + 1)
                if not torch.equal(pool.read_state[layer, s].view(torch.uint8), before[0][layer, s].view(torch.uint8))]
     assert changed == [(1, 3)]
+
+
+def _poison(pool: ReplayMambaPool, slots) -> None:
+    """NaN into the copy (and scales) of ``slots``: a later refresh must write every byte, or none."""
+    pool.read_state[:, slots] = torch.tensor(float("nan")).to(pool.read_state.dtype)
+    if pool.read_scale is not None:
+        pool.read_scale[:, slots] = float("nan")
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+@pytest.mark.parametrize("read_dtype", READ)
+def test_refresh_padding_writes_nothing(family: str, read_dtype: torch.dtype):
+    """``-1`` entries touch nothing, the null slot 0's copy included (the unfused code clamped them to
+    slot 0 and rewrote it); named slots are written whole (NaN-poisoned before), in every layer or one."""
+    pool = _pool(read_dtype, family)
+    _fill(pool, 5)
+    _poison(pool, [0, 2, 5])
+    before = _snapshot(pool)
+    pool.refresh_read(torch.tensor([-1, 2, -1], dtype=torch.int32))
+    _assert_copy_follows(pool, [2])
+    _assert_untouched(pool, before, [2])  # slot 0 (and 5) still NaN
+    pool.mamba_cache.temporal[2, 5] += 1.0
+    pool.refresh_read(torch.tensor([[5], [-1]]), layer_idx=2)  # any shape, flattened
+    q, scale = quantize_rows(pool.mamba_cache.temporal[2, 5], read_dtype)
+    assert torch.equal(pool.read_state[2, 5].view(torch.uint8), q.view(torch.uint8))
+    assert torch.isnan(pool.read_state[:2, 5].float()).all() and torch.isnan(pool.read_state[:, 0].float()).all()
+    if scale is not None:
+        assert torch.equal(pool.read_scale[2, 5], scale) and torch.isnan(pool.read_scale[:, 0]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+@pytest.mark.parametrize("ssm_dtype,read_dtype", [(torch.float32, torch.bfloat16), (torch.float32, torch.float16),
+                                                   (torch.float32, torch.float8_e4m3fn),
+                                                   (torch.bfloat16, torch.float8_e4m3fn)])
+def test_gpu_refresh_takes_the_kernel(family: str, ssm_dtype: torch.dtype, read_dtype: torch.dtype,
+                                      launch_spy_module):
+    """A CUDA pool refreshes through the fused kernel (one launch per call, allocation included),
+    bit-identical to ``quantize_rows``; padding writes nothing."""
+    spy = launch_spy_module
+    pool = _pool(read_dtype, family, ssm_dtype, device="cuda")
+    assert len(spy.launches) == 1  # the allocation's fill
+    _assert_copy_follows(pool, list(range(SIZE + 1)))
+    _fill(pool, 6)
+    _poison(pool, [0, 3, 4])
+    before = _snapshot(pool)
+    pool.refresh_read(torch.tensor([3, -1, 4], device="cuda"))
+    pool.refresh_read(torch.tensor([-1], device="cuda"), layer_idx=1)
+    assert len(spy.launches) == 4
+    _assert_copy_follows(pool, [3, 4])
+    _assert_untouched(pool, before, [3, 4])
+
+
+@pytest.fixture
+def launch_spy_module(monkeypatch: pytest.MonkeyPatch):
+    """Count launches of the refresh kernel (the pool's CUDA path)."""
+    from replayssm_kernels.read_copy_refresh import kernel as mod
+
+    launches = []
+    kern = mod._refresh_read_copy_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launches.append(tuple(grid))
+                return kern[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(mod, "_refresh_read_copy_kernel", Spy())
+    return SimpleNamespace(launches=launches)
 
 
 @pytest.mark.parametrize("read_dtype", READ)

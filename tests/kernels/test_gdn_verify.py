@@ -45,8 +45,8 @@ from replayssm_kernels.gdn_verify import kernel as gdn_verify_kernel
 from replayssm_kernels.mamba2_decode.read_copy import (
     dequantize_rows,
     quantize_rows,
-    refresh_read_copy,
 )
+from replayssm_kernels.read_copy_refresh import refresh_read_copy_ref
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
@@ -1048,8 +1048,8 @@ class SplitSim(Sim):
         self.scale_full = self.read_scale = None
         if read_dtype == F8:
             self.scale_full, self.read_scale = alloc((self.slots, c.HV, c.V), FP32)
-        refresh_read_copy(self.state, self.read, self.read_scale,
-                          torch.arange(self.slots, device=device))  # fmt: skip
+        refresh_read_copy_ref(self.state, self.read, self.read_scale,
+                              torch.arange(self.slots, device=device))  # fmt: skip
         kw = dict(read_state=self.read, read_scale=self.read_scale)
         self.verify_fn = functools.partial(self.verify_fn, **kw)
         self.decode_fn = functools.partial(self.decode_fn, **kw)

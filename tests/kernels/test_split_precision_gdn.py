@@ -21,7 +21,8 @@ import torch
 from test_gdn_decode import DEVICE, Case, Sim, assert_bits_equal, lockstep
 
 from replayssm_kernels.gdn_decode import gdn_replay_decode, gdn_replay_decode_ref
-from replayssm_kernels.mamba2_decode.read_copy import quantize_rows, refresh_read_copy
+from replayssm_kernels.mamba2_decode.read_copy import quantize_rows
+from replayssm_kernels.read_copy_refresh import refresh_read_copy_ref
 
 pytestmark = [
     pytest.mark.usefixtures("interpreter_fp16_fp8_rtne"),
@@ -49,8 +50,8 @@ class SplitSim(Sim):
         self.scale_full = self.read_scale = None
         if read_dtype == F8:
             self.scale_full, self.read_scale = alloc((self.slots, c.HV, c.V), FP32)
-        refresh_read_copy(self.state, self.read, self.read_scale,
-                          torch.arange(self.slots, device=device))
+        refresh_read_copy_ref(self.state, self.read, self.read_scale,
+                              torch.arange(self.slots, device=device))
 
     def full_tensors(self):
         extra = [self.read_full] + ([self.scale_full] if self.scale_full is not None else [])

@@ -38,7 +38,8 @@ from test_mamba2_decode import (
 )
 
 from replayssm_kernels import decode_cursor_step, mamba2_conventional_f64
-from replayssm_kernels.mamba2_decode.read_copy import quantize_rows, refresh_read_copy
+from replayssm_kernels.mamba2_decode.read_copy import quantize_rows
+from replayssm_kernels.read_copy_refresh import refresh_read_copy_ref
 
 pytestmark = pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
 
@@ -74,7 +75,7 @@ def make_read_copy(state: torch.Tensor, dtype: torch.dtype, layout: str, layers:
         scale_full = torch.full((layers, slots, H, P + 3), nan, device=state.device)
         scale = scale_full[layer, :, :, 1 : P + 1]
     idx = torch.arange(slots, device=state.device)
-    refresh_read_copy(state, read, scale, idx)
+    refresh_read_copy_ref(state, read, scale, idx)
     return ReadCopy(read, scale, (full,) if scale_full is None else (full, scale_full))
 
 
