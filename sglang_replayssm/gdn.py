@@ -40,7 +40,13 @@ from replayssm_kernels.gdn_decode.kernel import FLUSH_FIRST_MIN_BATCH
 
 from sglang_replayssm.metadata import GraphBuffers, GraphMetadataMixin, ReplayStep, build_eager
 from sglang_replayssm.pool import ReplayMambaPool
-from sglang_replayssm.spec import VerifyGraphBuffers, VerifyMetadataMixin, VerifyStep, verify_kernel
+from sglang_replayssm.spec import (
+    VerifyGraphBuffers,
+    VerifyMetadataMixin,
+    VerifyStep,
+    pin_batch_invariant,
+    verify_kernel,
+)
 
 __all__ = ["ReplayGDNAttnBackend"]
 
@@ -93,6 +99,7 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         self.num_tokens = pool.spec_tokens
         self._decode = decode_kernel(torch.device(self.device))
         self._verify = verify_kernel("gdn", torch.device(self.device))
+        self._decode, self._verify = pin_batch_invariant(model_runner.server_args, self._decode, self._verify)
         self._step: ReplayStep | VerifyStep | None = None
         self._verify_graph: VerifyGraphBuffers | None = None
         self._last_verify: VerifyStep | None = None

@@ -50,7 +50,13 @@ from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBac
 
 from sglang_replayssm.metadata import GraphBuffers, GraphMetadataMixin, ReplayStep, build_eager
 from sglang_replayssm.pool import ReplayMambaPool
-from sglang_replayssm.spec import VerifyGraphBuffers, VerifyMetadataMixin, VerifyStep, verify_kernel
+from sglang_replayssm.spec import (
+    VerifyGraphBuffers,
+    VerifyMetadataMixin,
+    VerifyStep,
+    pin_batch_invariant,
+    verify_kernel,
+)
 
 __all__ = ["ReplayMamba2AttnBackend", "replay_selective_state_update", "PERF_NOTE"]
 
@@ -170,6 +176,7 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
         self.num_tokens = pool.spec_tokens
         self._decode = decode_kernel(torch.device(self.device))
         self._verify = verify_kernel("mamba2", torch.device(self.device))
+        self._decode, self._verify = pin_batch_invariant(model_runner.server_args, self._decode, self._verify)
         self._step: ReplayStep | VerifyStep | None = None
         self._verify_graph: VerifyGraphBuffers | None = None
         self._last_verify: VerifyStep | None = None

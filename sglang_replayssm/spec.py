@@ -32,6 +32,7 @@ the buffers of the batch size last replayed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 
@@ -48,6 +49,7 @@ __all__ = [
     "VerifyStep",
     "build_verify_eager",
     "commit_verify",
+    "pin_batch_invariant",
     "rollback_conv",
     "verify_kernel",
 ]
@@ -101,6 +103,17 @@ def verify_kernel(family: str, device: torch.device) -> Callable[..., None]:
         raise ValueError(
             f"ReplaySSM verify: expected family in (mamba2, gdn) and device cuda or cpu, got {family!r} on {device}"
         ) from None
+
+
+def pin_batch_invariant(server_args, *kernels: Callable[..., None]) -> tuple[Callable[..., None], ...]:
+    """The backend's decode / verify kernels as it should call them: with SGLang's
+    ``--enable-deterministic-inference`` (batch-invariant outputs), each with ``batch_invariant=True``, so
+    every launch takes one configuration at every batch size (the Mamba-2 kernels no small-batch P-split,
+    the GDN decode one value tile per program, the GDN verify window one value tile; kernels/README.md,
+    "Batch invariance"); otherwise unchanged (the batch-dependent launches, the measured defaults)."""
+    if not server_args.enable_deterministic_inference:
+        return kernels
+    return tuple(functools.partial(k, batch_invariant=True) for k in kernels)
 
 
 def _cursor_step(cursors: torch.Tensor):

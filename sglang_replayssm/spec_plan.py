@@ -112,7 +112,9 @@ def startup_refusals(server_args, verify_mode: str) -> list[str]:
             "--enable-deterministic-inference with --replayssm-verify auto: auto sends each CUDA-graph batch "
             "bucket to the replay verify or to SGLang's snapshot verify (decided by a timed probe), and the two "
             "sum in different orders, so a request's tokens could depend on the size of the batch it was "
-            "verified in; pass --replayssm-verify replay or --replayssm-verify snapshot"
+            "verified in; pass --replayssm-verify replay or --replayssm-verify snapshot (both fixed at every batch "
+            "size: under this flag the replay kernels launch one configuration at every batch size; for Gated "
+            "DeltaNet past 16 draft tokens only snapshot)"
         )
     if getattr(server_args, "device", None) == "cpu":
         problems += _cpu_refusals(server_args, topk)

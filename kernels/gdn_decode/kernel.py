@@ -396,6 +396,7 @@ def gdn_replay_decode(
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
     row_order: torch.Tensor | None = None,
+    batch_invariant: bool = False,
 ) -> None:
     """One Gated DeltaNet ReplaySSM decode step for a batch of rows (one token per row).
 
@@ -478,6 +479,14 @@ def gdn_replay_decode(
         ``[batch]`` int32 permutation of the rows: the launch runs the rows in this order
         (``replayssm_kernels.row_order.flush_first_order``: flush rows first, so their long
         programs start in the first wave).  Changes no result.  Its contents are not checked.
+    batch_invariant : bool
+        Pin the launch to the configuration of no particular batch size: one value tile per
+        program at every batch (``tiles = 1``; by default ``program_tiles``: 2 from batch 64, 4
+        from 256, whose compiled non-flush sums round differently, kernels/README.md, "Batch
+        invariance"). A row's outputs, records and checkpoint then come from the same compiled
+        kernel and the same programs whatever else is in the batch (SGLang's
+        ``--enable-deterministic-inference``). ``row_order`` stays allowed (it only maps
+        programs to rows).
 
     Raises
     ------
@@ -499,5 +508,5 @@ def gdn_replay_decode(
             state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
             slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
             read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,
-            row_order=row_order,
+            row_order=row_order, tiles=1 if batch_invariant else None,
         )  # fmt: skip

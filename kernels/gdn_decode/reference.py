@@ -55,11 +55,15 @@ def gdn_replay_decode_ref(
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
     row_order: torch.Tensor | None = None,
+    batch_invariant: bool = False,
 ) -> None:
     """Reference of ``replayssm_kernels.gdn_decode.gdn_replay_decode`` (see its docstring).
 
     Same arguments, same in-place updates of ``state`` (flush rows), the ring tensors (non-flush
     rows) and ``out`` (non-padding rows).  Reads the per-row cursors (and ``sr_seed``) on the host.
+
+    ``batch_invariant`` is accepted for the kernel's signature and has no effect: the reference has no
+    launch configuration (it is not claimed batch invariant: torch's batched ops may round by batch).
     """
     dims = validate_gdn_decode(
         state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,

@@ -271,6 +271,7 @@ def gdn_replay_verify(
     read_scale: torch.Tensor | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
+    batch_invariant: bool = False,
 ) -> None:
     """Verify ``T`` tokens per row (linear draft chain) on the Gated DeltaNet ReplaySSM ring.
 
@@ -347,6 +348,12 @@ def gdn_replay_verify(
         Not written.
     sr_layer : int
         Stream id mixed into the bits (the layer index), ``[0, 2^31)``; a runtime argument.
+    batch_invariant : bool
+        Pin the window launch to one value tile at every batch (``WINDOW_BLOCK_V``; by default
+        ``SMALL_BLOCK_V`` for at most ``SMALL_BATCH`` rows), so a row's outputs and records come
+        from the same compiled kernel and the same programs whatever else is in the batch
+        (SGLang's ``--enable-deterministic-inference``; kernels/README.md, "Batch invariance").
+        The fold launch keeps its work list: every grid of it gives the per-row grid's bits.
 
     Raises
     ------
@@ -366,4 +373,5 @@ def gdn_replay_verify(
             state, ring_u, ring_k, ring_v, ring_g, ring_beta, q, k, v, a, b, A_log, dt_bias, out,
             slot_idx, ring_start, ring_len, flush, scale=scale, use_qk_l2norm=use_qk_l2norm,
             read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,
+            block_v=WINDOW_BLOCK_V if batch_invariant else None,
         )  # fmt: skip

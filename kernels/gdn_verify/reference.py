@@ -56,8 +56,12 @@ def gdn_replay_verify_ref(
     read_scale: torch.Tensor | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
+    batch_invariant: bool = False,
 ) -> None:
     """Reference of ``replayssm_kernels.gdn_verify.gdn_replay_verify`` (see its docstring).
+
+    ``batch_invariant`` is accepted for the kernel's signature and has no effect: the reference has no
+    launch configuration (it is not claimed batch invariant: torch's batched ops may round by batch).
 
     Same arguments, same in-place updates of ``state`` (flush rows), the ring tensors (window rows
     of every live row), ``out`` (non-padding rows) and, with a split-precision copy,

@@ -659,6 +659,7 @@ def mamba2_replay_decode(
     read_scale: torch.Tensor | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
+    batch_invariant: bool = False,
 ) -> None:
     """One Mamba-2 ReplaySSM decode step (``T = 1``) for a batch of rows; see kernels/README.md.
 
@@ -732,6 +733,12 @@ def mamba2_replay_decode(
     sr_layer : int
         Stream id mixed into the bits (the layer index), ``[0, 2^31)``; compiled as a runtime
         argument, so every layer shares one kernel.
+    batch_invariant : bool
+        Pin the launch to the configuration of no particular batch size: no small-batch P-split
+        (``P_SPLIT = 1``, one program per (row, head) at every batch). A row's outputs, records
+        and checkpoint then come from the same compiled kernel and the same program whatever else
+        is in the batch (SGLang's ``--enable-deterministic-inference``; kernels/README.md, "Batch
+        invariance"). Default ``False``: ``p_split_rule`` splits at small batch.
 
     Raises
     ------
@@ -754,6 +761,7 @@ def mamba2_replay_decode(
         stride_D=(dims.stride_D_head, dims.stride_D_p),
         stride_dt_bias_head=dims.stride_dt_bias_head,
         read_state=read_state, read_scale=read_scale, sr_seed=sr_seed, sr_layer=sr_layer,
+        p_split=1 if batch_invariant else None,
     )
     with launch_device(state):
         launch()

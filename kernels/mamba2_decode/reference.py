@@ -49,8 +49,12 @@ def mamba2_replay_decode_ref(
     read_scale: torch.Tensor | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
+    batch_invariant: bool = False,
 ) -> None:
     """Reference of ``replayssm_kernels.mamba2_replay_decode`` (see its docstring; same contract).
+
+    ``batch_invariant`` is accepted for the kernel's signature and has no effect: the reference has no
+    launch configuration (it is not claimed batch invariant: torch's batched ops may round by batch).
 
     Raises
     ------

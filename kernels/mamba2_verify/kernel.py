@@ -777,6 +777,7 @@ def mamba2_replay_verify(
     read_scale: torch.Tensor | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
+    batch_invariant: bool = False,
 ) -> None:
     """One Mamba-2 ReplaySSM verify step of ``T`` window tokens per row; see kernels/README.md.
 
@@ -855,6 +856,12 @@ def mamba2_replay_verify(
         Not written.
     sr_layer : int
         Stream id mixed into the bits (the layer index), ``[0, 2^31)``; a runtime argument.
+    batch_invariant : bool
+        Pin the launch to the configuration of no particular batch size: no small-batch P-split
+        (``P_SPLIT = 1``, one program per (row, head) at every batch). A row's outputs, records
+        and checkpoint then come from the same compiled kernel and the same program whatever else
+        is in the batch (SGLang's ``--enable-deterministic-inference``; kernels/README.md, "Batch
+        invariance"). Default ``False``: ``p_split_rule`` splits at small batch.
 
     Raises
     ------
@@ -877,7 +884,7 @@ def mamba2_replay_verify(
         stride_dt=(d.stride_dt_batch, vd.stride_dt_T, d.stride_dt_head),
         stride_A_head=d.stride_A_head, stride_D=(d.stride_D_head, d.stride_D_p),
         stride_dt_bias_head=d.stride_dt_bias_head, read_state=read_state, read_scale=read_scale,
-        sr_seed=sr_seed, sr_layer=sr_layer,
+        sr_seed=sr_seed, sr_layer=sr_layer, p_split=1 if batch_invariant else None,
     )
     with launch_device(state):
         launch()

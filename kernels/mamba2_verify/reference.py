@@ -50,8 +50,12 @@ def mamba2_replay_verify_ref(
     read_scale: torch.Tensor | None = None,
     sr_seed: torch.Tensor | None = None,
     sr_layer: int = 0,
+    batch_invariant: bool = False,
 ) -> None:
     """Reference of ``replayssm_kernels.mamba2_replay_verify`` (see its docstring).
+
+    ``batch_invariant`` is accepted for the kernel's signature and has no effect: the reference has no
+    launch configuration (it is not claimed batch invariant: torch's batched ops may round by batch).
 
     Raises
     ------

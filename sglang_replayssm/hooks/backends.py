@@ -31,7 +31,9 @@
     its replay verify kernel takes with ``--replayssm-verify replay`` or on ``--device cpu``),
     tensor-parallel layouts that cannot shard the SSM heads and groups (``tp.startup_refusal``), a read
     copy (``--replayssm-read-dtype``) not narrower than the SSM checkpoint's dtype, a Philox round count
-    for stochastic rounding (``--mamba-cache-philox-rounds``: our flush hashes its bits), streaming sessions (a
+    for stochastic rounding (``--mamba-cache-philox-rounds``: our flush hashes its bits), stochastic rounding
+    with ``--enable-deterministic-inference`` (its bits follow a per-forward counter and the slot, which depend
+    on the other requests; without it the backends pin their launches, ``batch_invariant``), streaming sessions (a
     session keeps a finished turn's slot without folding its ring), two-batch overlap (the micro-batches'
     child attention backends build forward metadata again, so the ring cursors would advance twice per
     forward), PD multiplexing (``--enable-pdmux``: layer-split prefills, which no supported model
@@ -128,6 +130,16 @@ def _refusals(model_config, server_args) -> list[str]:
         problems.append(
             "--mamba-cache-philox-rounds: the ReplaySSM flush draws its stochastic-rounding bits from a counter hash "
             "(replayssm_kernels/stochastic_round.py), not from Philox; leave it at 0 (the hash has no rounds to set)"
+        )
+    if getattr(server_args, "enable_deterministic_inference", False) and getattr(
+        server_args, "enable_mamba_cache_stochastic_rounding", False
+    ):
+        problems.append(
+            "--enable-deterministic-inference with --enable-mamba-cache-stochastic-rounding is not supported with "
+            "--ssm-backend replay: the flush draws its rounding bits from a counter advanced once per forward and "
+            "from the request's SSM slot (replayssm_kernels/stochastic_round.py), and both depend on the other "
+            "requests the server has run, so a request's checkpoint bits would depend on its batch; run without "
+            "one of the two flags"
         )
     if getattr(server_args, "enable_streaming_session", False):
         problems.append(

@@ -158,6 +158,38 @@ def test_stochastic_rounding_is_accepted_and_a_philox_round_count_refused():
     assert "leave it at 0" in problems[0]
 
 
+def test_deterministic_inference_pins_the_kernels_and_refuses_stochastic_rounding():
+    """``--enable-deterministic-inference``: the backends call their kernels with ``batch_invariant=True``
+    (one launch configuration at every batch size, ``spec.pin_batch_invariant``), and without the flag
+    the kernels unchanged; with stochastic rounding, whose bits follow a per-forward counter and the slot,
+    it is refused at startup (deterministic mode alone, decode or speculative with a fixed verify path, is
+    accepted)."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from sglang_replayssm.hooks.backends import _refusals
+    from sglang_replayssm.spec import pin_batch_invariant
+
+    calls = []
+
+    def kernel(*args, **kw):
+        calls.append(kw)
+
+    assert pin_batch_invariant(SimpleNamespace(enable_deterministic_inference=False), kernel, kernel) == (
+        kernel, kernel)
+    decode, verify = pin_batch_invariant(SimpleNamespace(enable_deterministic_inference=True), kernel, kernel)
+    decode(1, sr_layer=3)
+    verify(2)
+    assert calls == [{"batch_invariant": True, "sr_layer": 3}, {"batch_invariant": True}]
+
+    base = dict(tp_size=1, dp_size=1, enable_dp_attention=False, attn_cp_size=1, device="cuda",
+                speculative_algorithm=None, enable_deterministic_inference=True)
+    model = ModelConfig(model_path=str(Path(__file__).resolve().parents[1] / "models" / "nemotron_h_tiny"))
+    assert _refusals(model, SimpleNamespace(**base)) == []
+    (problem,) = _refusals(model, SimpleNamespace(**base, enable_mamba_cache_stochastic_rounding=True))
+    assert "--enable-deterministic-inference with --enable-mamba-cache-stochastic-rounding" in problem
+    assert "run without one of the two flags" in problem
+
+
 def test_streaming_sessions_refused():
     """A streaming session hands a finished turn's SSM slot to the next turn without the radix
     cache's donate path, so its ring would never be folded: refused at startup, with what to change."""

@@ -190,6 +190,7 @@ def test_deterministic_inference_refuses_the_per_bucket_verify_choice():
     (problem,) = startup_refusals(_args(**deterministic), "auto")
     assert "--enable-deterministic-inference with --replayssm-verify auto" in problem
     assert "pass --replayssm-verify replay or --replayssm-verify snapshot" in problem
+    assert "for Gated DeltaNet past 16 draft tokens only snapshot" in problem  # replay is refused there
     for mode in ("replay", "snapshot"):
         assert startup_refusals(_args(**deterministic), mode) == []
     assert startup_refusals(_args(enable_deterministic_inference=False), "auto") == []
