@@ -408,6 +408,7 @@ def _shadow_split(monkeypatch, p_split: int, block_p: int | None = None) -> list
     calls: list[int] = []
 
     def fwd(*args, **kw):
+        kw.pop("p_split", None)  # the wrapper's choice (None: the rule; 1: batch_invariant), replaced here
         inplace = (0, 1, 2, 3, 9)  # state, ring_x, ring_dt, ring_B, out
         twin = [a.clone() if i in inplace else a for i, a in enumerate(args)]
         twin_kw = {n: (v.clone() if n in ("read_state", "read_scale") and v is not None else v)
@@ -866,6 +867,7 @@ def _shadow_variant(monkeypatch, name: str, p_split: int | None = None) -> list:
     calls: list = []
 
     def fwd(*args, **kw):
+        kw.pop("p_split", None)  # the wrapper's choice (None: the rule; 1: batch_invariant), replaced here
         inplace = (0, 1, 2, 3, 9)  # state, ring_x, ring_dt, ring_B, out
         twin = [a.clone() if i in inplace else a for i, a in enumerate(args)]
         twin_kw = {n: (v.clone() if n in ("read_state", "read_scale") and v is not None else v)
