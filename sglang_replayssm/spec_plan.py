@@ -36,7 +36,7 @@ from sglang_replayssm.errors import ReplaySSMStartupError
 __all__ = [
     "FORCED_SOURCES", "GDN_VERIFY_MAX_T", "agree_across_ranks", "draft_length_refusal", "plan_for_server",
     "plan_verify", "pool_snapshot_batch_limit", "pool_verify_shape", "snapshot_batch_limit", "startup_refusals",
-    "tp_group",
+    "target_refusal", "tp_group",
 ]
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,13 @@ logger = logging.getLogger(__name__)
 #: For decisions that a guard replaces before they are final (their lines would contradict the guard's).
 _UNLOGGED = logging.getLogger(f"{__name__}.replaced")
 _UNLOGGED.disabled = True
+
+#: Algorithms that draft one linear block per request (``speculative_hook._handle_dflash`` /
+#: ``_handle_dspark``): the flag that sets the block and the verify length it gives.
+_BLOCK_DRAFTS: dict[str, tuple[str, int]] = {
+    "DFLASH": ("speculative_dflash_block_size", 0),  # T = block size
+    "DSPARK": ("speculative_dspark_block_size", 1),  # T = gamma + 1
+}
 
 #: ``Decision.source`` values that bind a bucket to its path: an override, tree drafts, and
 #: ``_guard_draft_length``'s snapshot; the guards refuse, rather than move, such a bucket.
@@ -53,9 +60,12 @@ FORCED_SOURCES: tuple[str, ...] = ("override", "tree", "draft-length")
 def _draft_topk(server_args) -> int:
     """``--speculative-eagle-topk`` as SGLang resolves it: for NGRAM, ``--speculative-ngram-max-bfs-breadth``
     (SGLang 0.5.17's ``speculative_hook._handle_ngram`` copies it over the flag, and may not have run yet
-    at the first check)."""
-    if str(server_args.speculative_algorithm).upper() == "NGRAM":
+    at the first check); DFLASH and DSPARK draft linear blocks (topk 1 whatever the flag says)."""
+    algorithm = str(server_args.speculative_algorithm).upper()
+    if algorithm == "NGRAM":
         return server_args.speculative_ngram_max_bfs_breadth
+    if algorithm in _BLOCK_DRAFTS:  # SGLang overrides any topk to 1 for them (speculative_hook)
+        return 1
     return getattr(server_args, "speculative_eagle_topk", None) or 1
 
 
@@ -88,7 +98,8 @@ def _ngram_chain_refusal(server_args) -> str | None:
 def startup_refusals(server_args, verify_mode: str) -> list[str]:
     """Speculative-decoding refusals for ``--ssm-backend replay`` (empty without speculation).
 
-    ``--replayssm-verify replay`` with tree drafts, NGRAM at breadth 1 (``_ngram_chain_refusal``),
+    ``--replayssm-verify replay`` with tree drafts, NGRAM at breadth 1 (``_ngram_chain_refusal``), DSPARK's
+    compact ragged verify (``_ragged_verify_refusal``), FROZEN_KV_MTP (``_frozen_kv_refusal``),
     ``--speculative-adaptive``, ``--enable-deterministic-inference`` with ``auto`` on linear drafts, and
     on ``--device cpu`` what has no CPU path (``_cpu_refusals``).  The draft's ``topk`` is read as SGLang
     resolves it (``_draft_topk``).
@@ -119,10 +130,58 @@ def startup_refusals(server_args, verify_mode: str) -> list[str]:
     if getattr(server_args, "device", None) == "cpu":
         problems += _cpu_refusals(server_args, topk)
     else:
-        ngram = _ngram_chain_refusal(server_args)
-        if ngram:
-            problems.append(ngram)
+        problems += [p for p in (_ngram_chain_refusal(server_args), _ragged_verify_refusal(server_args),
+                                 _frozen_kv_refusal(server_args)) if p]
     return problems
+
+
+def _ragged_verify_refusal(server_args) -> str | None:
+    """DSPARK with ``SGLANG_RAGGED_VERIFY_MODE=compact``: each request verifies its own number of
+    tokens (``dspark_verify.py``: ``ragged_verify_layout``) and the target's verify graphs are captured
+    with rows of unequal length (``decode_cuda_graph_runner``), while the replay verify (like SGLang
+    0.5.17's own Mamba-2 / GDN verify) runs exactly ``T`` tokens per row.  ``static`` (the default) and
+    ``cap-accept`` keep the full window."""
+    if str(server_args.speculative_algorithm).upper() != "DSPARK":
+        return None
+    from sglang.srt.speculative.ragged_verify import RaggedVerifyMode, read_ragged_verify_mode
+
+    if read_ragged_verify_mode() is not RaggedVerifyMode.COMPACT:
+        return None
+    return (
+        "SGLANG_RAGGED_VERIFY_MODE=compact with --speculative-algorithm DSPARK: compact ragged verify gives each "
+        "request its own verify length, but the ReplaySSM verify (like SGLang 0.5.17's own Mamba-2 / Gated "
+        "DeltaNet verify) runs the same number of draft tokens for every request; set SGLANG_RAGGED_VERIFY_MODE="
+        "static (the default) or cap-accept"
+    )
+
+
+def _frozen_kv_refusal(server_args) -> str | None:
+    """FROZEN_KV_MTP (SGLang promotes NEXTN / EAGLE with a Gemma 4 assistant draft to it): its draft
+    maps onto a Gemma 4 target's attention layers (``gemma4_mtp.py``), which no Mamba-2 / Gated
+    DeltaNet hybrid has; SGLang 0.5.17 fails building the draft worker, after the target's pools.
+    Seen as such once SGLang resolved the algorithm (the scheduler's check)."""
+    if str(server_args.speculative_algorithm).upper() != "FROZEN_KV_MTP":
+        return None
+    return (
+        "--speculative-algorithm FROZEN_KV_MTP (SGLang selects it for a Gemma 4 assistant draft): its draft attends "
+        "to a Gemma 4 target's attention layers and cannot serve a Mamba-2 / Gated DeltaNet hybrid target; use "
+        "NEXTN / EAGLE with the model's MTP head, STANDALONE, NGRAM or (Gated DeltaNet targets) DFLASH / DSPARK"
+    )
+
+
+def target_refusal(family: str, server_args) -> str | None:
+    """DFLASH / DSPARK on a Mamba-2 hybrid: they need the target to capture auxiliary hidden states
+    (``set_dflash_layers_to_capture`` / ``set_dspark_layers_to_capture``), which SGLang 0.5.17's
+    Mamba-2 hybrids lack (stock SGLang refuses them only after loading the weights); refused here
+    before anything is loaded."""
+    algorithm = str(getattr(server_args, "speculative_algorithm", None)).upper()
+    if family != "mamba2" or algorithm not in _BLOCK_DRAFTS:
+        return None
+    return (
+        f"--speculative-algorithm {algorithm} needs a target that captures auxiliary hidden states for its draft "
+        "(set_dflash_layers_to_capture / set_dspark_layers_to_capture), which SGLang 0.5.17's Mamba-2 hybrids do "
+        "not; use NEXTN / EAGLE with the model's MTP head, STANDALONE or NGRAM"
+    )
 
 
 #: Algorithms whose linear drafts SGLang 0.5.17 sizes as ``--speculative-num-steps + 1`` tokens
@@ -135,12 +194,18 @@ def _draft_tokens(server_args) -> tuple[int, str]:
 
     The first check runs before SGLang resolves its speculative settings
     (``_handle_model_specific_adjustments`` precedes ``handle_speculative_decoding``): there an
-    EAGLE-family draft with ``--speculative-num-steps`` given has ``T = steps + 1``; otherwise
-    ``--speculative-num-draft-tokens`` (0 while unset: the scheduler's check sees the resolved value).
+    EAGLE-family draft with ``--speculative-num-steps`` given has ``T = steps + 1``, DFLASH its block
+    size and DSPARK its block size (gamma) + 1 where given; otherwise ``--speculative-num-draft-tokens`` (0 while unset: the scheduler's check sees the resolved value).
     """
     steps = getattr(server_args, "speculative_num_steps", None)
-    if str(server_args.speculative_algorithm).upper() in _STEPS_PLUS_ONE and steps is not None:
+    algorithm = str(server_args.speculative_algorithm).upper()
+    if algorithm in _STEPS_PLUS_ONE and steps is not None:
         return steps + 1, f"--speculative-num-steps {steps}"
+    if algorithm in _BLOCK_DRAFTS:
+        field, extra = _BLOCK_DRAFTS[algorithm]
+        block = getattr(server_args, field, None)
+        if block is not None:
+            return int(block) + extra, f"--{field.replace('_', '-')} {block}"
     num_tokens = getattr(server_args, "speculative_num_draft_tokens", None) or 0
     return num_tokens, f"--speculative-num-draft-tokens {num_tokens}"
 

@@ -25,10 +25,12 @@
     or GDN hybrid, and refuses SGLang's built-in ReplaySSM flags, speculative setups that cannot
     run (``spec_plan.startup_refusals``: on ``--device cpu`` SGLang's built-in algorithms and tree
     drafts; ``--replayssm-verify replay`` with tree drafts; NGRAM at ``--speculative-ngram-max-bfs-breadth
-    1``, whose tree drafts SGLang would verify as chains; ``--speculative-adaptive``;
+    1``, whose tree drafts SGLang would verify as chains; DSPARK's compact ragged verify; FROZEN_KV_MTP;
+    ``--speculative-adaptive``;
     ``--enable-deterministic-inference`` with ``--replayssm-verify auto`` on linear drafts, whose verify
     path depends on the batch bucket; ``spec_plan.draft_length_refusal``: for GDN, more draft tokens than
-    its replay verify kernel takes with ``--replayssm-verify replay`` or on ``--device cpu``),
+    its replay verify kernel takes with ``--replayssm-verify replay`` or on ``--device cpu``;
+    ``spec_plan.target_refusal``: DFLASH / DSPARK on a Mamba-2 target),
     tensor-parallel layouts that cannot shard the SSM heads and groups (``tp.startup_refusal``), a read
     copy (``--replayssm-read-dtype``) not narrower than the SSM checkpoint's dtype, a Philox round count
     for stochastic rounding (``--mamba-cache-philox-rounds``: our flush hashes its bits), stochastic rounding
@@ -59,7 +61,7 @@ from sglang_replayssm.gdn import ReplayGDNAttnBackend
 from sglang_replayssm.hooks import HookSpec
 from sglang_replayssm.hooks.pool import replay_family
 from sglang_replayssm.mamba2 import ReplayMamba2AttnBackend, replay_selective_state_update
-from sglang_replayssm.spec_plan import draft_length_refusal, startup_refusals
+from sglang_replayssm.spec_plan import draft_length_refusal, startup_refusals, target_refusal
 
 __all__ = ["HOOKS", "validate_startup"]
 
@@ -114,9 +116,8 @@ def _refusals(model_config, server_args) -> list[str]:
         )
     config = ReplaySSMConfig.from_env()
     problems += startup_refusals(server_args, config.verify)
-    draft_problem = draft_length_refusal(family, server_args, config.verify)
-    if draft_problem:
-        problems.append(draft_problem)
+    problems += [p for p in (draft_length_refusal(family, server_args, config.verify),
+                             target_refusal(family, server_args)) if p]
     tp_problem = tp.startup_refusal(family, model_config, server_args)
     if tp_problem:
         problems.append(tp_problem)
@@ -193,7 +194,8 @@ def validate_startup(result, *args, **kwargs):
 
     Refused with ``ReplaySSMStartupError``: an unsupported model family, SGLang's built-in ReplaySSM
     flags, speculative setups that cannot run or would not be deterministic
-    (``spec_plan.startup_refusals``, ``spec_plan.draft_length_refusal``), TP layouts that cannot
+    (``spec_plan.startup_refusals``, ``spec_plan.draft_length_refusal``, ``spec_plan.target_refusal``),
+    TP layouts that cannot
     shard the SSM heads and groups (``tp.startup_refusal``), a read copy not narrower than the SSM
     checkpoint, a Philox round count for the SSM cache's stochastic rounding, streaming sessions,
     two-batch overlap, PD multiplexing (``--enable-pdmux``), ``--enable-torch-compile``, pipeline

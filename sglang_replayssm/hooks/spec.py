@@ -63,5 +63,8 @@ def around_update_after_verify(
 
 HOOKS: list[HookSpec] = [
     HookSpec(target=COMMIT_TARGET, hook=around_update_after_verify, hook_type="around",
-             callers=("sglang.srt.speculative.spec_utils.commit_mamba_states_after_verify",)),
+             callers=("sglang.srt.speculative.spec_utils.commit_mamba_states_after_verify",
+                      "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2._update_target_mamba_state_after_verify",
+                      "sglang.srt.speculative.dspark_components.dspark_worker_v2.DSparkWorkerV2."
+                      "_commit_target_mamba_states_after_verify")),
 ]

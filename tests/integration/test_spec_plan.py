@@ -425,3 +425,37 @@ def test_snapshot_batch_limit_without_int32_strides():
     from sglang_replayssm.spec_plan import snapshot_batch_limit
 
     assert snapshot_batch_limit(8, 2**29) == sys.maxsize
+
+
+def test_block_draft_algorithms_and_their_refusals(monkeypatch):
+    """DFLASH / DSPARK draft linear blocks (topk 1 whatever the flag; T from the block size before SGLang
+    resolves it); DSPARK's compact ragged verify, FROZEN_KV_MTP and (Mamba-2 targets) DFLASH / DSPARK are
+    refused, each naming what to change; DSPARK's static and cap-accept modes pass."""
+    from sglang_replayssm.spec_plan import draft_length_refusal, target_refusal
+
+    for algorithm in ("DFLASH", "DSPARK"):
+        assert startup_refusals(_args(speculative_algorithm=algorithm, speculative_eagle_topk=4), "replay") == []
+    long = draft_length_refusal("gdn", _args(speculative_algorithm="DFLASH", speculative_dflash_block_size=17),
+                                "replay")
+    assert long.startswith("--speculative-dflash-block-size 17: 17 draft tokens")
+    assert draft_length_refusal("gdn", _args(speculative_algorithm="DFLASH", speculative_dflash_block_size=16),
+                                "replay") is None
+    dspark = draft_length_refusal("gdn", _args(speculative_algorithm="DSPARK", speculative_dspark_block_size=16),
+                                  "replay")
+    assert dspark.startswith("--speculative-dspark-block-size 16: 17 draft tokens")
+    for mode in ("static", "cap-accept"):
+        monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", mode)
+        assert startup_refusals(_args(speculative_algorithm="DSPARK"), "auto") == []
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "compact")
+    (ragged,) = startup_refusals(_args(speculative_algorithm="DSPARK"), "auto")
+    assert ragged.startswith("SGLANG_RAGGED_VERIFY_MODE=compact with --speculative-algorithm DSPARK")
+    assert "set SGLANG_RAGGED_VERIFY_MODE=static" in ragged
+    assert startup_refusals(_args(speculative_algorithm="DFLASH"), "auto") == []  # compact is DSPARK's only
+    monkeypatch.delenv("SGLANG_RAGGED_VERIFY_MODE")
+    (frozen,) = startup_refusals(_args(speculative_algorithm="FROZEN_KV_MTP"), "auto")
+    assert "FROZEN_KV_MTP" in frozen and "Gemma 4" in frozen and "use NEXTN / EAGLE" in frozen
+    for algorithm in ("DFLASH", "DSPARK"):
+        assert algorithm in target_refusal("mamba2", _args(speculative_algorithm=algorithm))
+        assert target_refusal("gdn", _args(speculative_algorithm=algorithm)) is None
+    assert target_refusal("mamba2", _args()) is None
+    assert target_refusal("mamba2", _args(speculative_algorithm=None)) is None
