@@ -148,7 +148,8 @@ class VerifyShape:
     variant : str
         What changes the replay kernels' cost beyond these sizes, or names it (the read copy's
         dtype, stochastic rounding; ``pool_verify_shape``): part of ``key`` so that a cached
-        decision is not re-used across them; ``""`` (none) by default.  The byte model sees the
+        decision is not re-used across them; ``""`` (none) by default.  ``key`` also holds
+        ``read_bytes`` / ``read_scale_bytes``, so a copy is keyed even without a variant.  The byte model sees the
         copy through ``read_bytes`` / ``read_scale_bytes``, not through this.
 
     Raises
@@ -185,8 +186,11 @@ class VerifyShape:
     def key(self) -> str:
         dims = ".".join(f"{f.name}{getattr(self.dims, f.name)}" for f in dataclasses.fields(self.dims))
         u = f":u{self.u_bytes}" if self.u_bytes is not None else ""
+        # the copy's sizes are keyed themselves (not only through ``variant``, which a hand-built shape
+        # may leave empty)
+        read = "" if self.read_bytes is None else f":r{self.read_bytes}s{self.read_scale_bytes}"
         return (
-            f"{self.family}:{dims}:s{self.state_bytes}:a{self.act_bytes}{u}:layers{self.num_layers}"
+            f"{self.family}:{dims}:s{self.state_bytes}:a{self.act_bytes}{u}{read}:layers{self.num_layers}"
             f":L{self.window}" + (f":{self.variant}" if self.variant else "")
         )
 
@@ -589,15 +593,16 @@ def decide_buckets(
     topk: int = 1,
     probe: Probe | None = None,
     cache: DecisionCache | None = None,
-    log: logging.Logger = logger,
+    log: logging.Logger | None = logger,
 ) -> dict[int, Decision]:
-    """Decide every bucket, logging one line each; re-use and fill ``cache`` in ``auto`` mode.
+    """Decide every bucket, logging one line each (``log`` None: no lines, for decisions a caller
+    replaces before they are final); re-use and fill ``cache`` in ``auto`` mode.
 
     The probe runs only when ``device.kind == "cuda"``; on CPU the byte model decides and the log says
     so.  A probe that raises falls back to the byte model for that bucket (logged, not cached).
     """
     check_verify_mode(mode, topk)
-    if topk > 1:
+    if topk > 1 and log is not None:
         log.info("ReplaySSM verify: tree drafts (--speculative-eagle-topk %d > 1) go to SGLang's snapshot "
                  "verify for every bucket", topk)
     decisions: dict[int, Decision] = {}
@@ -629,11 +634,12 @@ def decide_buckets(
             if store and key is not None and (decision.source.startswith("measured") or device.kind != "cuda"):
                 fresh[key] = decision
         decisions[bs] = decision
-        log.info("%s", decision.log_line())
+        if log is not None:
+            log.info("%s", decision.log_line())
     if cache is not None and fresh:
         try:
             cache.put_many(fresh)
         except OSError as exc:  # the decisions stand; only their reuse by a later start is lost
-            log.warning("ReplaySSM verify: decisions not cached (%s: %s); the next start decides again",
-                        type(exc).__name__, exc)
+            (log or logger).warning("ReplaySSM verify: decisions not cached (%s: %s); the next start decides again",
+                                    type(exc).__name__, exc)
     return decisions

@@ -41,10 +41,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: For decisions that a guard replaces before they are final (their lines would contradict the guard's).
-_UNLOGGED = logging.getLogger(f"{__name__}.replaced")
-_UNLOGGED.disabled = True
-
 #: Algorithms that draft one linear block per request (``speculative_hook._handle_dflash`` /
 #: ``_handle_dspark``): the flag that sets the block and the verify length it gives.
 _BLOCK_DRAFTS: dict[str, tuple[str, int]] = {
@@ -291,7 +287,7 @@ def plan_verify(
     profile: heuristic.DeviceProfile,
     cache: heuristic.DecisionCache | None = None,
     probe: heuristic.Probe | None = None,
-    log: logging.Logger = logger,
+    log: logging.Logger | None = logger,
 ) -> dict[int, heuristic.Decision]:
     """Decide every bucket's verify path (one log line each); returns ``{bucket: Decision}``.
 
@@ -313,6 +309,8 @@ def plan_verify(
         Re-used and filled in ``auto`` mode.
     probe : heuristic.Probe, optional
         Times both paths of a bucket (``auto`` on CUDA only; ``verify_probe.make_probe``).
+    log : logging.Logger or None
+        Where the lines go; None: not logged (decisions a guard replaces before they are final).
 
     Raises
     ------
@@ -559,7 +557,7 @@ def plan_for_server(pool, server_args, device: torch.device, max_batch: int = 0,
         profile=_profile(device),
         cache=None if over else heuristic.DecisionCache(heuristic.default_cache_path()),
         probe=_probe(pool, buckets, mode, topk, device),
-        log=_UNLOGGED if over else logger,
+        log=None if over else logger,
     )
     plan = _guard_draft_length(plan, pool.ring_spec.family, pool.spec_tokens)
     plan = _guard_snapshot_overflow(plan, pool.spec_tokens, pool_snapshot_batch_limit(pool))

@@ -313,7 +313,13 @@ def test_plan_for_server_uses_the_graph_buckets_and_refuses_radix_tracking(monke
     assert shape.variant == "" and shape.key().endswith(":L4")
     pool.read_state, pool.sr_seed = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64)
     split = pool_verify_shape(pool)
-    assert split.variant == "read-bfloat16+sr" and split.key() == shape.key() + ":read-bfloat16+sr"
+    assert split.variant == "read-bfloat16+sr"
+    assert split.key() == shape.key().replace(":layers", ":r2s0:layers") + ":read-bfloat16+sr"
+    # a hand-built shape with a copy but no variant is keyed apart from the shape without one
+    import dataclasses
+
+    bare = dataclasses.replace(shape, read_bytes=1, read_scale_bytes=4)
+    assert bare.key() != shape.key() and ":r1s4:" in bare.key()
     pool.read_state, pool.sr_seed = None, None
     from sglang_replayssm.spec_plan import pool_snapshot_batch_limit, snapshot_batch_limit
 
