@@ -40,6 +40,7 @@ from replayssm_kernels.gdn_decode.kernel import FLUSH_FIRST_MIN_BATCH
 
 from sglang_replayssm.metadata import GraphBuffers, GraphMetadataMixin, ReplayStep, build_eager
 from sglang_replayssm.pool import ReplayMambaPool
+from sglang_replayssm.read_copy_check import check_forward
 from sglang_replayssm.spec import (
     VerifyGraphBuffers,
     VerifyMetadataMixin,
@@ -125,6 +126,7 @@ class ReplayGDNAttnBackend(VerifyMetadataMixin, GraphMetadataMixin, GDNAttnBacke
         md = self.forward_metadata
         self._graph_bs = None
         self._graph_verify_bs = None
+        check_forward(self, md.mamba_cache_indices, "GDN eager")  # debug only ($SGLANG_REPLAYSSM_CHECK_READ_COPY)
         if mode.is_target_verify():
             self._step = self._snapshot_verify(md.mamba_cache_indices[: forward_batch.batch_size])
         elif mode.is_decode_or_idle():

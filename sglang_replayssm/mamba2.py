@@ -50,6 +50,7 @@ from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBac
 
 from sglang_replayssm.metadata import GraphBuffers, GraphMetadataMixin, ReplayStep, build_eager
 from sglang_replayssm.pool import ReplayMambaPool
+from sglang_replayssm.read_copy_check import check_forward
 from sglang_replayssm.spec import (
     VerifyGraphBuffers,
     VerifyMetadataMixin,
@@ -202,6 +203,7 @@ class ReplayMamba2AttnBackend(VerifyMetadataMixin, GraphMetadataMixin, Mamba2Att
         md = self.forward_metadata
         self._graph_bs = None
         self._graph_verify_bs = None
+        check_forward(self, md.mamba_cache_indices, "Mamba-2 eager")  # debug only ($SGLANG_REPLAYSSM_CHECK_READ_COPY)
         if md.is_target_verify:
             self._step = self._snapshot_verify(md.mamba_cache_indices[: md.num_decodes])
             return

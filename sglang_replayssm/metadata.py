@@ -37,6 +37,7 @@ from replayssm_kernels import (
 )
 
 from sglang_replayssm.radix import check_extend_index, extend_index
+from sglang_replayssm.read_copy_check import check_forward
 
 __all__ = ["ReplayStep", "build_eager", "reset_extend_rows", "GraphBuffers", "GraphMetadataMixin"]
 
@@ -259,6 +260,8 @@ class GraphMetadataMixin:
         # SGLang refreshed state_indices_list[i] in place just now.
         self._graph_bs = bs
         self._step = self._graph.snapshot(bs, self.state_indices_list[i])
+        if not in_capture:  # debug only ($SGLANG_REPLAYSSM_CHECK_READ_COPY)
+            check_forward(self, self.state_indices_list[i], "decode graph")
 
     def init_forward_metadata_in_graph(self, forward_batch):
         super().init_forward_metadata_in_graph(forward_batch)

@@ -41,6 +41,7 @@ from replayssm_kernels.commit import verify_commit_ref, verify_cursor_step, veri
 from replayssm_kernels.commit._validate import validate_commit
 from replayssm_kernels.commit.kernel import verify_commit_fwd
 
+from sglang_replayssm.read_copy_check import check_forward
 from sglang_replayssm.spec_plan import FORCED_SOURCES
 
 __all__ = [
@@ -363,6 +364,8 @@ class VerifyMetadataMixin:
         self._step = self._verify_graph.view(bs, self.forward_metadata.mamba_cache_indices[:bs],
                                              snapshot=self._snapshot_path(bs))
         self._last_verify = self._step
+        if not in_capture:  # debug only ($SGLANG_REPLAYSSM_CHECK_READ_COPY)
+            check_forward(self, self.forward_metadata.mamba_cache_indices[:bs], "verify graph")
 
     def init_forward_metadata_in_graph(self, forward_batch):
         bs = getattr(self, "_graph_verify_bs", None)

@@ -12,7 +12,9 @@ flushes):
   (40/40 tokens equal); Qwen3-Next bf16 2.8e-3 / 2.6e-3 / 4.7e-3 (40/40); Qwen3-Next fp8 4.7e-2
   (40/40) and 2.6e-1 (23/40 equal) on the random tiny model, hence its loose ``tol``.  A stale copy
   diverges at once: with the refresh after prefill disabled, Nemotron-H bf16 differed at token 1.
-- the copy's server logs its allocation and bytes; the ``same`` server allocates none.
+- the copy's server logs its allocation and bytes, and checks the copy against its checkpoint before
+  every forward (``SGLANG_REPLAYSSM_CHECK_READ_COPY=1``, ``sglang_replayssm.read_copy_check``); the
+  ``same`` server allocates none.
 
 A copy with speculative decoding is served on the GPU only (no SGLang speculative algorithm runs on a
 CPU); the verify kernels' copy is tested in tests/kernels and tests/integration/test_spec_verify.py.
@@ -34,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 import make_model  # noqa: E402
 import server as srv  # noqa: E402
+
+from sglang_replayssm.read_copy_check import ENV_VAR as CHECK_ENV  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -75,7 +79,9 @@ def test_read_copy_serves_the_same_greedy_tokens(model_name: str, read: str, tor
     base = ["--ssm-backend", "replay", "--replayssm-window", "16"]
     with contextlib.ExitStack() as stack:
         ports = {name: srv.free_port() for name in logs}
-        procs = {name: srv.launch(model, [*base, "--replayssm-read-dtype", name], logs[name], port=ports[name])
+        # the copy's server checks the copy against its checkpoint before every forward (read_copy_check)
+        procs = {name: srv.launch(model, [*base, "--replayssm-read-dtype", name], logs[name], port=ports[name],
+                                  env={CHECK_ENV: "1"} if name == read else None)
                  for name in logs}
         for proc in procs.values():
             stack.callback(srv.stop, proc)
@@ -85,6 +91,7 @@ def test_read_copy_serves_the_same_greedy_tokens(model_name: str, read: str, tor
     copy_log = logs[read].read_text()
     assert "ReplaySSM read copy is allocated" in copy_log and torch_name in copy_log, copy_log[-3000:]
     assert "B per slot) beside the torch.float32 checkpoint" in copy_log
+    assert "ReplaySSM read-copy check passed" in copy_log, copy_log[-3000:]
     assert "ReplaySSM read copy is allocated" not in logs["same"].read_text()
     for n in PROMPT_LENS:
         toks_c, lps_c = results[read][n]

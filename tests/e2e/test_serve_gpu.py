@@ -77,7 +77,8 @@ EXTRA_RUNS = {
                            "--disable-overlap-schedule"],  # SGLang refuses no_buffer with the overlap scheduler
     },
 }
-#: Our replay may be this many times further from stock than the built-in ReplaySSM (when run).
+#: Our replay may be this many times further from stock than the built-in ReplaySSM (when run) or stock
+#: eager is from stock with CUDA graphs.
 FLOOR_FACTOR = 2.0
 
 
@@ -176,9 +177,12 @@ def test_replay_matches_stock_with_cuda_graphs(model_name: str, results):
               f"{[f for f, _ in rows]}, max |logprob diff| {max(d for _, d in rows):.3g}")
     table = {run: _compare(out[model_name, run, "seq"], out[model_name, "stock", "seq"]) for run in runs}
     tol = LOGPROB_TOL
-    if "builtin_replay" in table:
-        tol = max(tol, FLOOR_FACTOR * max(d for _, d in table["builtin_replay"]))
-        print(f"TABLE {model_name} logprob tolerance {tol:.3g} (built-in ReplaySSM as the noise floor)")
+    # Noise floors: SGLang's built-in ReplaySSM (when run), and stock's own eager vs graph distance (the
+    # thirty-fourth session, H100: qwen3_5_tiny stock_eager parted from stock by 0.101 on a common prefix).
+    for floor in ("builtin_replay", "stock_eager"):
+        if floor in table and FLOOR_FACTOR * max(d for _, d in table[floor]) > tol:
+            tol = FLOOR_FACTOR * max(d for _, d in table[floor])
+            print(f"TABLE {model_name} logprob tolerance {tol:.3g} ({floor} as the noise floor)")
     # One request at a time, CUDA graphs change nothing in our path.
     assert [t for t, _ in out[model_name, "replay_graph", "seq"]] == [t for t, _ in out[model_name, "replay_eager", "seq"]]
     # bf16 activations: replay computes outputs in another order than SGLang's kernel, so greedy
