@@ -124,11 +124,15 @@ def _test_values(gen: torch.Generator) -> torch.Tensor:
                          [(0, 0, 0), (7, 1, 3), (2**40 + 3, 37, 12345), (2**63 - 1, 2**31 - 1, 1)])
 def test_triton_rounding_matches_torch_bitwise(seed, layer, slot):
     """``sr_key`` + ``sr_round_fp16`` (Triton) and ``round_slot_sr_ref`` (torch) give the same bits
-    for every value, including ±0, ±inf, NaN, fp16 subnormals and values past fp16's range."""
+    for every value, including ±0, ±inf, fp16 subnormals and values past fp16's range; NaN stays NaN."""
     v = _test_values(torch.Generator().manual_seed(seed % 1000 + layer))
     got = _round_triton(v, seed, layer, slot)
     want = round_slot_sr_ref(v, seed, layer, slot)
-    assert _bits_equal(got, want), f"{int((_bits(got) != _bits(want)).sum())} values differ"
+    # NaN: the same positions, payload free (compiled cvt gives 0x7fff, torch 0x7e00: the thirty-fourth
+    # session's GPU run, the only difference over these values)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan) and int(nan.sum()) == 1
+    assert _bits_equal(got[~nan], want[~nan]), f"{int((_bits(got) != _bits(want))[~nan].sum())} values differ"
     # Signs are kept (also of a value that rounds to zero), inf and NaN pass through.
     assert torch.equal(torch.signbit(got[:2]), torch.tensor([False, True]))
     assert torch.isposinf(got[2]) and torch.isneginf(got[3]) and torch.isnan(got[4])
