@@ -10,10 +10,10 @@ The copy servers run with ``SGLANG_REPLAYSSM_CHECK_READ_COPY=1`` (``sglang_repla
 before every forward (eager, and before each graph replay) the copy of every slot of the batch must be
 ``quantize_rows`` of its checkpoint bit for bit, else the server stops and the workload fails.  That
 invariant, not token agreement, is the assertion: on these random tiny models with bf16 activations a
-correct copy parts greedy paths early (first run, H100: Nemotron-H bf16 copy at token 4, Qwen3.5 at 0 on
-the radix-hit request, logprobs on common prefixes up to 0.45 for Qwen3-Next; on a CPU the same bf16-model
-amplification parts Qwen3-Next at token 2 while the fp32 model keeps 40 of 40 tokens,
-``test_read_copy_cpu.py``), as a stale copy would.  Also checked: each copy server logs its copy and its
+correct copy parts greedy paths early (first run, H100: Nemotron-H bf16 copy at token 4 of a first-round
+request, logprobs on common prefixes up to 0.45 for Qwen3-Next; on a CPU the same bf16-model amplification
+parts Qwen3-Next at token 2 while the fp32 model keeps 40 of 40 tokens, ``test_read_copy_cpu.py``), as a
+stale copy would.  Also checked: each copy server logs its copy and its
 passed checks; one request at a time, the bf16 copy gives the same tokens with and without CUDA graphs.
 The divergence table against ``same`` is printed (``-s``), not asserted.
 """
