@@ -47,6 +47,13 @@ untouched, and that every slot the operation must not write (null slot 0, other 
 slots, offloaded requests' former slots) is bit-identical before and after. Ring rows outside
 ``[0, len)`` and free slots' checkpoints are NaN-poisoned after every operation, so any read of a
 rejected draft, a stale row or a stale checkpoint shows up as NaN.
+
+With a read copy (``read_dtype``, split precision) the references read it on non-flush rows and
+refresh it on flush rows, the harness refreshes it after each checkpoint it writes as SGLang's extend
+(as the backends do), free slots' copies are NaN-poisoned too, the untouched-slot check covers the
+copy and its scales, and ``check_all`` holds every live slot's and tree node's copy to
+``quantize_rows`` of its checkpoint bit for bit (``read_copy_check.mismatched_rows``); outputs are
+bounded by ``COPY_OUT_TOL`` instead of ``OUT_TOL``.
 """
 
 from __future__ import annotations
@@ -74,15 +81,24 @@ from sglang_replayssm.hooks.radix import around_prepare_for_caching_req
 from sglang_replayssm.metadata import build_eager
 from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
 from sglang_replayssm.radix import check_extend_rows
+from sglang_replayssm.read_copy_check import mismatched_rows
 
 F32, F64 = torch.float32, torch.float64
 STATS: collections.Counter = collections.Counter()  # operations run, by kind (for reports)
 STATE_RTOL = 2e-5  # ‖materialised − S64‖ / max(‖S64‖, 1)
 OUT_TOL = 2e-5  # |y − y64| <= OUT_TOL · (1 + |y64|)
+#: With a read copy non-flush outputs come from the rounded checkpoint: the output bound per copy
+#: dtype (the copy's bits are checked exactly, ``check_all``; these only bound what it is read for).
+COPY_OUT_TOL = {torch.bfloat16: 3e-2, torch.float16: 4e-3, torch.float8_e4m3fn: 0.25}
 
 
 class ProtocolViolation(AssertionError):
     """A check of the harness failed (the message names the operation, slot and quantity)."""
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bits as integers of its element size (NaN == NaN where the bits agree)."""
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def _softplus_f32(u: torch.Tensor) -> torch.Tensor:
@@ -147,13 +163,18 @@ class RingHarness:
         Linear-attention layers (each with its own A, dt_bias, D and inputs; one cursor pair).
     seed : int
         Seeds the layer parameters.
+    read_dtype : torch.dtype, optional
+        Split precision: the pool keeps a read copy of this dtype (``ReplayPoolSpec.read_dtype``);
+        the kernel references read and refresh it, the harness refreshes it where the server's
+        extend does (``pool.refresh_read``), and ``check_all`` holds every live slot's and tree
+        node's copy to ``quantize_rows`` of its checkpoint, bit for bit.
     """
 
     H, P, N, G = 2, 4, 4, 1
     family = "?"
 
     def __init__(self, *, slots: int = 4, window: int = 4, max_tokens: int = 3, layers: int = 1,
-                 seed: int = 0, offload_0d: bool = False):
+                 seed: int = 0, offload_0d: bool = False, read_dtype: torch.dtype | None = None):
         from sglang.srt.configs.mamba_utils import (
             Mamba2CacheParams,
             Mamba2StateDType,
@@ -174,7 +195,8 @@ class RingHarness:
         # for the verify ring size directly; the protocol's L is passed to the cursor functions.
         previous = HybridReqToTokenPool.__dict__["mamba_pool_cls"]
         HybridReqToTokenPool.mamba_pool_cls = functools.partial(
-            ReplayMambaPool, replay=ReplayPoolSpec(family=self.family, window=self.R, act_dtype=F32))
+            ReplayMambaPool, replay=ReplayPoolSpec(family=self.family, window=self.R, act_dtype=F32,
+                                                   read_dtype=read_dtype))
         try:
             self.hpool = HybridReqToTokenPool(
                 size=slots, mamba_size=slots, mamba_spec_state_size=slots, max_context_len=8,
@@ -196,6 +218,8 @@ class RingHarness:
             t.fill_(float("nan"))
         self.temporal.fill_(float("nan"))
         self.temporal[:, 0] = 0  # null slot: written by nobody here
+        self.out_tol = OUT_TOL if read_dtype is None else COPY_OUT_TOL[read_dtype]
+        self.pool.refresh_read(torch.arange(self.temporal.shape[1]))  # the copy follows (NaN where poisoned)
 
     # ------------------------------------------------------------------ helpers
 
@@ -220,6 +244,10 @@ class RingHarness:
         snap = {f"ring_{n}": t.clone() for n, t in self.pool.rings.items()}
         snap["temporal"] = self.temporal.clone()
         snap["cursors"] = self.pool.cursors.clone()
+        if self.pool.read_state is not None:
+            snap["read_state"] = self.pool.read_state.clone()
+            if self.pool.read_scale is not None:
+                snap["read_scale"] = self.pool.read_scale.clone()
         for i, c in enumerate(self.pool.mamba_cache.conv):
             snap[f"conv{i}"] = c.clone()
         return snap
@@ -238,16 +266,16 @@ class RingHarness:
             else:
                 a, b = old[:, keep], new[:, keep]
             # Bitwise comparison that treats NaN == NaN (same bits).
-            if not torch.equal(a.view(torch.int32) if a.dtype == F32 else a,
-                               b.view(torch.int32) if b.dtype == F32 else b):
+            if not torch.equal(_bits(a), _bits(b)):
                 bad = [s for s in range(n) if keep[s] and not torch.equal(
-                    (old[s] if name == "cursors" else old[:, s]).nan_to_num(7.25),
-                    (new[s] if name == "cursors" else new[:, s]).nan_to_num(7.25))]
+                    _bits(old[s] if name == "cursors" else old[:, s]),
+                    _bits(new[s] if name == "cursors" else new[:, s]))]
                 self._fail(f"{op}: {name} of slots {bad} changed, but the operation may only write "
                            f"slots {sorted(allowed)}")
 
     def _poison(self) -> None:
-        """NaN into ring rows outside [0, len) of live slots, all rows and checkpoints of free slots."""
+        """NaN into ring rows outside [0, len) of live slots, all rows, checkpoints and read copies of
+        free slots."""
         owned = {r.slot: r.cur for r in self.live()}
         owned.update({n.slot: [0, 0] for n in self.nodes.values()})
         for s in range(1, self.pool.cursors.shape[0]):
@@ -255,6 +283,9 @@ class RingHarness:
                 for t in self.pool.rings.values():
                     t[:, s] = float("nan")
                 self.temporal[:, s] = float("nan")
+                for t in (self.pool.read_state, self.pool.read_scale):
+                    if t is not None:
+                        t[:, s] = float("nan")
                 continue
             start, length = owned[s]
             dead = [(start + j) % self.R for j in range(length, self.R)]
@@ -275,6 +306,11 @@ class RingHarness:
 
     def check_all(self) -> None:
         cursors = self.pool.cursors
+        if self.pool.read_state is not None:
+            owned = [r.slot for r in self.live()] + [n.slot for n in self.nodes.values()]
+            bad = mismatched_rows(self.temporal, self.pool.read_state, self.pool.read_scale, torch.tensor(owned))
+            if bad:
+                self._fail(f"read copy of (layer, slot) {bad} is not quantize_rows of its checkpoint")
         if cursors[0].tolist() != [0, 0]:
             self._fail(f"null slot 0 cursor changed: {cursors[0].tolist()}")
         seen: dict[int, int] = {}
@@ -315,7 +351,7 @@ class RingHarness:
                                f"relative error {err:.3g}")
 
     def _check_out(self, got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-        ok = (got.to(F64) - want).abs() <= OUT_TOL * (1 + want.abs())
+        ok = (got.to(F64) - want).abs() <= self.out_tol * (1 + want.abs())
         if not bool(ok.all()):
             err = (got.to(F64) - want).abs().max().item()
             self._fail(f"{what}: output differs from the float64 recurrence (max |diff| {err:.3g})")
@@ -360,7 +396,7 @@ class RingHarness:
         g = torch.Generator().manual_seed(seed)
         ck = torch.randn(self.layers, self.H, self.P, self.N, generator=g)
         self._check_extend([s])
-        self.temporal[:, s] = ck
+        self._write_checkpoint(s, ck)
         self._server_extend(s, 0)
         r.S64, r.tokens, r.shadow, r.cur = ck.to(F64), [], [ck.clone()], [0, 0]
         r.ntok = 1 + seed % 7
@@ -386,7 +422,7 @@ class RingHarness:
         for t in toks:
             S = self._fold32(S, t)
         self._check_extend([s])
-        self.temporal[:, s] = S
+        self._write_checkpoint(s, S)
         self._server_extend(s, r.ntok)
         r.ntok += k
         _, r.S64 = self._f64(r.S64, toks)
@@ -618,7 +654,7 @@ class RingHarness:
             for t in toks:
                 S = self._fold32(S, t)
             self._check_extend([d])
-            self.temporal[:, d] = S
+            self._write_checkpoint(d, S)
             self._server_extend(d, node.key_len)
             _, r.S64 = self._f64(r.S64, toks)
             r.shadow, r.ntok = [S.clone()], r.ntok + k
@@ -635,6 +671,12 @@ class RingHarness:
         self.hpool.mamba_allocator.free(torch.tensor([node.slot]))
         self._check_untouched(before, set(), "evict")
         self._after()
+
+    def _write_checkpoint(self, slot: int, S: torch.Tensor) -> None:
+        """An extend's checkpoint (SGLang's chunked scan), then the read copy's refresh that the
+        backends run after it (``pool.refresh_read``; no-op without a copy)."""
+        self.temporal[:, slot] = S
+        self.pool.refresh_read(torch.tensor([slot]))
 
     def _server_extend(self, slot: int, prefix_len: int) -> None:
         """The backends' extend metadata for one row (``metadata.build_eager``): invariant E on a row
@@ -777,7 +819,7 @@ class Mamba2RingHarness(RingHarness):
             torch.stack([t.x[l] for t in toks]), torch.stack([t.dt[l] for t in toks]),
             self.A[l], torch.stack([t.B[l] for t in toks]), torch.stack([t.C[l] for t in toks]),
             out, slot_idx, start, length, flush,
-            D=self.D[l], dt_bias=self.dt_bias[l], dt_softplus=True)
+            D=self.D[l], dt_bias=self.dt_bias[l], dt_softplus=True, **self.pool.layer_read_copy(l))
 
     def _family_verify(self, l, toks, out, slot_idx, start, length, flush) -> None:
         def win(name):
@@ -787,7 +829,7 @@ class Mamba2RingHarness(RingHarness):
         mamba2_replay_verify_ref(
             self.temporal[l], lr["x"], lr["dt"], lr["B"], win("x"), win("dt"), self.A[l],
             win("B"), win("C"), out, slot_idx, start, length, flush,
-            D=self.D[l], dt_bias=self.dt_bias[l], dt_softplus=True)
+            D=self.D[l], dt_bias=self.dt_bias[l], dt_softplus=True, **self.pool.layer_read_copy(l))
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -870,7 +912,8 @@ class GdnRingHarness(RingHarness):
         gdn_replay_decode_ref(
             self.temporal[l], lr["u"], lr["k"], lr["v"], lr["g"], lr["beta"],
             *(torch.stack([t[n][l] for t in toks]) for n in ("q", "k", "v", "a", "b")),
-            self.A_log[l], self.dt_bias[l], out, slot_idx, start, length, flush, scale=self.scale)
+            self.A_log[l], self.dt_bias[l], out, slot_idx, start, length, flush, scale=self.scale,
+            **self.pool.layer_read_copy(l))
 
     def _family_verify(self, l, toks, out, slot_idx, start, length, flush) -> None:
         def win(name):
@@ -880,4 +923,5 @@ class GdnRingHarness(RingHarness):
         gdn_replay_verify_ref(
             self.temporal[l], lr["u"], lr["k"], lr["v"], lr["g"], lr["beta"],
             *(win(n) for n in ("q", "k", "v", "a", "b")),
-            self.A_log[l], self.dt_bias[l], out, slot_idx, start, length, flush, scale=self.scale)
+            self.A_log[l], self.dt_bias[l], out, slot_idx, start, length, flush, scale=self.scale,
+            **self.pool.layer_read_copy(l))

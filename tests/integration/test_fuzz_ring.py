@@ -18,6 +18,10 @@ driver. ``pytest -s`` prints sequences (hypothesis also runs a few hundred it di
 operations by kind and sequences/s. Measured on a 2-core VM with both pytest-xdist workers busy
 (2026-11-30, ``304e96b``): machine 153 s (Mamba-2) + 51 s (GDN), seeded 10-12 s per family.
 
+``test_fuzz_ring_read_copy`` runs the default shape with a bf16 and an fp8 read copy (split precision;
+the copy checked bit for bit against its checkpoint after every operation): 100 hypothesis and 60
+seeded sequences per family and dtype in CI (~2 min for the four, both cores busy).
+
 ``test_fuzz_ring_shapes`` runs 30-operation sequences on three more shapes per family (2 layers with
 L=5, T<=4, 5 slots; T > L (L=2, T=3); L=1): 50 hypothesis and 40 seeded ones each in CI
 (19-81 s per shape and family on that VM).
@@ -291,6 +295,34 @@ def test_fuzz_ring_seeded(family: str):
     """200 sequences of the plain seeded driver (verify-heavy, accepted counts biased to 1 and T)."""
     _drive_many(int(SEED or 0) * 100_000, 200, family=family, slots=4, window=4, max_tokens=3,
                 layers=1)
+
+
+READ_COPIES = pytest.mark.parametrize("read", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+
+
+@READ_COPIES
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_fuzz_ring_read_copy(family: str, read: torch.dtype):
+    """Split precision: the default shape with a read copy (the references read it and refresh it on
+    flush rows; ``check_all`` holds every live and tree slot's copy to ``quantize_rows`` of its
+    checkpoint): ``FUZZ_RING_EXAMPLES / 20`` (at least 50) hypothesis and 60 seeded sequences."""
+    shape = dict(slots=4, window=4, max_tokens=3, layers=1, read_dtype=read)
+    _run(_machine(family, **shape), max(EXAMPLES // 20, 50), 12)
+    _drive_many(int(SEED or 0) * 100_000 + 3_000_000, 60, family=family, n_ops=16, **shape)
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_fuzz_ring_read_copy_catches_a_missed_refresh(monkeypatch, family: str):
+    """The copy check can fail: an extend that writes the checkpoint without the backends' refresh
+    is caught at its own step."""
+    import fuzz_ring_harness as harness
+
+    def stale(self, slot, S):
+        self.temporal[:, slot] = S
+
+    monkeypatch.setattr(harness.RingHarness, "_write_checkpoint", stale)
+    with pytest.raises(ProtocolViolation, match=r"step 1: read copy of \(layer, slot\) \[\(0, 1\)\]"):
+        drive(0, family=family, slots=4, window=4, max_tokens=3, layers=1, read_dtype=torch.bfloat16)
 
 
 SHAPES = pytest.mark.parametrize("shape", [
