@@ -9,7 +9,10 @@ and the tiny Qwen3-Next (GDN) in bf16 with FlashInfer attention (as ``test_serve
 
 Servers, all started at once: replay + spec (``--replayssm-verify replay``, CUDA graphs on: TARGET_VERIFY
 graphs of every bucket), replay + spec eager, replay + spec ``auto`` (every bucket of the tiny models goes
-to the snapshot fallback), replay without spec, stock + spec.
+to the snapshot fallback), replay without spec, stock + spec, and the replay verify and ``auto`` with a
+bf16 read copy under ``SGLANG_REPLAYSSM_CHECK_READ_COPY=1`` (the copy equals ``quantize_rows`` of its
+checkpoint before every forward, else the server stops: asserted through its log; their tokens are
+printed only, ``test_read_copy_gpu.py`` says why).
 Checked one request at a time (concurrent runs are printed only): replay + spec with graphs gives
 the same tokens as without graphs; ``auto`` (snapshot fallback) gives exactly stock + spec's tokens;
 replay + spec parts from stock + spec only late, if at all (bf16: the verify kernels sum in another
@@ -34,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 import make_model  # noqa: E402
 import server as srv  # noqa: E402
+
+from sglang_replayssm.read_copy_check import ENV_VAR as CHECK_ENV  # noqa: E402
 
 MODEL_DIR = Path(make_model.__file__).resolve().parent
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e]
@@ -67,6 +72,11 @@ def _runs(draft: Path) -> dict[str, list[str]]:
         # SGLang's snapshot verify behind the ring (the snapshot fallback: fold, stock verify, stock commit)
         "replay_spec_auto": ["--ssm-backend", "replay", "--replayssm-window", "16"] + _spec(draft),
         "stock_spec": ["--ssm-backend", "default"] + _spec(draft),
+        # split precision under speculation, with the in-server copy check (read_copy_check): the replay
+        # verify (its flush rows refresh the copy) and the snapshot fallback (the commit refreshes it)
+        "replay_spec_copy": replay + _spec(draft) + ["--replayssm-read-dtype", "bf16"],
+        "replay_spec_auto_copy": ["--ssm-backend", "replay", "--replayssm-window", "16", "--replayssm-read-dtype",
+                                  "bf16"] + _spec(draft),
     }
 
 
@@ -100,7 +110,8 @@ def results(request, tmp_path_factory):
         model = make_model.materialize(name, root / "models" / name, config=config)
         for run, args in _runs(draft).items():
             port, log = srv.free_port(), root / f"{name}-{run}.log"
-            proc = srv.launch(model, args, log, port=port, base_flags=GPU_FLAGS, env=ENV)
+            env = ENV | ({CHECK_ENV: "1"} if run.endswith("_copy") else {})
+            proc = srv.launch(model, args, log, port=port, base_flags=GPU_FLAGS, env=env)
             stack.callback(srv.stop, proc)
             procs[name, run] = (proc, port, log)
         for proc, port, log in procs.values():
@@ -124,6 +135,10 @@ def test_replay_spec_matches_no_spec_and_stock_spec(results):
     model_name, out, logs = results
     assert "ReplaySSM verify bs=" in logs[model_name, "replay_spec"]  # the per-bucket plan was logged
     assert ": snapshot (" in logs[model_name, "replay_spec_auto"]
+    for run in ("replay_spec_copy", "replay_spec_auto_copy"):
+        # the copy equalled quantize_rows of its checkpoint before every forward, verify graphs included
+        assert "ReplaySSM read copy is allocated" in logs[model_name, run], f"{model_name} {run}"
+        assert "(verify graph)" in logs[model_name, run], f"{model_name} {run}: no check before a verify graph"
     for mode in ("seq", "conc"):
         toks = {run: [t for t, _ in out[model_name, run, mode]] for run in _runs(Path("d"))}
         for run in toks:
