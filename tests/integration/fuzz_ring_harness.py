@@ -88,8 +88,12 @@ STATS: collections.Counter = collections.Counter()  # operations run, by kind (f
 STATE_RTOL = 2e-5  # ‖materialised − S64‖ / max(‖S64‖, 1)
 OUT_TOL = 2e-5  # |y − y64| <= OUT_TOL · (1 + |y64|)
 #: With a read copy non-flush outputs come from the rounded checkpoint: the output bound per copy
-#: dtype (the copy's bits are checked exactly, ``check_all``; these only bound what it is read for).
-COPY_OUT_TOL = {torch.bfloat16: 3e-2, torch.float16: 4e-3, torch.float8_e4m3fn: 0.25}
+#: dtype (the copy's bits are checked exactly, ``check_all``; these only bound what it is read for,
+#: against gross errors).  Measured maxima of |y − y64| / (1 + |y64|) over 400 sequences of 30
+#: operations (thirty-fourth session): bf16 0.013 (Mamba-2), fp8 0.48 (Mamba-2: its outputs sum N
+#: products of C with the copy's rows, and with cancellation the copy's 2^-4 relative error is large
+#: against |y|; a bound of 0.25 failed 23 of the first ~12,700 Mamba-2 sequences) and 0.037 (GDN).
+COPY_OUT_TOL = {torch.bfloat16: 3e-2, torch.float16: 4e-3, torch.float8_e4m3fn: 1.0}
 
 
 class ProtocolViolation(AssertionError):
