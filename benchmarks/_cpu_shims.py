@@ -16,6 +16,10 @@ names, shapes and layouts), which is what the smoke run is there to check. Never
    ``tests/kernels/conftest.py``'s ``interpreter_gpu_sum_order``: our GDN decode spells that tree
    out (``gdn_decode/_tree.py``) while SGLang's packed decode gets it from its layout, so under
    numpy's order the two folds differ in the last bits although they agree on the GPU.
+6. ``tl.dot`` of bf16 operands: the Triton 3.6 interpreter multiplies their raw 16-bit patterns
+   (it widens only fp8); they are widened to fp32 first (exact), then multiplied with fp32
+   accumulation as the tensor cores do (the order of the sums may differ). SGLang's built-in
+   GDN ReplaySSM decode rebuilds its state with such a product.
 """
 
 from __future__ import annotations
@@ -114,6 +118,27 @@ def gpu_tree_sum(self, input):  # noqa: A002 (interpreter API)
     return self.to_tensor(acc, input.dtype)
 
 
+def _bf16_dot(orig):
+    import numpy as np
+    import triton.language as tl
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype == tl.bfloat16 or b.dtype == tl.bfloat16:
+            from triton.runtime.interpreter import TensorHandle
+
+            def widen(h):
+                if h.dtype != tl.bfloat16:
+                    return h
+                bits = np.ascontiguousarray(h.data).astype(np.uint32) << 16
+                return TensorHandle(bits.view(np.float32), tl.float32)
+
+            a, b = widen(a), widen(b)
+        return orig(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    create_dot._bench_bf16 = True
+    return create_dot
+
+
 def apply(sglang: bool = True, gpu_sum_order: bool = False) -> list[str]:
     """Apply the shims (idempotent; only under ``TRITON_INTERPRET=1``). Returns what was done.
 
@@ -140,6 +165,10 @@ def apply(sglang: bool = True, gpu_sum_order: bool = False) -> list[str]:
         if not getattr(interpreter._convert_float, "_bench_rtne", False):
             interpreter._convert_float = _rtne_casts(interpreter._convert_float)
             done.append("bf16/fp16/fp8 rtne")
+        builder = interpreter.InterpreterBuilder
+        if not getattr(builder.create_dot, "_bench_bf16", False):
+            builder.create_dot = _bf16_dot(builder.create_dot)
+            done.append("bf16 tl.dot widened to fp32")
     except Exception:  # noqa: BLE001 (another Triton: leave the interpreter as it is)
         pass
     if not hasattr(torch.cpu, "device"):
