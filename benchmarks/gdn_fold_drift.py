@@ -14,6 +14,9 @@ script measures what that costs in accuracy, one row per request, same inputs fo
 - ``packed``: SGLang's ``fused_recurrent_gated_delta_rule_packed_decode`` (the conventional step,
   fp32 state read and written every token);
 - ``ours``: ``gdn_replay_decode`` (L = 16, ring of 16 rows, cursors by ``decode_cursor_step_ref``);
+- ``ours_bf16copy``: the same with a bf16 read copy of the checkpoint (split precision: outputs
+  read the copy, the fp32 checkpoint drives the recurrence; the configuration whose speed reaches
+  issue 3's ratios);
 - ``builtin``: SGLang's built-in ReplaySSM decode (L = 16, its ``write_pos`` cycling 0..15 as its
   backend advances it; the flush is at ``write_pos == 15``, as ours);
 - the yardstick: ``gdn_conventional_f64`` on the same bf16 inputs.
@@ -21,7 +24,7 @@ script measures what that costs in accuracy, one row per request, same inputs fo
 After every flush (every 16 tokens) it records, per kernel, ``‖S − S64‖ / ‖S64‖`` over the
 checkpoints of all rows, the same for the slowest-decaying head alone, and ``‖y − y64‖ / ‖y64‖``
 over the 16 outputs of the cycle; and whether our checkpoint equals the packed decode's bit for
-bit. Value heads span slow to fast decay: ``−g`` per token from ``1e-4`` to ``1e-1`` on average
+bit (and the copy run's checkpoint too: the copy must not touch the recurrence). Value heads span slow to fast decay: ``−g`` per token from ``1e-4`` to ``1e-1`` on average
 (``A_log`` per head; ``a`` noisy around it), bf16 activations as served, fp32 state.
 
     python -m benchmarks.gdn_fold_drift --device cuda --steps 4096 --out DIR   # H200 shape
@@ -43,7 +46,7 @@ import torch
 
 __all__ = ["DriftShape", "SHAPES", "drift", "main"]
 
-KERNELS = ("packed", "ours", "builtin")
+KERNELS = ("packed", "ours", "ours_bf16copy", "builtin")
 L = 16  # ring window (the issue's L); the ring has exactly L rows, as the built-in's
 NEG_G = (1e-4, 1e-1)  # mean per-token decay -g of the slowest and the fastest value head
 
@@ -96,10 +99,10 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 class _Runs:
-    """The three kernels' states and rings, stepped one token at a time on the same inputs."""
+    """Each run's state and ring, stepped one token at a time on the same inputs."""
 
     def __init__(self, shape: DriftShape, inp: dict, batch: int, peers: dict):
-        from replayssm_kernels import decode_cursor_step_ref, gdn_replay_decode
+        from replayssm_kernels import decode_cursor_step_ref, gdn_replay_decode, refresh_read_copy_ref
 
         self.shape, self.inp, self.peers = shape, inp, peers
         self.step_cursors, self.decode = decode_cursor_step_ref, gdn_replay_decode
@@ -109,14 +112,10 @@ class _Runs:
         self.scale = K ** -0.5
         self.state = {n: inp["state0"].clone() for n in KERNELS}
         self.slots = torch.arange(batch, dtype=i32, device=dev)
-        # ours: fp32 u (as served), raw bf16 k / v, fp32 g and beta
-        self.ring = dict(
-            ring_u=torch.zeros(batch, HV, L, V, dtype=f32, device=dev),
-            ring_k=torch.zeros(batch, Hk, L, K, dtype=bf16, device=dev),
-            ring_v=torch.zeros(batch, HV, L, V, dtype=bf16, device=dev),
-            ring_g=torch.zeros(batch, HV, L, dtype=f32, device=dev),
-            ring_beta=torch.zeros(batch, HV, L, dtype=f32, device=dev),
-        )
+        # ours: fp32 u (as served), raw bf16 k / v, fp32 g and beta; one ring per run
+        self.ring = {n: self._ring(shape, batch, dev) for n in ("ours", "ours_bf16copy")}
+        self.read = torch.empty(batch, HV, V, K, dtype=bf16, device=dev)
+        refresh_read_copy_ref(self.state["ours_bf16copy"], self.read, None, self.slots)
         self.cursors = torch.zeros(batch, 2, dtype=i32, device=dev)
         self.no_force = torch.zeros(batch, dtype=torch.bool, device=dev)
         self.rs = torch.empty(batch, dtype=i32, device=dev)
@@ -132,8 +131,20 @@ class _Runs:
         self.out = {n: torch.full((batch, 1, HV, V), float("nan"), dtype=bf16, device=dev)
                     for n in KERNELS}
 
+    @staticmethod
+    def _ring(shape: DriftShape, batch: int, dev) -> dict[str, torch.Tensor]:
+        HV, Hk, K, V = shape.HV, shape.Hk, shape.K, shape.V
+        f32, bf16 = torch.float32, torch.bfloat16
+        return dict(
+            ring_u=torch.zeros(batch, HV, L, V, dtype=f32, device=dev),
+            ring_k=torch.zeros(batch, Hk, L, K, dtype=bf16, device=dev),
+            ring_v=torch.zeros(batch, HV, L, V, dtype=bf16, device=dev),
+            ring_g=torch.zeros(batch, HV, L, dtype=f32, device=dev),
+            ring_beta=torch.zeros(batch, HV, L, dtype=f32, device=dev),
+        )
+
     def step(self, t: int) -> dict[str, torch.Tensor]:
-        """Token ``t`` through all three kernels; their outputs ``[batch, HV, V]`` (fp32)."""
+        """Token ``t`` through every run; their outputs ``[batch, HV, V]`` (fp32)."""
         i = self.inp
         mixed, a, b = i["mixed"][t], i["a"][t], i["b"][t]
         common = dict(mixed_qkv=mixed, a=a, b=b, A_log=i["A_log"], dt_bias=i["dt_bias"],
@@ -144,9 +155,10 @@ class _Runs:
         self.write_pos.add_(1).remainder_(L)  # as the built-in's backend advances it
         q, k, v = _split(self.shape, mixed)
         self.step_cursors(self.cursors, self.slots, self.no_force, L, L, self.rs, self.rl, self.fl)
-        self.decode(self.state["ours"], *self.ring.values(), q, k, v, a, b, i["A_log"],
-                    i["dt_bias"], self.out["ours"][:, 0], self.slots, self.rs, self.rl, self.fl,
-                    scale=self.scale, use_qk_l2norm=True)
+        for n, read in (("ours", None), ("ours_bf16copy", self.read)):
+            self.decode(self.state[n], *self.ring[n].values(), q, k, v, a, b, i["A_log"],
+                        i["dt_bias"], self.out[n][:, 0], self.slots, self.rs, self.rl, self.fl,
+                        scale=self.scale, use_qk_l2norm=True, read_state=read)
         return {n: o[:, 0].float() for n, o in self.out.items()}
 
 
@@ -190,7 +202,8 @@ def drift(shape: DriftShape, batch: int, steps: int, seed: int, device: str, pee
             rec["state"][n] = _rel(runs.state[n], state64)
             rec["state_slow"][n] = _rel(runs.state[n][:, 0], state64[:, 0])
             rec["out"][n] = _rel(torch.stack([y[n] for y in ys]), y64)
-        rec["ours_bits_eq_packed"] = bool(torch.equal(runs.state["ours"], runs.state["packed"]))
+        rec["ours_bits_eq_packed"] = all(torch.equal(runs.state[n], runs.state["packed"])
+                                         for n in ("ours", "ours_bf16copy"))
         records.append(rec)
     for name, t in runs.out.items():
         if torch.isnan(t).any():
