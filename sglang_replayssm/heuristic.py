@@ -149,8 +149,8 @@ class VerifyShape:
         What changes the replay kernels' cost beyond these sizes, or names it (the read copy's
         dtype, stochastic rounding; ``pool_verify_shape``): part of ``key`` so that a cached
         decision is not re-used across them; ``""`` (none) by default.  ``key`` also holds
-        ``read_bytes`` / ``read_scale_bytes``, so a copy is keyed even without a variant.  The byte model sees the
-        copy through ``read_bytes`` / ``read_scale_bytes``, not through this.
+        ``read_bytes`` / ``read_scale_bytes``, so a copy is keyed even without a variant.  The byte
+        model sees the copy through ``read_bytes`` / ``read_scale_bytes``, not through this.
 
     Raises
     ------

@@ -191,7 +191,8 @@ def _draft_tokens(server_args) -> tuple[int, str]:
     The first check runs before SGLang resolves its speculative settings
     (``_handle_model_specific_adjustments`` precedes ``handle_speculative_decoding``): there an
     EAGLE-family draft with ``--speculative-num-steps`` given has ``T = steps + 1``, DFLASH its block
-    size and DSPARK its block size (gamma) + 1 where given; otherwise ``--speculative-num-draft-tokens`` (0 while unset: the scheduler's check sees the resolved value).
+    size and DSPARK its block size (gamma) + 1 where given; otherwise
+    ``--speculative-num-draft-tokens`` (0 while unset: the scheduler's check sees the resolved value).
     """
     steps = getattr(server_args, "speculative_num_steps", None)
     algorithm = str(server_args.speculative_algorithm).upper()
