@@ -24,10 +24,12 @@ script measures what that costs in accuracy, one row per request, same inputs fo
 After every flush (every 16 tokens) it records, per kernel, ``‖S − S64‖ / ‖S64‖`` over the
 checkpoints of all rows, the same for the slowest-decaying head alone, and ``‖y − y64‖ / ‖y64‖``
 over the 16 outputs of the cycle; and whether our checkpoint equals the packed decode's bit for
-bit (and the copy run's checkpoint too: the copy must not touch the recurrence). Value heads span slow to fast decay: ``−g`` per token from ``1e-4`` to ``1e-1`` on average
-(``A_log`` per head; ``a`` noisy around it), bf16 activations as served, fp32 state.
+bit (and the copy run's checkpoint too: the copy must not touch the recurrence). Value heads
+span slow to fast decay: ``−g`` per token from ``1e-4`` to ``1e-1`` on average (``A_log`` per
+head; ``a`` noisy around it), bf16 activations as served, fp32 state. Every output is poisoned
+with NaN before each step and must be fully written by it.
 
-    python -m benchmarks.gdn_fold_drift --device cuda --steps 4096 --out DIR   # H200 shape
+    python -m benchmarks.gdn_fold_drift --device cuda --steps 8192 --out DIR   # Qwen3.5-4B head shape
     TRITON_INTERPRET=1 python -m benchmarks.gdn_fold_drift --device cpu --steps 64 --out DIR
 
 On CPU the Triton interpreter runs all three kernels at a small shape (``--shape tiny``); the
@@ -43,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from benchmarks.bench_decode import _rel_err as _rel
 
 __all__ = ["DriftShape", "SHAPES", "drift", "main"]
 
@@ -91,11 +95,6 @@ def _split(shape: DriftShape, mixed: torch.Tensor):
     k = mixed[..., Hk * K: 2 * Hk * K].unflatten(-1, (Hk, K))
     v = mixed[..., 2 * Hk * K:].unflatten(-1, (HV, V))
     return q, k, v
-
-
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    den = torch.linalg.vector_norm(ref).item()
-    return torch.linalg.vector_norm(x.double() - ref).item() / den
 
 
 class _Runs:
@@ -147,6 +146,8 @@ class _Runs:
         """Token ``t`` through every run; their outputs ``[batch, HV, V]`` (fp32)."""
         i = self.inp
         mixed, a, b = i["mixed"][t], i["a"][t], i["b"][t]
+        for o in self.out.values():
+            o.fill_(float("nan"))
         common = dict(mixed_qkv=mixed, a=a, b=b, A_log=i["A_log"], dt_bias=i["dt_bias"],
                       scale=self.scale, ssm_state_indices=self.slots, use_qk_l2norm_in_kernel=True)
         self.peers["packed"](initial_state=self.state["packed"], out=self.out["packed"], **common)
@@ -159,6 +160,9 @@ class _Runs:
             self.decode(self.state[n], *self.ring[n].values(), q, k, v, a, b, i["A_log"],
                         i["dt_bias"], self.out[n][:, 0], self.slots, self.rs, self.rl, self.fl,
                         scale=self.scale, use_qk_l2norm=True, read_state=read)
+        for name, o in self.out.items():
+            if torch.isnan(o).any():
+                raise RuntimeError(f"{name}: step {t} left output elements NaN (not written)")
         return {n: o[:, 0].float() for n, o in self.out.items()}
 
 
@@ -205,9 +209,6 @@ def drift(shape: DriftShape, batch: int, steps: int, seed: int, device: str, pee
         rec["ours_bits_eq_packed"] = all(torch.equal(runs.state[n], runs.state["packed"])
                                          for n in ("ours", "ours_bf16copy"))
         records.append(rec)
-    for name, t in runs.out.items():
-        if torch.isnan(t).any():
-            raise RuntimeError(f"{name}: output left NaN (a row or head was not written)")
     return records
 
 

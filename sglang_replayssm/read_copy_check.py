@@ -7,7 +7,8 @@ pool's invariant (``pool.py``, "Split precision"), which every writer of a check
 in the decode kernels, ``refresh_read`` elsewhere).  A mismatch raises ``RuntimeError`` naming the
 layers and slots, which stops the server; a passing check logs the first check of each kind of
 forward (``where``) and every ``LOG_EVERY``-th, with the counts so far.  Each check syncs with the
-host and quantises the batch's checkpoints in all layers: for tests (``tests/e2e/test_read_copy_gpu.py``), not for serving.
+host and quantises the batch's checkpoints in all layers: for tests
+(``tests/e2e/test_read_copy_gpu.py``), not for serving.
 
 It is what an end-to-end test of the copy can assert on a GPU: a bf16-activation tiny random model
 amplifies the copy's one rounding into early greedy divergences (measured on a CPU, where an fp32 model
