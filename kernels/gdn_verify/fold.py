@@ -56,7 +56,7 @@ def _fold_program(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr, SR: tl.constexpr, TILES: tl.constexpr, WORK_LIST: tl.constexpr,
-    BLOCK_B: tl.constexpr, HEAD_ITEMS: tl.constexpr, PIPE: tl.constexpr,
+    BLOCK_B: tl.constexpr, HEAD_ITEMS: tl.constexpr, PIPE: tl.constexpr, R_ROWS: tl.constexpr,
 ):  # fmt: skip
     """One program of the fold launch (kernels below).  ``WORK_LIST``: a fixed grid of programs
     over the flush rows' (row, head, tiles) items (``_work_list``); else program
@@ -73,7 +73,8 @@ def _fold_program(
             stride_beta_n, stride_beta_h, stride_beta_r,
             stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
             stride_rs_n, stride_rs_h, stride_rs_v,
-            H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, HAS_READ, READ_FP8, SR, BLOCK_B, PIPE,
+            H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, HAS_READ, READ_FP8, SR, BLOCK_B, R_ROWS,
+            PIPE,
         )  # fmt: skip
     elif WORK_LIST:
         _work_list(
@@ -225,12 +226,14 @@ def _pipelined_tiles(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr, SR: tl.constexpr, BLOCK_B: tl.constexpr, RMAX: tl.constexpr,
+    PIPE_MODE: tl.constexpr,
 ):  # fmt: skip
-    """The work list over one-tile items in one software-pipelined loop (``PIPE = RMAX``, the
-    ring's rows): item ``w``'s tile and records are requested into shared memory (``cp.async``)
-    while item ``w - P`` folds, so no tile waits on its checkpoint load.  The record loop is
-    unrolled (``RMAX`` steps, records past ``r_len`` skipped): Triton pipelines only loops without
-    a loop inside.  Same items, same tile arithmetic, same bits as ``_work_list``."""
+    """The work list over one-tile items in one software-pipelined loop (``RMAX``: the ring's
+    rows; ``PIPE_MODE`` 1: records' k / v one ahead as folded, 2: pipelined with the tile):
+    item ``w``'s tile, gates and β (with mode 2 its records) are requested into shared memory
+    (``cp.async``) while item ``w - P`` folds, so no tile waits on its checkpoint load.  The
+    record loop is unrolled (``RMAX`` steps, records past ``r_len`` skipped): Triton pipelines
+    only loops without a loop inside.  Same items, same tile arithmetic, same bits as ``_work_list``."""
     NT: tl.constexpr = (V + BV - 1) // BV
     n_flush = tl.sum(_flush_rows(slot_idx, flush, batch, BLOCK_B), 0)
     per_row = HV * NT
@@ -259,7 +262,7 @@ def _pipelined_tiles(
             p_rd, p_rs, sr_seed, sr_layer, i_s, i_hv, i_v, r_start, r_len, R,
             stride_s_v, stride_s_k, stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v,
             stride_g_r, stride_beta_r, stride_rd_v, stride_rd_k, stride_rs_v,
-            K, V, BK, BV, RL, USE_QK_L2NORM, HAS_READ, READ_FP8, SR, RMAX,
+            K, V, BK, BV, RL, USE_QK_L2NORM, HAS_READ, READ_FP8, SR, RMAX, PIPE_MODE == 2,
         )  # fmt: skip
 
 
@@ -276,12 +279,14 @@ def _fold_tile_unrolled(
     stride_rv_v, stride_g_r, stride_beta_r, stride_rd_v, stride_rd_k, stride_rs_v,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RL: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr, READ_FP8: tl.constexpr,
-    SR: tl.constexpr, RMAX: tl.constexpr,
+    SR: tl.constexpr, RMAX: tl.constexpr, REC_ASYNC: tl.constexpr,
 ):  # fmt: skip
     """``_tree.flush_tree`` without a current token, its record loop unrolled ``RMAX`` times:
     records ``[0, r_len)`` folded into the tree-form tile of rows ``i_v·BV ..`` in the same
-    expressions and order (each record's loads issued unconditionally, masked, so the loop around
-    this can pipeline them; gates and β loaded once for all records and picked out exactly)."""
+    expressions and order.  Gates and β are loaded once for all records (pipelined) and picked
+    out exactly; each record's k / v are loaded in the loop body, masked, so the loop around this
+    pipelines them too (``REC_ASYNC``), or record 0 so and every later one a record ahead inside
+    the previous record's branch."""
     RH: tl.constexpr = BV // RL
     RP: tl.constexpr = triton.next_power_of_2(RMAX)
     rl = tl.arange(0, RL)
@@ -303,12 +308,28 @@ def _fold_tile_unrolled(
     rows_r = (r_start + o_r) % R
     g_all = tl.load(p_rg + rows_r * stride_g_r, mask=m_r, other=0.0)
     b_all = tl.load(p_rb + rows_r * stride_beta_r, mask=m_r, other=0.0)
+    if not REC_ASYNC:  # record 0 pipelined with the tile; each step then requests the next
+        n_k = tl.load(p_rk + (r_start % R) * stride_rk_r + o_k * stride_rk_k,
+                      mask=mask_k & (r_len > 0), other=0)
+        n_v = tl.load(p_rv + (r_start % R) * stride_rv_r + row2 * stride_rv_v,
+                      mask=mask_v2 & (r_len > 0), other=0)
     for i_r in tl.static_range(RMAX):
         live = i_r < r_len
-        row = (r_start + i_r) % R
+        if REC_ASYNC:  # in the loop body: pipelined with the tile (shared memory, one item ahead)
+            row = (r_start + i_r) % R
+            r_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & live,
+                          other=0)
+            r_v = tl.load(p_rv + row * stride_rv_r + row2 * stride_rv_v, mask=mask_v2 & live,
+                          other=0)
         if live:
-            r_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k, other=0)
-            r_v = tl.load(p_rv + row * stride_rv_r + row2 * stride_rv_v, mask=mask_v2, other=0)
+            if not REC_ASYNC:  # one record ahead, inside the branch (not pipelined)
+                r_k = n_k
+                r_v = n_v
+                nxt = (r_start + i_r + 1) % R
+                n_k = tl.load(p_rk + nxt * stride_rk_r + o_k * stride_rk_k,
+                              mask=mask_k & (i_r + 1 < r_len), other=0)
+                n_v = tl.load(p_rv + nxt * stride_rv_r + row2 * stride_rv_v,
+                              mask=mask_v2 & (i_r + 1 < r_len), other=0)
             b_k = _cols(pin(_norm(r_k.to(tl.float32), USE_QK_L2NORM)), BK)
             b_v = r_v.to(tl.float32)
             b_h *= tl.exp(_pick(g_all, o_r, i_r))
@@ -427,6 +448,7 @@ def gdn_verify_fold_kernel(
     BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, TILES: tl.constexpr,
     WORK_LIST: tl.constexpr, BLOCK_B: tl.constexpr, HEAD_ITEMS: tl.constexpr,
     SR: tl.constexpr = False, PIPE: tl.constexpr = 0,
+    R_ROWS: tl.constexpr = 0,
 ):  # fmt: skip
     """The fold launch without a read copy (see the module docstring)."""
     _fold_program(
@@ -439,7 +461,7 @@ def gdn_verify_fold_kernel(
         stride_beta_n, stride_beta_h, stride_beta_r,
         0, 0, 0, 0, 0, 0, 0,
         H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, False, False, SR, TILES, WORK_LIST, BLOCK_B,
-        HEAD_ITEMS, PIPE,
+        HEAD_ITEMS, PIPE, R_ROWS,
     )  # fmt: skip
 
 
@@ -458,6 +480,7 @@ def gdn_verify_fold_read_kernel(
     BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, READ_FP8: tl.constexpr,
     TILES: tl.constexpr, WORK_LIST: tl.constexpr, BLOCK_B: tl.constexpr,
     HEAD_ITEMS: tl.constexpr, SR: tl.constexpr = False, PIPE: tl.constexpr = 0,
+    R_ROWS: tl.constexpr = 0,
 ):  # fmt: skip
     """The fold launch with a split-precision read copy (``read_ptr``, fp8 scales
     ``read_scale_ptr``), rewritten from the stored tile."""
@@ -472,5 +495,5 @@ def gdn_verify_fold_read_kernel(
         stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
         stride_rs_n, stride_rs_h, stride_rs_v,
         H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, True, READ_FP8, SR, TILES, WORK_LIST, BLOCK_B,
-        HEAD_ITEMS, PIPE,
+        HEAD_ITEMS, PIPE, R_ROWS,
     )  # fmt: skip

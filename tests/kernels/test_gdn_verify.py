@@ -685,10 +685,12 @@ def test_fold_work_list_bitwise_vs_program_grid_gpu(launch_spy, B, p_flush, head
 
 
 @pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
+@pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("variant", [v for v, _ in WORK_VARIANTS[:4]] + ["ragged-V"])
-def test_fold_pipeline_bitwise_vs_work_list(variant):
-    """``fold_pipeline=True`` (the work list as one software-pipelined loop of one-tile items, the
-    record loop unrolled over the ring's rows) against the default work list on the same step:
+def test_fold_pipeline_bitwise_vs_work_list(variant, mode):
+    """``fold_pipeline`` 1 / 2 (the work list as one software-pipelined loop of one-tile items,
+    the record loop unrolled over the ring's rows; records one ahead / pipelined with the tile)
+    against the default work list on the same step:
     every tensor bit-identical (pool, guard slot, padding outputs), without and with a bf16 / fp8
     read copy, an fp16 checkpoint with stochastic rounding, and value rows that do not fill the
     last tile (the masked tile load)."""
@@ -699,7 +701,7 @@ def test_fold_pipeline_bitwise_vs_work_list(variant):
         kw = dict(scale=0.25, fold_block_v=16, fold_rows=4)
     want, _ = _clone(args, pool)
     guards = {k: t[0].clone() for k, t in pool.items()}
-    gdn_verify_kernel.gdn_replay_verify_fwd(**args, **kw, fold_pipeline=True)
+    gdn_verify_kernel.gdn_replay_verify_fwd(**args, **kw, fold_pipeline=mode)
     gdn_verify_kernel.gdn_replay_verify_fwd(**want, **kw)
     for name, t in args.items():
         assert_bits_equal(t, want[name], name)
@@ -709,26 +711,30 @@ def test_fold_pipeline_bitwise_vs_work_list(variant):
 
 
 def test_fold_pipeline_value_error():
-    """``fold_pipeline`` beside a program grid (``fold_tiles``) names what it needs."""
+    """``fold_pipeline`` beside a program grid (``fold_tiles``), or not 0 / 1 / 2, names what it
+    needs."""
     args, _ = _work_list_args(DEVICE, seed=1)
     with pytest.raises(ValueError, match="fold_pipeline: needs the work list's tree-form fold"):
         gdn_verify_kernel.gdn_replay_verify_fwd(**args, scale=0.25, fold_tiles=1,
-                                                fold_pipeline=True)
+                                                fold_pipeline=1)
+    with pytest.raises(ValueError, match="fold_pipeline: expected 0, 1 or 2, got 3"):
+        gdn_verify_kernel.gdn_replay_verify_fwd(**args, scale=0.25, fold_pipeline=3)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("B,p_flush,read", [(64, 0.125, None), (256, 1.0, None),
                                             (256, 1.0, torch.float8_e4m3fn),
                                             (256, 1.0, torch.bfloat16)],
                          ids=["b64-mixed", "b256-all", "b256-all-fp8", "b256-all-bf16"])
-def test_fold_pipeline_bitwise_vs_work_list_gpu(B, p_flush, read):
+def test_fold_pipeline_bitwise_vs_work_list_gpu(B, p_flush, read, mode):
     """The pipelined fold at the Qwen3.5-4B head shape (T = 4 ring) bit for bit against the
     default work list on the same step: every tensor, untouched slots, the guard slot."""
     args, pool = _work_list_args(DEVICE, seed=B, B=B, slots=B + 16, HV=32, Hk=16, K=128, V=128,
                                  T=4, R=20, p_flush=p_flush, read=read)
     want, _ = _clone(args, pool)
     guards = {k: t[0].clone() for k, t in pool.items()}
-    gdn_verify_kernel.gdn_replay_verify_fwd(**args, scale=128 ** -0.5, fold_pipeline=True)
+    gdn_verify_kernel.gdn_replay_verify_fwd(**args, scale=128 ** -0.5, fold_pipeline=mode)
     gdn_verify_kernel.gdn_replay_verify_fwd(**want, scale=128 ** -0.5)
     for name, t in args.items():
         assert_bits_equal(t, want[name], name)
