@@ -1502,8 +1502,8 @@ strides = dict(
 # RL = 0: the fold on SGLang's tile (the launch takes it for K > 128; K <= 128 folds in the decode
 # kernel's tree form, whose codegen test_gdn_decode.py checks).
 const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, RL=0, SOFTPLUS_THRESHOLD=20.0,
-             USE_QK_L2NORM=True, sr_seed=None, SR=False, TILES=1, WORK_LIST=False, BLOCK_B=1,
-             HEAD_ITEMS=4)
+             USE_QK_L2NORM=True, sr_seed=None, SR=False, PIPE=0, R_ROWS=0, TILES=1,
+             WORK_LIST=False, BLOCK_B=1, HEAD_ITEMS=4)
 ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
