@@ -112,8 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "gdn_replay_verify_fwd: the window's block_v, block_k, num_warps, "
                         "num_stages, maxnreg; the fold's tree-form tile fold_block_v, fold_rows and "
                         "its tiles per program fold_tiles (a program grid) or its "
-                        "work-list programs fold_programs, fold_pipeline=1 (the work list as one "
-                        "software-pipelined loop of one-tile items); "
+                        "work-list programs fold_programs; "
                         "e.g. block_v=64,num_stages=3 or fold_block_v=16,fold_rows=8), for a "
                         "launch sweep; default: the kernel's")
     p.add_argument("--commit", default=None)
@@ -181,9 +180,9 @@ def parse_launch_overrides(text: str | None,
 
 #: ``gdn_replay_verify_fwd``'s launch keywords that ``--gdn-verify-launch`` may set (window launch,
 #: then the fold launch's tree-form tile, its tiles per program (a program grid) and its work-list
-#: programs, and whether that work list is one software-pipelined loop).
+#: programs).
 GDN_LAUNCH_FIELDS = ("block_v", "block_k", "num_warps", "num_stages", "maxnreg", "fold_block_v",
-                     "fold_rows", "fold_tiles", "fold_programs", "fold_pipeline")
+                     "fold_rows", "fold_tiles", "fold_programs")
 
 
 def parse_gdn_launch(text: str | None, parser: argparse.ArgumentParser) -> dict[str, int]:

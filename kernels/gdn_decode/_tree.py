@@ -255,21 +255,6 @@ def flush_tree(
         b_h += _r8(b_v) * b_k
         b_o = _rows(b_h * b_q)
         tl.store(p_o_head + row2 * stride_o_v, b_o.to(o_dtype), mask=mask_v2)
-    store_tree_tile(b_h, state, p_s, mask_h, p_rd_head, p_rs_head, sr_seed, sr_layer, i_s, i_hv,
-                    i_v, row2, mask_v2, row8, col8, o_k, mask_k, stride_rd_v, stride_rd_k,
-                    stride_rs_v, K, V, BK, BV, HAS_READ, READ_FP8, SR)
-
-
-@triton.jit
-def store_tree_tile(
-    b_h, state, p_s, mask_h, p_rd_head, p_rs_head, sr_seed, sr_layer, i_s, i_hv, i_v, row2,
-    mask_v2, row8, col8, o_k, mask_k, stride_rd_v, stride_rd_k, stride_rs_v,
-    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    HAS_READ: tl.constexpr, READ_FP8: tl.constexpr, SR: tl.constexpr,
-):  # fmt: skip
-    """Store the folded tree-form tile ``b_h`` (``[RL, b0, b1, RH, b2, b3, b4, 4]`` fp32) at
-    ``p_s`` once (fp16 with ``SR``: stochastically rounded) and, with a read copy, refresh the
-    copy's rows (and fp8 scales) from the tile as stored."""
     if SR:
         b_st = sr_round_fp16(b_h, sr_key(sr_seed, sr_layer, i_s), (i_hv * V + row8) * K + col8)
     else:

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from replayssm_kernels.gdn_decode._fold import fold_records
-from replayssm_kernels.gdn_decode._tree import _col8, _cols, _norm, _r8, _rows, flush_tree, pin, store_tree_tile
+from replayssm_kernels.gdn_decode._tree import flush_tree
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile
 from replayssm_kernels.stochastic_round import sr_key, sr_round_fp16
 
@@ -56,27 +56,13 @@ def _fold_program(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr,
     READ_FP8: tl.constexpr, SR: tl.constexpr, TILES: tl.constexpr, WORK_LIST: tl.constexpr,
-    BLOCK_B: tl.constexpr, HEAD_ITEMS: tl.constexpr, PIPE: tl.constexpr, R_ROWS: tl.constexpr,
+    BLOCK_B: tl.constexpr, HEAD_ITEMS: tl.constexpr,
 ):  # fmt: skip
     """One program of the fold launch (kernels below).  ``WORK_LIST``: a fixed grid of programs
     over the flush rows' (row, head, tiles) items (``_work_list``); else program
     ``(i_g, i_hv, i_n)`` folds ``TILES`` value tiles of head ``i_hv`` of row ``i_n`` in turn (a
     non-flush or padding row's program returns at once)."""
-    if PIPE > 0:
-        _pipelined_tiles(
-            state, ring_k, ring_v, ring_g, ring_beta, slot_idx, ring_start, ring_len, flush,
-            read_ptr, read_scale_ptr, sr_seed, R, sr_layer, batch,
-            stride_s_n, stride_s_h, stride_s_v, stride_s_k,
-            stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
-            stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
-            stride_g_n, stride_g_h, stride_g_r,
-            stride_beta_n, stride_beta_h, stride_beta_r,
-            stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
-            stride_rs_n, stride_rs_h, stride_rs_v,
-            H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, HAS_READ, READ_FP8, SR, BLOCK_B, R_ROWS,
-            PIPE,
-        )  # fmt: skip
-    elif WORK_LIST:
+    if WORK_LIST:
         _work_list(
             state, ring_k, ring_v, ring_g, ring_beta, slot_idx, ring_start, ring_len, flush,
             read_ptr, read_scale_ptr, sr_seed, R, sr_layer, batch,
@@ -213,135 +199,6 @@ def _work_items(
 
 
 @triton.jit
-def _pipelined_tiles(
-    state, ring_k, ring_v, ring_g, ring_beta, slot_idx, ring_start, ring_len, flush,
-    read_ptr, read_scale_ptr, sr_seed, R, sr_layer, batch,
-    stride_s_n, stride_s_h, stride_s_v, stride_s_k,
-    stride_rk_n, stride_rk_h, stride_rk_r, stride_rk_k,
-    stride_rv_n, stride_rv_h, stride_rv_r, stride_rv_v,
-    stride_g_n, stride_g_h, stride_g_r,
-    stride_beta_n, stride_beta_h, stride_beta_r,
-    stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
-    stride_rs_n, stride_rs_h, stride_rs_v,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr,
-    READ_FP8: tl.constexpr, SR: tl.constexpr, BLOCK_B: tl.constexpr, RMAX: tl.constexpr,
-    PIPE_MODE: tl.constexpr,
-):  # fmt: skip
-    """The work list over one-tile items in one software-pipelined loop (``RMAX``: the ring's
-    rows; ``PIPE_MODE`` 1: records' k / v one ahead as folded, 2: pipelined with the tile):
-    item ``w``'s tile, gates and β (with mode 2 its records) are requested into shared memory
-    (``cp.async``) while item ``w - P`` folds, so no tile waits on its checkpoint load.  The
-    record loop is unrolled (``RMAX`` steps, records past ``r_len`` skipped): Triton pipelines
-    only loops without a loop inside.  Same items, same tile arithmetic, same bits as ``_work_list``."""
-    NT: tl.constexpr = (V + BV - 1) // BV
-    n_flush = tl.sum(_flush_rows(slot_idx, flush, batch, BLOCK_B), 0)
-    per_row = HV * NT
-    for w in tl.range(tl.program_id(0), n_flush * per_row, tl.num_programs(0), num_stages=2):
-        rank = w // per_row
-        i_hv = (w % per_row) // NT
-        i_v = w % NT
-        incl = tl.cumsum(_flush_rows(slot_idx, flush, batch, BLOCK_B), 0)
-        i_n = tl.sum((incl <= rank).to(tl.int32), 0)
-        i_s = tl.load(slot_idx + i_n).to(tl.int64)
-        i_h = i_hv // (HV // H)
-        r_start = tl.load(ring_start + i_n).to(tl.int32)
-        r_len = tl.load(ring_len + i_n).to(tl.int32)
-        p_rd = read_ptr
-        p_rs = read_scale_ptr
-        if HAS_READ:
-            p_rd = read_ptr + i_s * stride_rd_n + i_hv * stride_rd_h
-            if READ_FP8:
-                p_rs = read_scale_ptr + i_s * stride_rs_n + i_hv * stride_rs_h
-        _fold_tile_unrolled(
-            state, state + i_s * stride_s_n + i_hv * stride_s_h,
-            ring_k + i_s * stride_rk_n + i_h * stride_rk_h,
-            ring_v + i_s * stride_rv_n + i_hv * stride_rv_h,
-            ring_g + i_s * stride_g_n + i_hv * stride_g_h,
-            ring_beta + i_s * stride_beta_n + i_hv * stride_beta_h,
-            p_rd, p_rs, sr_seed, sr_layer, i_s, i_hv, i_v, r_start, r_len, R,
-            stride_s_v, stride_s_k, stride_rk_r, stride_rk_k, stride_rv_r, stride_rv_v,
-            stride_g_r, stride_beta_r, stride_rd_v, stride_rd_k, stride_rs_v,
-            K, V, BK, BV, RL, USE_QK_L2NORM, HAS_READ, READ_FP8, SR, RMAX, PIPE_MODE == 2,
-        )  # fmt: skip
-
-
-@triton.jit
-def _pick(x, o_r, i: tl.constexpr):
-    """Element ``i`` of the 1-D ``x`` as a scalar (exact: the other terms are zeros)."""
-    return tl.sum(tl.where(o_r == i, x, 0.0), 0)
-
-
-@triton.jit
-def _fold_tile_unrolled(
-    state, p_s_head, p_rk, p_rv, p_rg, p_rb, p_rd_head, p_rs_head, sr_seed, sr_layer, i_s, i_hv,
-    i_v, r_start, r_len, R, stride_s_v, stride_s_k, stride_rk_r, stride_rk_k, stride_rv_r,
-    stride_rv_v, stride_g_r, stride_beta_r, stride_rd_v, stride_rd_k, stride_rs_v,
-    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RL: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, HAS_READ: tl.constexpr, READ_FP8: tl.constexpr,
-    SR: tl.constexpr, RMAX: tl.constexpr, REC_ASYNC: tl.constexpr,
-):  # fmt: skip
-    """``_tree.flush_tree`` without a current token, its record loop unrolled ``RMAX`` times:
-    records ``[0, r_len)`` folded into the tree-form tile of rows ``i_v·BV ..`` in the same
-    expressions and order.  Gates and β are loaded once for all records (pipelined) and picked
-    out exactly; each record's k / v are loaded in the loop body, masked, so the loop around this
-    pipelines them too (``REC_ASYNC``), or record 0 so and every later one a record ahead inside
-    the previous record's branch."""
-    RH: tl.constexpr = BV // RL
-    RP: tl.constexpr = triton.next_power_of_2(RMAX)
-    rl = tl.arange(0, RL)
-    rh = tl.arange(0, RH)
-    row2 = i_v * BV + rh[None, :] * RL + rl[:, None]  # [RL, RH]
-    mask_v2 = row2 < V
-    col8 = _col8(BK)
-    row8 = _r8(row2)
-    mask_h = (row8 < V) & (col8 < K)
-    p_s = p_s_head + row8 * stride_s_v + col8 * stride_s_k
-    o_k = tl.arange(0, BK)
-    mask_k = o_k < K
-    if (V % BV == 0) & (BK == K):  # whole tiles: no per-element predicates to carry ahead
-        b_h = tl.load(p_s).to(tl.float32)
-    else:
-        b_h = tl.load(p_s, mask=mask_h, other=0).to(tl.float32)
-    o_r = tl.arange(0, RP)
-    m_r = o_r < r_len
-    rows_r = (r_start + o_r) % R
-    g_all = tl.load(p_rg + rows_r * stride_g_r, mask=m_r, other=0.0)
-    b_all = tl.load(p_rb + rows_r * stride_beta_r, mask=m_r, other=0.0)
-    if not REC_ASYNC:  # record 0 pipelined with the tile; each step then requests the next
-        n_k = tl.load(p_rk + (r_start % R) * stride_rk_r + o_k * stride_rk_k,
-                      mask=mask_k & (r_len > 0), other=0)
-        n_v = tl.load(p_rv + (r_start % R) * stride_rv_r + row2 * stride_rv_v,
-                      mask=mask_v2 & (r_len > 0), other=0)
-    for i_r in tl.static_range(RMAX):
-        live = i_r < r_len
-        if REC_ASYNC:  # in the loop body: pipelined with the tile (shared memory, one item ahead)
-            row = (r_start + i_r) % R
-            r_k = tl.load(p_rk + row * stride_rk_r + o_k * stride_rk_k, mask=mask_k & live,
-                          other=0)
-            r_v = tl.load(p_rv + row * stride_rv_r + row2 * stride_rv_v, mask=mask_v2 & live,
-                          other=0)
-        if live:
-            if not REC_ASYNC:  # one record ahead, inside the branch (not pipelined)
-                r_k = n_k
-                r_v = n_v
-                nxt = (r_start + i_r + 1) % R
-                n_k = tl.load(p_rk + nxt * stride_rk_r + o_k * stride_rk_k,
-                              mask=mask_k & (i_r + 1 < r_len), other=0)
-                n_v = tl.load(p_rv + nxt * stride_rv_r + row2 * stride_rv_v,
-                              mask=mask_v2 & (i_r + 1 < r_len), other=0)
-            b_k = _cols(pin(_norm(r_k.to(tl.float32), USE_QK_L2NORM)), BK)
-            b_v = r_v.to(tl.float32)
-            b_h *= tl.exp(_pick(g_all, o_r, i_r))
-            b_v -= _rows(b_h * b_k)
-            b_v *= _pick(b_all, o_r, i_r)
-            b_h += _r8(b_v) * b_k
-    store_tree_tile(b_h, state, p_s, mask_h, p_rd_head, p_rs_head, sr_seed, sr_layer, i_s, i_hv,
-                    i_v, row2, mask_v2, row8, col8, o_k, mask_k, stride_rd_v, stride_rd_k,
-                    stride_rs_v, K, V, BK, BV, HAS_READ, READ_FP8, SR)
-
-
-@triton.jit
 def _fold_head_tiles(
     state, ring_k, ring_v, ring_g, ring_beta, ring_start, ring_len, read_ptr, read_scale_ptr,
     sr_seed, R, sr_layer, i_n, i_s, i_hv, i_g,
@@ -447,8 +304,7 @@ def gdn_verify_fold_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, TILES: tl.constexpr,
     WORK_LIST: tl.constexpr, BLOCK_B: tl.constexpr, HEAD_ITEMS: tl.constexpr,
-    SR: tl.constexpr = False, PIPE: tl.constexpr = 0,
-    R_ROWS: tl.constexpr = 0,
+    SR: tl.constexpr = False,
 ):  # fmt: skip
     """The fold launch without a read copy (see the module docstring)."""
     _fold_program(
@@ -461,7 +317,7 @@ def gdn_verify_fold_kernel(
         stride_beta_n, stride_beta_h, stride_beta_r,
         0, 0, 0, 0, 0, 0, 0,
         H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, False, False, SR, TILES, WORK_LIST, BLOCK_B,
-        HEAD_ITEMS, PIPE, R_ROWS,
+        HEAD_ITEMS,
     )  # fmt: skip
 
 
@@ -479,8 +335,7 @@ def gdn_verify_fold_read_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, RL: tl.constexpr, USE_QK_L2NORM: tl.constexpr, READ_FP8: tl.constexpr,
     TILES: tl.constexpr, WORK_LIST: tl.constexpr, BLOCK_B: tl.constexpr,
-    HEAD_ITEMS: tl.constexpr, SR: tl.constexpr = False, PIPE: tl.constexpr = 0,
-    R_ROWS: tl.constexpr = 0,
+    HEAD_ITEMS: tl.constexpr, SR: tl.constexpr = False,
 ):  # fmt: skip
     """The fold launch with a split-precision read copy (``read_ptr``, fp8 scales
     ``read_scale_ptr``), rewritten from the stored tile."""
@@ -495,5 +350,5 @@ def gdn_verify_fold_read_kernel(
         stride_rd_n, stride_rd_h, stride_rd_v, stride_rd_k,
         stride_rs_n, stride_rs_h, stride_rs_v,
         H, HV, K, V, BK, BV, RL, USE_QK_L2NORM, True, READ_FP8, SR, TILES, WORK_LIST, BLOCK_B,
-        HEAD_ITEMS, PIPE, R_ROWS,
+        HEAD_ITEMS,
     )  # fmt: skip

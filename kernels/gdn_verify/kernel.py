@@ -162,7 +162,6 @@ def gdn_replay_verify_fwd(
     fold_rows: int | None = None,
     fold_tiles: int | None = None,
     fold_programs: int | None = None,
-    fold_pipeline: int = 0,
 ) -> None:
     """Both launches without checks (caller: ``gdn_replay_verify``).
 
@@ -210,14 +209,6 @@ def gdn_replay_verify_fwd(
                      num_warps=1, num_stages=1)  # fmt: skip
     n_tiles = triton.cdiv(V, fold_bv)
     grid = _fold_grid(state.device, batch, HV, n_tiles, fold_tiles, fold_programs, fold_meta)
-    if fold_pipeline:
-        if not (tree and fold_meta["WORK_LIST"]):
-            raise ValueError(f"fold_pipeline: needs the work list's tree-form fold (K <= "
-                             f"{MAX_K_DECODE}, no fold_tiles, batch <= {FOLD_WORK_LIST_MAX_BATCH});"
-                             f" got K {K}, fold_tiles={fold_tiles}, batch {batch}")
-        if fold_pipeline not in (1, 2):
-            raise ValueError(f"fold_pipeline: expected 0, 1 or 2, got {fold_pipeline}")
-        fold_meta.update(PIPE=fold_pipeline, R_ROWS=R, num_stages=2)
     if read_state is None:
         gdn_verify_fold_kernel[grid](
             state, ring_k, ring_v, ring_g, ring_beta, *cursors, sr_seed, R, sr_layer, batch,

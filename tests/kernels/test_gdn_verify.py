@@ -683,65 +683,6 @@ def test_fold_work_list_bitwise_vs_program_grid_gpu(launch_spy, B, p_flush, head
         assert_bits_equal(t[0], guards[name], f"guard slot of {name}")
 
 
-
-@pytest.mark.usefixtures("interpreter_fp16_fp8_rtne")
-@pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("variant", [v for v, _ in WORK_VARIANTS[:4]] + ["ragged-V"])
-def test_fold_pipeline_bitwise_vs_work_list(variant, mode):
-    """``fold_pipeline`` 1 / 2 (the work list as one software-pipelined loop of one-tile items,
-    the record loop unrolled over the ring's rows; records one ahead / pipelined with the tile)
-    against the default work list on the same step:
-    every tensor bit-identical (pool, guard slot, padding outputs), without and with a bf16 / fp8
-    read copy, an fp16 checkpoint with stochastic rounding, and value rows that do not fill the
-    last tile (the masked tile load)."""
-    kw = dict(scale=0.25, fold_block_v=8, fold_rows=4)
-    extra = dict(V=24) if variant == "ragged-V" else dict(WORK_VARIANTS)[variant]
-    args, pool = _work_list_args(DEVICE, seed=37, **extra)
-    if variant == "ragged-V":
-        kw = dict(scale=0.25, fold_block_v=16, fold_rows=4)
-    want, _ = _clone(args, pool)
-    guards = {k: t[0].clone() for k, t in pool.items()}
-    gdn_verify_kernel.gdn_replay_verify_fwd(**args, **kw, fold_pipeline=mode)
-    gdn_verify_kernel.gdn_replay_verify_fwd(**want, **kw)
-    for name, t in args.items():
-        assert_bits_equal(t, want[name], name)
-    for name, t in pool.items():
-        assert_bits_equal(t[0], guards[name], f"guard slot of {name}")
-    assert args["out"][args["slot_idx"] < 0].isnan().all()
-
-
-def test_fold_pipeline_value_error():
-    """``fold_pipeline`` beside a program grid (``fold_tiles``), or not 0 / 1 / 2, names what it
-    needs."""
-    args, _ = _work_list_args(DEVICE, seed=1)
-    with pytest.raises(ValueError, match="fold_pipeline: needs the work list's tree-form fold"):
-        gdn_verify_kernel.gdn_replay_verify_fwd(**args, scale=0.25, fold_tiles=1,
-                                                fold_pipeline=1)
-    with pytest.raises(ValueError, match="fold_pipeline: expected 0, 1 or 2, got 3"):
-        gdn_verify_kernel.gdn_replay_verify_fwd(**args, scale=0.25, fold_pipeline=3)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", [1, 2])
-@pytest.mark.parametrize("B,p_flush,read", [(64, 0.125, None), (256, 1.0, None),
-                                            (256, 1.0, torch.float8_e4m3fn),
-                                            (256, 1.0, torch.bfloat16)],
-                         ids=["b64-mixed", "b256-all", "b256-all-fp8", "b256-all-bf16"])
-def test_fold_pipeline_bitwise_vs_work_list_gpu(B, p_flush, read, mode):
-    """The pipelined fold at the Qwen3.5-4B head shape (T = 4 ring) bit for bit against the
-    default work list on the same step: every tensor, untouched slots, the guard slot."""
-    args, pool = _work_list_args(DEVICE, seed=B, B=B, slots=B + 16, HV=32, Hk=16, K=128, V=128,
-                                 T=4, R=20, p_flush=p_flush, read=read)
-    want, _ = _clone(args, pool)
-    guards = {k: t[0].clone() for k, t in pool.items()}
-    gdn_verify_kernel.gdn_replay_verify_fwd(**args, scale=128 ** -0.5, fold_pipeline=mode)
-    gdn_verify_kernel.gdn_replay_verify_fwd(**want, scale=128 ** -0.5)
-    for name, t in args.items():
-        assert_bits_equal(t, want[name], name)
-    for name, t in pool.items():
-        assert_bits_equal(t[0], guards[name], f"guard slot of {name}")
-
-
 def test_fold_grid_choice():
     """``_fold_grid``: the work list up to ``FOLD_WORK_LIST_MAX_BATCH`` rows (its grid capped at
     the item count), a program per (row, head) above; ``fold_tiles`` a program grid at any batch."""
@@ -1502,8 +1443,8 @@ strides = dict(
 # RL = 0: the fold on SGLang's tile (the launch takes it for K > 128; K <= 128 folds in the decode
 # kernel's tree form, whose codegen test_gdn_decode.py checks).
 const = dict(H=H, HV=HV, K=K, V=V, T=T, BK=128, BV=32, RL=0, SOFTPLUS_THRESHOLD=20.0,
-             USE_QK_L2NORM=True, sr_seed=None, SR=False, PIPE=0, R_ROWS=0, TILES=1,
-             WORK_LIST=False, BLOCK_B=1, HEAD_ITEMS=4)
+             USE_QK_L2NORM=True, sr_seed=None, SR=False, TILES=1, WORK_LIST=False, BLOCK_B=1,
+             HEAD_ITEMS=4)
 ptrs = dict(state="*fp32", ring_u="*fp32", ring_k="*bf16", ring_v="*bf16", ring_g="*fp32",
             ring_beta="*fp32", q="*bf16", k="*bf16", v="*bf16", a="*bf16", b="*bf16",
             A_log="*fp32", dt_bias="*fp32", o="*bf16", slot_idx="*i32", ring_start="*i32",
