@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The kernel tables that issues 3 (decode) and 5 (verify) ask for, at this checkout's kernels, with
+# SGLang's kernels timed in the same process, in one device call per part (each under ~8 minutes on
+# an H100 / H200, so a session spends one warm call per part instead of writing its own script).
+#
+#   usage (from the repository root, on the device under on_device.sh):
+#     bash benchmarks/device/issue_tables.sh decode|verify COMMIT
+#
+#   decode  bench_decode --refcheck: GDN and Mamba-2 at batch 1, 8, 64, 256, 512 (peers), then GDN
+#           with a bf16 read copy at 64, 256, 512 (peers) and with an fp8 one (ours only)
+#   verify  bench_verify --refcheck: GDN and Mamba-2 at T = 4, 8, batch 64, 256, 512 (peers), then
+#           GDN at T = 4, batch 256 with a bf16 read copy (peers) and an fp8 one (ours only)
+#
+# Each step has its own time limit and is followed by a tarball of everything so far
+# ($OUT/PART.tgz: each run's results.md / .json / .png), so a step that runs long loses only itself;
+# the tables' rows for our kernels are also printed. COMMIT is recorded in every result (the
+# device's git metadata may be stale: pass this machine's `git rev-parse --short HEAD`).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+if [ $# -ne 2 ] || { [ "$1" != decode ] && [ "$1" != verify ]; }; then
+  echo "usage: issue_tables.sh decode|verify COMMIT" >&2
+  exit 2
+fi
+part=$1
+commit=$2
+res=/tmp/issue_tables/$part
+mkdir -p "$res"
+status=0
+
+step() {  # step NAME SECONDS ARGS...: one benchmark run into $res/NAME, then the tarball
+  local name=$1 limit=$2
+  shift 2
+  echo "=== issue_tables $part: $name" >&2
+  timeout "$limit" python3 -m "$@" --commit "$commit" --out "$res/$name" || status=1
+  grep -E "ours" "$res/$name/results.md" 2>/dev/null | head -16
+  tar czf "${OUT:-/tmp}/$part.tgz" -C /tmp/issue_tables "$part"
+}
+
+if [ "$part" = decode ]; then
+  step gdn 150 benchmarks.bench_decode --family gdn --batch 1,8,64,256,512 --refcheck
+  step mamba2 150 benchmarks.bench_decode --family mamba2 --batch 1,8,64,256,512 --refcheck
+  step gdn_bf16 90 benchmarks.bench_decode --family gdn --batch 64,256,512 --refcheck --read-dtype bf16
+  step gdn_fp8 60 benchmarks.bench_decode --family gdn --batch 64,256,512 --refcheck --read-dtype fp8 --skip-peers
+else
+  step gdn 170 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck
+  step mamba2 170 benchmarks.bench_verify --family mamba2 --T 4,8 --batch 64,256,512 --refcheck
+  step gdn_bf16 70 benchmarks.bench_verify --family gdn --T 4 --batch 256 --refcheck --read-dtype bf16
+  step gdn_fp8 50 benchmarks.bench_verify --family gdn --T 4 --batch 256 --refcheck --read-dtype fp8 --skip-peers
+fi
+exit $status

@@ -1,0 +1,62 @@
+"""benchmarks/device/issue_tables.sh: every step runs with its arguments, a failing or slow step
+costs only itself, the tarball holds what finished."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "device" / "issue_tables.sh"
+
+# A stand-in python3: `-m MODULE ARGS... --commit C --out D` writes D/results.md with one "ours" row
+# naming the module and arguments; `--family mamba2` fails (exit 3) after writing nothing.
+FAKE = """#!/usr/bin/env bash
+args="$*"
+out=""; prev=""
+for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done
+case "$args" in *"--family mamba2"*) exit 3 ;; esac
+mkdir -p "$out"
+echo "| ours | $args |" > "$out/results.md"
+"""
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "python3"
+    fake.write_text(FAKE)
+    fake.chmod(0o755)
+    out = tmp_path / "OUT"
+    out.mkdir(exist_ok=True)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OUT=str(out))
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("part,modules", [("decode", "benchmarks.bench_decode"),
+                                          ("verify", "benchmarks.bench_verify")])
+def test_steps_and_tarball(tmp_path, part, modules):
+    r = _run(tmp_path, part, "abc1234")
+    assert r.returncode == 1, (r.stdout, r.stderr)  # the mamba2 step failed
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ours")]
+    assert len(rows) == 3, r.stdout  # gdn, gdn_bf16, gdn_fp8: the later steps still ran
+    for row in rows:
+        assert f"-m {modules} --family gdn" in row and "--refcheck" in row, row
+        assert "--commit abc1234 --out /tmp/issue_tables/" in row, row
+    assert "--read-dtype bf16" in rows[1] and "--skip-peers" not in rows[1]
+    assert "--read-dtype fp8" in rows[2] and "--skip-peers" in rows[2]
+    with tarfile.open(tmp_path / "OUT" / f"{part}.tgz") as t:
+        names = set(t.getnames())
+    for step in ("gdn", "gdn_bf16", "gdn_fp8"):
+        assert f"{part}/{step}/results.md" in names, names
+
+
+@pytest.mark.parametrize("args", [(), ("decode",), ("tables", "abc1234")])
+def test_usage(tmp_path, args):
+    r = _run(tmp_path, *args)
+    assert r.returncode == 2 and "usage: issue_tables.sh decode|verify COMMIT" in r.stderr
