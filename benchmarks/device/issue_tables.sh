@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The kernel tables that issues 3 (decode) and 5 (verify) ask for, at this checkout's kernels, with
-# SGLang's kernels timed in the same process, in one device call per part (each under ~8 minutes on
-# an H100 / H200, so a session spends one warm call per part instead of writing its own script).
+# SGLang's kernels timed in the same process, in one device call per part (step limits add up to
+# 520 / 530 s, inside one call's 600 s), so a session spends one warm call per part instead of
+# writing its own script. The limits are estimates: a step that runs past its own loses only itself.
 #
 #   usage (from the repository root, on the device under on_device.sh):
 #     bash benchmarks/device/issue_tables.sh decode|verify COMMIT
@@ -37,14 +38,14 @@ step() {  # step NAME SECONDS ARGS...: one benchmark run into $res/NAME, then th
 }
 
 if [ "$part" = decode ]; then
-  step gdn 150 benchmarks.bench_decode --family gdn --batch 1,8,64,256,512 --refcheck
-  step mamba2 150 benchmarks.bench_decode --family mamba2 --batch 1,8,64,256,512 --refcheck
-  step gdn_bf16 90 benchmarks.bench_decode --family gdn --batch 64,256,512 --refcheck --read-dtype bf16
-  step gdn_fp8 60 benchmarks.bench_decode --family gdn --batch 64,256,512 --refcheck --read-dtype fp8 --skip-peers
+  step gdn 160 benchmarks.bench_decode --family gdn --batch 1,8,64,256,512 --refcheck
+  step mamba2 160 benchmarks.bench_decode --family mamba2 --batch 1,8,64,256,512 --refcheck
+  step gdn_bf16 120 benchmarks.bench_decode --family gdn --batch 64,256,512 --refcheck --read-dtype bf16
+  step gdn_fp8 80 benchmarks.bench_decode --family gdn --batch 64,256,512 --refcheck --read-dtype fp8 --skip-peers
 else
-  step gdn 170 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck
-  step mamba2 170 benchmarks.bench_verify --family mamba2 --T 4,8 --batch 64,256,512 --refcheck
-  step gdn_bf16 70 benchmarks.bench_verify --family gdn --T 4 --batch 256 --refcheck --read-dtype bf16
-  step gdn_fp8 50 benchmarks.bench_verify --family gdn --T 4 --batch 256 --refcheck --read-dtype fp8 --skip-peers
+  step gdn 190 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck
+  step mamba2 190 benchmarks.bench_verify --family mamba2 --T 4,8 --batch 64,256,512 --refcheck
+  step gdn_bf16 90 benchmarks.bench_verify --family gdn --T 4 --batch 256 --refcheck --read-dtype bf16
+  step gdn_fp8 60 benchmarks.bench_verify --family gdn --T 4 --batch 256 --refcheck --read-dtype fp8 --skip-peers
 fi
 exit $status
