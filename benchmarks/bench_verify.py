@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "work-list programs fold_programs; "
                         "e.g. block_v=64,num_stages=3 or fold_block_v=16,fold_rows=8), for a "
                         "launch sweep; default: the kernel's")
+    p.add_argument("--late-flush", action="store_true",
+                   help="GDN only: the verify cycle of verify_cursor_step's late rule (a row "
+                        "flushes when len + T > R, so histories reach R - T and a flush folds up "
+                        "to R records) instead of the early rule (len + T > L)")
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, required=True)
     return p
@@ -153,6 +157,7 @@ class Config:
     mamba2_verify_launch: dict[str, int | None] = field(default_factory=dict)
     gdn_verify_launch: dict[str, int] = field(default_factory=dict)
     read_dtype: str = "same"
+    late_flush: bool = False
     dry_run: bool = False  # bench_decode.environment() reads it
     argv: list[str] = field(default_factory=list)
 
@@ -163,6 +168,11 @@ class Config:
         from replayssm_kernels import min_ring_size
 
         return min_ring_size(self.L, T)
+
+    def flush_limit(self, T: int) -> int:
+        """A row flushes when ``len + T`` passes this: ``L`` (the early rule), or the ring's rows
+        with ``--late-flush`` (``verify_cursor_step(late_flush=True)``)."""
+        return self.ring_rows(T) if self.late_flush else self.L
 
 
 def parse_launch_overrides(text: str | None,
@@ -218,6 +228,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
                      f"{a.state_dtype} (pass --read-dtype same to read the checkpoint)")
     if a.passes < 1 or (a.repeats is not None and a.repeats < 1):
         parser.error("--passes and --repeats must be >= 1")
+    if a.late_flush and a.family != "gdn":
+        parser.error("--late-flush: GDN only (the Mamba-2 verify is one launch, in which a "
+                     "wrapped window could overwrite records still being folded); pass --family "
+                     "gdn")
     launch = parse_launch_overrides(a.mamba2_verify_launch, parser)
     gdn_launch = parse_gdn_launch(a.gdn_verify_launch, parser)
     from replayssm_kernels import min_ring_size
@@ -241,6 +255,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         mamba2_verify_launch=launch,
         gdn_verify_launch=gdn_launch,
         read_dtype=a.read_dtype,
+        late_flush=a.late_flush,
         argv=list(sys.argv[1:] if argv is None else argv),
     )
 
@@ -609,7 +624,7 @@ def run_point(cfg: Config, fam, timer: bd.Timer, T: int, batch: int, dead: dict,
     import torch
 
     a = cfg.accepted[T]
-    cycle = bm.verify_cycle(cfg.L, T, a)
+    cycle = bm.verify_cycle(cfg.flush_limit(T), T, a)
     models = byte_models(cfg, fam.name, T)
     cases = fam.cases(batch, T, cycle, a)
     ready = []
@@ -725,10 +740,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shapes=", ".join(
                     f"{f} {(cfg.mamba2_shape if f == 'mamba2' else cfg.gdn_shape).name}"
                     for f in cfg.families),
-                cycles={str(T): bm.verify_cycle(cfg.L, T, cfg.accepted[T]) for T in cfg.Ts})
+                cycles={str(T): bm.verify_cycle(cfg.flush_limit(T), T, cfg.accepted[T])
+                        for T in cfg.Ts}, late_flush=cfg.late_flush)
     bd._log(f"bench_verify: {meta.get('device_name')} | {cfg.families} | T {cfg.Ts} (a "
             f"{cfg.accepted}) | batches {cfg.batches} | L={cfg.L} R per T "
-            f"{[cfg.ring_rows(T) for T in cfg.Ts]} | {cfg.state_dtype}"
+            f"{[cfg.ring_rows(T) for T in cfg.Ts]}"
+            f"{' (late flush: len + T > R)' if cfg.late_flush else ''} | {cfg.state_dtype}"
             f"{bd._read_note(cfg.read_dtype)}")
     torch.manual_seed(cfg.seed)
     if cfg.mamba2_verify_p_split is not None:  # A/B of the small-batch split: force one value

@@ -480,7 +480,7 @@ class GDNVerify(_ReadCopy):
 
         cfg, sh, rng = self.cfg, self.sh, self.rng
         HV, Hk, K, V, R = sh.HV, sh.Hk, sh.K, sh.V, cfg.ring_rows(T)
-        plan = refcheck_rows(rows, slots, cfg.L, T)
+        plan = refcheck_rows(rows, slots, cfg.flush_limit(T), T)
         dev = cfg.device
         args = {
             "state": rng.normal((slots, HV, V, K), self.sdt, 0.1),

@@ -101,6 +101,13 @@ _STEP_DOC = """Snapshot the cursors of one verify forward and decide its flush r
         ``[batch]`` bool, written in place with the flush decision (padding rows: False).
     flush_nonempty : bool
         Also flush every valid row with ``len > 0`` (keyword only).
+    late_flush : bool
+        Flush when ``len + num_tokens > ring_size`` instead of ``> window`` (keyword only): the
+        history may grow to ``R - T`` committed records and a flush row's ``len`` to ``R``, its
+        window rows ``(start + len + t) % R`` then wrapping over its own folded history. Valid only
+        for a verify that folds a flush row's records before it writes the row's window in a
+        separate launch (``gdn_replay_verify``); not for ``mamba2_replay_verify``, one launch in
+        which a row's window writes could overwrite records its other programs still fold.
 
     Raises
     ------
@@ -121,11 +128,13 @@ def verify_cursor_step(
     out_flush: torch.Tensor,
     *,
     flush_nonempty: bool = False,
+    late_flush: bool = False,
 ) -> None:
     validate_cursor_step(cursors, slot_idx, force_flush, window, ring_size, num_tokens,
                          out_start, out_len, out_flush)
+    limit = ring_size if late_flush else window  # a row flushes when len + T > limit
     if cursors.device.type != "cuda" and not interpreting():
-        cursor_step_torch(cursors, slot_idx, force_flush, window, num_tokens, out_start,
+        cursor_step_torch(cursors, slot_idx, force_flush, limit, num_tokens, out_start,
                           out_len, out_flush, flush_nonempty)
         return
     batch = slot_idx.shape[0]
@@ -135,7 +144,7 @@ def verify_cursor_step(
     with launch_device(cursors):
         _verify_cursor_step_kernel[(triton.cdiv(batch, _STEP_BLOCK),)](
             cursors, slot_idx, force, out_start, out_len, out_flush,
-            batch, window, num_tokens,
+            batch, limit, num_tokens,
             cursors.stride(0), cursors.stride(1), slot_idx.stride(0), force.stride(0),
             out_start.stride(0), out_len.stride(0), out_flush.stride(0),
             HAS_FORCE=force_flush is not None, FLUSH_NONEMPTY=bool(flush_nonempty),
@@ -207,6 +216,7 @@ def verify_commit_fwd(
     num_tokens: int,
     out_flush_next: torch.Tensor | None = None,
     accepted_offset: int = 0,
+    late_flush: bool = False,
 ) -> None:
     """Launch the commit on validated arguments (no checks, no device context; see
     ``verify_commit``). Rows are ``accepted``'s: ``slot_idx`` and the snapshot may be longer
@@ -219,7 +229,7 @@ def verify_commit_fwd(
     fn = out_flush_next if out_flush_next is not None else flush  # unused pointer when absent
     _verify_commit_kernel[(triton.cdiv(batch, block),)](
         cursors, slot_idx, ring_start, ring_len, flush, accepted, fn,
-        batch, ring_size, num_tokens, window, accepted_offset,
+        batch, ring_size, num_tokens, ring_size if late_flush else window, accepted_offset,
         cursors.stride(0), cursors.stride(1), slot_idx.stride(0), ring_start.stride(0),
         ring_len.stride(0), flush.stride(0), accepted.stride(0), fn.stride(0),
         HAS_FLUSH_NEXT=out_flush_next is not None, BLOCK=block, num_warps=4,
@@ -239,6 +249,7 @@ def verify_commit(
     num_tokens: int,
     out_flush_next: torch.Tensor | None = None,
     accepted_offset: int = 0,
+    late_flush: bool = False,
 ) -> None:
     """Commit one verify step: advance each row's cursors by its accepted count (one launch).
 
@@ -278,6 +289,9 @@ def verify_commit(
         Added to ``accepted`` on the device (``a = accepted + accepted_offset``): ``1`` takes
         SGLang's ``last_correct_step_indices`` (``a - 1``) as it is, with no ``+ 1`` / cast
         launches on the host. ``0`` or ``1``.
+    late_flush : bool
+        ``out_flush_next`` by ``verify_cursor_step``'s late rule (``new_len + T > R``). The cursor
+        move is the same under both rules.
 
     Raises
     ------
@@ -288,6 +302,7 @@ def verify_commit(
                     num_tokens, out_flush_next, accepted_offset)
     check_launch_device("cursors", cursors)
     kw = dict(window=window, ring_size=ring_size, num_tokens=num_tokens,
-              out_flush_next=out_flush_next, accepted_offset=accepted_offset)
+              out_flush_next=out_flush_next, accepted_offset=accepted_offset,
+              late_flush=late_flush)
     with launch_device(cursors):  # only off the current device
         verify_commit_fwd(cursors, slot_idx, ring_start, ring_len, flush, accepted, **kw)

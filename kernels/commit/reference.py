@@ -28,6 +28,7 @@ def verify_commit_ref(
     num_tokens: int,
     out_flush_next: torch.Tensor | None = None,
     accepted_offset: int = 0,
+    late_flush: bool = False,
 ) -> None:
     """Reference of ``replayssm_kernels.verify_commit`` (see its docstring; same contract).
 
@@ -53,17 +54,18 @@ def verify_commit_ref(
         cursors[s, 0] = start
         cursors[s, 1] = length
         if out_flush_next is not None:
-            out_flush_next[b] = length + num_tokens > window
+            out_flush_next[b] = length + num_tokens > (ring_size if late_flush else window)
 
 
-def cursor_step_torch(cursors, slot_idx, force_flush, window, num_tokens, out_start, out_len,
+def cursor_step_torch(cursors, slot_idx, force_flush, limit, num_tokens, out_start, out_len,
                       out_flush, flush_nonempty) -> None:
-    """``verify_cursor_step_ref``'s body on validated arguments."""
+    """``verify_cursor_step_ref``'s body on validated arguments: a row flushes when
+    ``len + num_tokens > limit`` (the window, or the ring size under the late rule)."""
     valid = slot_idx >= 0
     safe = torch.where(valid, slot_idx, torch.zeros_like(slot_idx)).long()
     cur = cursors[safe]  # [batch, 2] gather (copy)
     start, length = cur[:, 0], cur[:, 1]
-    flush = length + num_tokens > window
+    flush = length + num_tokens > limit
     if force_flush is not None:
         flush = flush | force_flush
     if flush_nonempty:
@@ -86,9 +88,10 @@ def verify_cursor_step_ref(
     out_flush: torch.Tensor,
     *,
     flush_nonempty: bool = False,
+    late_flush: bool = False,
 ) -> None:
     """Reference of ``replayssm_kernels.verify_cursor_step`` (same signature, same effects)."""
     validate_cursor_step(cursors, slot_idx, force_flush, window, ring_size, num_tokens,
                          out_start, out_len, out_flush)
-    cursor_step_torch(cursors, slot_idx, force_flush, window, num_tokens, out_start, out_len,
-                      out_flush, flush_nonempty)
+    cursor_step_torch(cursors, slot_idx, force_flush, ring_size if late_flush else window,
+                      num_tokens, out_start, out_len, out_flush, flush_nonempty)

@@ -289,7 +289,10 @@ def gdn_replay_verify(
 
     Both write the T window records ``(u, raw k, raw v, g, β)`` at physical ring rows
     ``(ring_start[b] + ring_len[b] + t) % R``, ``t < T``, accepted or not (the commit keeps the
-    accepted ones).  The caller guarantees ``ring_len[b] + T <= R`` (not checked: on device).
+    accepted ones).  The caller guarantees ``ring_len[b] + T <= R`` on non-flush rows and
+    ``ring_len[b] <= R`` on flush rows (not checked: on device): a flush row's window may wrap
+    over its own history, which the fold launch has folded before the window launch runs
+    (``verify_cursor_step(late_flush=True)``).
     β is ``sigmoid(b)`` rounded to ``b.dtype``, as ``gdn_replay_decode`` and SGLang's packed decode
     use it, so a later fold of these records reproduces that kernel's checkpoint.
 

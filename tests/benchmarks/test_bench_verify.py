@@ -87,10 +87,29 @@ def test_each_T_times_its_own_ring(tmp_path, family):
                                   ["--mamba2-verify-launch", "impl=1"],
                                   ["--mamba2-verify-launch", "maxnreg=x"],
                                   ["--gdn-verify-launch", "block_p=8"],
-                                  ["--gdn-verify-launch", "num_warps=0"]])
+                                  ["--gdn-verify-launch", "num_warps=0"],
+                                  ["--late-flush"], ["--family", "mamba2", "--late-flush"]])
 def test_parse_errors(tmp_path, argv):
     with pytest.raises(SystemExit):
         bv.parse_args(["--device", "cpu", "--out", str(tmp_path), *argv])
+
+
+def test_late_flush_cycle_and_refcheck_rows(tmp_path):
+    """``--late-flush`` (GDN): the timed cycle is the late rule's (non-flush histories up to
+    ``R - T``, the flush folding more than ``R - T`` records, all within ``R``), and the refcheck
+    rows include a flush row whose window wraps over its history."""
+    from benchmarks.verify_cases import refcheck_rows
+
+    cfg = bv.parse_args(["--device", "cpu", "--family", "gdn", "--T", "4,8", "--late-flush",
+                         "--out", str(tmp_path)])
+    assert cfg.late_flush and cfg.flush_limit(4) == cfg.ring_rows(4) == 20
+    assert bm.verify_cycle(cfg.flush_limit(4), 4, 2) == [(h, h == 18) for h in range(2, 19, 2)]
+    assert bm.verify_cycle(cfg.flush_limit(8), 8, 4) == [(h, h == 20) for h in range(4, 21, 4)]
+    rows = refcheck_rows(8, 16, cfg.flush_limit(4), 4)
+    assert max(h for _, h, f in rows if not f) == 16
+    assert any(f and h + 4 > 20 and h <= 20 for _, h, f in rows)
+    early = bv.parse_args(["--device", "cpu", "--family", "gdn", "--out", str(tmp_path)])
+    assert not early.late_flush and early.flush_limit(4) == 16
 
 
 def test_verify_cycle():

@@ -143,12 +143,14 @@ def test_commit_value_errors(impl):
 
 @pytest.mark.parametrize("T", [1, 2, 4, 8], ids=lambda t: f"T{t}")
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
-def test_cursor_step_kernel_vs_reference(T, layout):
+@pytest.mark.parametrize("late", [False, True], ids=["early", "late"])
+def test_cursor_step_kernel_vs_reference(T, layout, late):
     """Random cursors (starts anywhere in ``[0, R)``, so the window wraps the ring; lengths from 0
     to the largest history), ``-1`` padding rows, forced flushes, ``flush_nonempty``, int32 and
     int64 slots, strided views of every tensor, and a batch over one program (300 rows): the
     kernel's snapshot and flush decisions equal the reference's bitwise, the cursors never
-    move, and untouched output entries of a strided view stay as they were."""
+    move, and untouched output entries of a strided view stay as they were; under both flush
+    rules (``late_flush``: ``len + T > R``, lengths then up to ``R``)."""
     from replayssm_kernels.commit import verify_cursor_step_ref
 
     gen = torch.Generator().manual_seed(T)
@@ -159,7 +161,7 @@ def test_cursor_step_kernel_vs_reference(T, layout):
                                                      (300, torch.int64, False, False),
                                                      (33, torch.int32, True, True),
                                                      (1, torch.int64, False, True)):
-            hist = max(L, T)
+            hist = R if late else max(L, T)
             cur = torch.stack([torch.randint(0, R, (slots,), generator=gen),
                                torch.randint(0, hist + 1, (slots,), generator=gen)], 1)
             perm = torch.randperm(slots - 1, generator=gen)[:batch] + 1
@@ -189,7 +191,7 @@ def test_cursor_step_kernel_vs_reference(T, layout):
                     backing = [rs, rl, fl]
                 before = cursors.clone()
                 fn(cursors, slot_idx, f if force_on else None, L, R, T, rs, rl, fl,
-                   flush_nonempty=nonempty)
+                   flush_nonempty=nonempty, late_flush=late)
                 assert torch.equal(cursors, before), "the cursor step moved the cursors"
                 got.append([b.clone() for b in backing])
             for a, b in zip(*got):
@@ -200,7 +202,7 @@ def test_cursor_step_kernel_vs_reference(T, layout):
             assert not fl.cpu()[pad].any()
             live = ~pad
             want = cur[perm.clamp(min=0)]
-            want_fl = want[:, 1] + T > L
+            want_fl = want[:, 1] + T > (R if late else L)
             if force_on:
                 want_fl |= force
             if nonempty:
@@ -267,3 +269,39 @@ def test_commit_accepted_offset(impl):
     with pytest.raises(ValueError, match="accepted_offset"):
         COMMITS[impl](cur.clone().to(DEVICE), *(t.to(DEVICE) for t in (slot_idx, rs, rl, fl, a)),
                       window=L, ring_size=R, num_tokens=T, accepted_offset=2)
+
+
+@pytest.mark.parametrize("impl", ["kernel", "ref"])
+def test_commit_late_flush(impl):
+    """``late_flush=True``: the same cursor move (flush rows ``start += len``, ``len = a``; others
+    ``len += a``) from snapshots whose flush rows hold up to ``R`` records, and ``out_flush_next``
+    by the late rule (``new_len + T > R``) where the early one says ``> L``."""
+    gen = torch.Generator().manual_seed(9)
+    L, T = 6, 3
+    R = min_ring_size(L, T)
+    slots, batch = 16, 10
+    cur = torch.stack([torch.randint(0, R, (slots,), generator=gen),
+                       torch.randint(0, R + 1, (slots,), generator=gen)], 1).int()
+    slot_idx = torch.randperm(slots - 1, generator=gen)[:batch].int() + 1
+    slot_idx[3] = -1
+    snap = cur[slot_idx.clamp(min=0).long()]
+    rs, rl = snap[:, 0].clone(), snap[:, 1].clone()
+    rl[:2] = torch.tensor([R, R - 1], dtype=rl.dtype)  # flush rows past R - T
+    fl = rl + T > R  # the late rule's decisions
+    rl = torch.where(fl, rl, rl.clamp(max=R - T))  # non-flush rows: len + T <= R
+    a = torch.randint(1, T + 1, (batch,), generator=gen).int()
+    c = cur.clone().to(DEVICE)
+    nxt = torch.zeros(batch, dtype=torch.bool, device=DEVICE)
+    COMMITS[impl](c, *(t.to(DEVICE) for t in (slot_idx, rs, rl, fl, a)), window=L, ring_size=R,
+                  num_tokens=T, out_flush_next=nxt, late_flush=True)
+    c, nxt = c.cpu(), nxt.cpu()
+    for b in range(batch):
+        s = int(slot_idx[b])
+        if s < 0:
+            assert not nxt[b]
+            continue
+        want = ((int(rs[b]) + int(rl[b])) % R, int(a[b])) if fl[b] else (int(rs[b]),
+                                                                           int(rl[b]) + int(a[b]))
+        assert tuple(c[s].tolist()) == want, (b, tuple(c[s].tolist()), want)
+        assert bool(nxt[b]) == (want[1] + T > R), b
+    assert bool(fl.any()) and bool((rl[fl] + T > R).any())

@@ -99,6 +99,7 @@ class Case:
     force_p: float = 0.1
     tol_out: float = 1e-2
     tol_state: float = 1e-5
+    late: bool = False  # verify_cursor_step(late_flush=True): flush when len + T > R
 
     @property
     def ring(self) -> int:
@@ -111,7 +112,7 @@ class Case:
         nc = "-nc" if self.noncontig else ""
         return (
             f"T{self.T}-HV{self.HV}-Hk{self.Hk}-K{self.K}-V{self.V}-L{self.L}-R{self.ring}-"
-            f"{sd}-{ad}{nc}"
+            f"{sd}-{ad}{nc}{'-late' if self.late else ''}"
         )
 
 
@@ -173,6 +174,7 @@ class Sim:
         self.flushes = [0] * c.requests
         self.verify_steps = self.decode_steps = 0
         self.accepted_seen: set[str] = set()
+        self.max_flush_len = 0  # longest history a verify flush folded
 
     def tensors(self):
         return [self.state, self.ring_u, self.ring_k, self.ring_v, self.ring_g, self.ring_beta]
@@ -231,8 +233,11 @@ class Sim:
         else:
             self.verify_steps += 1
             verify_cursor_step(
-                self.cursors, inp["slot_idx"], inp["force"], c.L, self.R, T, start, length, flush
+                self.cursors, inp["slot_idx"], inp["force"], c.L, self.R, T, start, length, flush,
+                late_flush=c.late,
             )
+            if bool(flush.any()):
+                self.max_flush_len = max(self.max_flush_len, int(length[flush].max()))
             out = torch.full((B, T, c.HV, c.V), math.nan, dtype=c.act_dtype, device=self.dev)
             fn = self.verify_fn
         before = [t.clone() for t in self.full_tensors()]
@@ -243,7 +248,7 @@ class Sim:
         if T > 0:
             verify_commit(
                 self.cursors, inp["slot_idx"], start, length, flush, inp["accepted"],
-                window=c.L, ring_size=self.R, num_tokens=T,
+                window=c.L, ring_size=self.R, num_tokens=T, late_flush=c.late,
             )  # fmt: skip
         self.check(inp, out, flush, before)
         self.poison_uncommitted()
@@ -374,10 +379,13 @@ CPU_CASES = [
     Case(HV=4, Hk=2, K=24, V=20, L=8, T=4, u_dtype=FP32, noncontig=True, idx64=True),
     Case(HV=2, Hk=1, K=16, V=16, L=12, T=8, act_dtype=FP32, tol_out=1e-5, requests=2, steps=12),
     Case(HV=2, Hk=1, K=16, V=16, L=6, T=4, state_dtype=BF16, tol_state=2e-3, steps=12),
+    # the late flush rule: histories up to R - T, a flush row's window wrapping over its history
+    Case(HV=4, Hk=2, K=24, V=20, L=8, T=4, u_dtype=FP32, steps=16, decode_p=0.15, late=True),
 ]
 REF_CASES = CPU_CASES + [
     Case(HV=6, Hk=3, K=40, V=24, L=8, T=4, state_dtype=BF16, tol_state=2e-3, steps=20),
     Case(HV=4, Hk=4, K=16, V=16, L=4, T=8, act_dtype=FP32, tol_out=1e-5, steps=20),
+    Case(HV=2, Hk=1, K=16, V=16, L=6, T=2, act_dtype=FP32, tol_out=1e-5, steps=24, late=True),
 ]
 GPU_CASES = [
     Case(HV=32, Hk=16, K=128, V=128, L=16, T=T, requests=24, pad_rows=3, noncontig=nc, steps=40)
@@ -385,6 +393,8 @@ GPU_CASES = [
 ] + [
     Case(HV=32, Hk=16, K=128, V=128, L=16, T=4, requests=8, state_dtype=BF16, tol_state=2e-3),
     Case(HV=6, Hk=3, K=80, V=48, L=16, T=8, act_dtype=FP32, tol_out=1e-5, steps=30),
+    Case(HV=32, Hk=16, K=128, V=128, L=16, T=4, requests=24, pad_rows=3, steps=40, decode_p=0.1,
+         late=True),
 ]
 
 
@@ -392,6 +402,7 @@ GPU_CASES = [
 def test_reference_vs_f64(case):
     sim = Sim(case, seed=1, ops="ref", device=torch.device("cpu")).run()
     assert sim.verify_steps >= 3 and sim.accepted_seen == {"reject", "all", "part"} or case.T <= 2
+    assert not case.late or sim.max_flush_len > sim.R - case.T, (sim.max_flush_len, sim.R)
     print(
         f"\n[ref {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e} "
         f"(verify {sim.verify_steps}, decode {sim.decode_steps}, flushes {sim.flushes})"
@@ -403,6 +414,7 @@ def test_kernel_vs_f64_and_fold(case):
     """Kernel vs float64 (outputs, checkpoints) and the fp32 checkpoint bitwise vs the fold."""
     sim = Sim(case, seed=2, ops="kernel").run()
     assert sim.verify_steps >= 3 and sim.decode_steps >= 1
+    assert not case.late or sim.max_flush_len > sim.R - case.T, (sim.max_flush_len, sim.R)
     if sim.bitwise:
         assert sim.bitwise_checks >= 3
     print(
@@ -753,6 +765,7 @@ def test_kernel_vs_f64_gpu(case):
     """At the Qwen3.5-4B shape on the GPU; the fp32 checkpoint bitwise vs gdn_replay_decode's
     fold (compiled code: FMA contraction and the compiler's reduction trees)."""
     sim = Sim(case, seed=4, ops="kernel").run()
+    assert not case.late or sim.max_flush_len > sim.R - case.T, (sim.max_flush_len, sim.R)
     print(f"\n[gpu {case.id}] out {sim.max_out_err:.2e} state {sim.max_state_err:.2e}")
 
 
@@ -998,10 +1011,16 @@ def test_value_error_scale_and_K(op):
 
 
 def test_reference_rejects_ring_overflow():
-    """The reference checks the cursor invariant len + T <= R on the host (the kernel cannot)."""
+    """The reference checks the cursor invariant on the host (the kernel cannot): len + T <= R
+    on non-flush rows, len <= R on flush rows (their window may wrap over the folded history)."""
     args = _args(R=6, T=2)
     args["ring_len"].fill_(5)
-    with pytest.raises(ValueError, match="ring_len"):
+    with pytest.raises(ValueError, match=r"ring_len\[0\]: expected 0 <= len, len <= R - T = 4"):
+        gdn_replay_verify_ref(**args, scale=0.25)
+    args = _args(R=6, T=2)
+    args["flush"].fill_(True)
+    args["ring_len"].fill_(7)
+    with pytest.raises(ValueError, match=r"ring_len\[0\]: expected 0 <= len, flush row: len <= R"):
         gdn_replay_verify_ref(**args, scale=0.25)
 
 
