@@ -5,12 +5,15 @@
 # writing its own script. The limits are estimates: a step that runs past its own loses only itself.
 #
 #   usage (from the repository root, on the device under on_device.sh):
-#     bash benchmarks/device/issue_tables.sh decode|verify COMMIT
+#     bash benchmarks/device/issue_tables.sh decode|verify|late COMMIT
 #
 #   decode  bench_decode --refcheck: GDN and Mamba-2 at batch 1, 8, 64, 256, 512 (peers), then GDN
 #           with a bf16 read copy at 64, 256, 512 (peers) and with an fp8 one (ours only)
 #   verify  bench_verify --refcheck: GDN and Mamba-2 at T = 4, 8, batch 64, 256, 512 (peers), then
 #           GDN at T = 4, batch 256 with a bf16 read copy (peers) and an fp8 one (ours only)
+#   late    the GDN verify's late flush rule against the early one (ours only, same process
+#           order each time: early, then late): T = 4, 8 at batch 64, 256, 512 without a copy,
+#           then T = 4, 8 at batch 256 with an fp8 copy (benchmarks/notes/verify.md)
 #
 # Each step has its own time limit and is followed by a tarball of everything so far
 # ($OUT/PART.tgz: each run's results.md / .json / .png), so a step that runs long loses only itself;
@@ -18,8 +21,8 @@
 # device's git metadata may be stale: pass this machine's `git rev-parse --short HEAD`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ $# -ne 2 ] || { [ "$1" != decode ] && [ "$1" != verify ]; }; then
-  echo "usage: issue_tables.sh decode|verify COMMIT" >&2
+if [ $# -ne 2 ] || { [ "$1" != decode ] && [ "$1" != verify ] && [ "$1" != late ]; }; then
+  echo "usage: issue_tables.sh decode|verify|late COMMIT" >&2
   exit 2
 fi
 part=$1
@@ -42,6 +45,11 @@ if [ "$part" = decode ]; then
   step mamba2 160 benchmarks.bench_decode --family mamba2 --batch 1,8,64,256,512 --refcheck
   step gdn_bf16 120 benchmarks.bench_decode --family gdn --batch 64,256,512 --refcheck --read-dtype bf16
   step gdn_fp8 80 benchmarks.bench_decode --family gdn --batch 64,256,512 --refcheck --read-dtype fp8 --skip-peers
+elif [ "$part" = late ]; then
+  step early 150 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck --skip-peers
+  step late 150 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck --skip-peers --late-flush
+  step early_fp8 100 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --skip-peers --read-dtype fp8
+  step late_fp8 100 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --skip-peers --read-dtype fp8 --late-flush
 else
   step gdn 190 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck
   step mamba2 190 benchmarks.bench_verify --family mamba2 --T 4,8 --batch 64,256,512 --refcheck

@@ -56,7 +56,18 @@ def test_steps_and_tarball(tmp_path, part, modules):
         assert f"{part}/{step}/results.md" in names, names
 
 
+def test_late_part(tmp_path):
+    """``late``: the early and the late flush rule in turn, ours only, GDN."""
+    r = _run(tmp_path, "late", "abc1234")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ours")]
+    assert len(rows) == 4, r.stdout
+    assert all("--family gdn" in x and "--skip-peers" in x and "--refcheck" in x for x in rows)
+    assert ["--late-flush" in x for x in rows] == [False, True, False, True]
+    assert ["--read-dtype fp8" in x for x in rows] == [False, False, True, True]
+
+
 @pytest.mark.parametrize("args", [(), ("decode",), ("tables", "abc1234")])
 def test_usage(tmp_path, args):
     r = _run(tmp_path, *args)
-    assert r.returncode == 2 and "usage: issue_tables.sh decode|verify COMMIT" in r.stderr
+    assert r.returncode == 2 and "usage: issue_tables.sh decode|verify|late COMMIT" in r.stderr
