@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The kernel tables that issues 3 (decode) and 5 (verify) ask for, at this checkout's kernels, with
 # SGLang's kernels timed in the same process, in one device call per part (step limits add up to
-# 520 / 530 s, inside one call's 600 s), so a session spends one warm call per part instead of
+# 520 / 530 / 500 s, inside one call's 600 s), so a session spends one warm call per part instead of
 # writing its own script. The limits are estimates: a step that runs past its own loses only itself.
 #
 #   usage (from the repository root, on the device under on_device.sh):
