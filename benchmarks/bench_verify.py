@@ -240,7 +240,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         families=["mamba2", "gdn"] if a.family == "all" else [a.family],
         Ts=list(a.T), accepted=dict(zip(a.T, acc)), batches=list(a.batch), L=a.window,
         R=min_ring_size(a.window, tmax),  # ring_rows(tmax): the pools hold every T's ring
-        builtin_ring=1 << (a.window + tmax - 1).bit_length(),
+        # the built-in's ring holds the longest history plus a window: L + T, or L + 2T under
+        # the late rule (a flush row's history reaches R = L + T)
+        builtin_ring=1 << (a.window + (2 if a.late_flush else 1) * tmax - 1).bit_length(),
         state_dtype=a.state_dtype, act_dtype=a.act_dtype, gdn_u_dtype=a.gdn_u_dtype,
         mamba2_shape=MAMBA2_SHAPES[a.mamba2_shape or ("mamba2-tiny" if cpu else "nano-4b")],
         gdn_shape=GDN_SHAPES[a.gdn_shape or ("gdn-tiny" if cpu else "qwen3.5-4b")],

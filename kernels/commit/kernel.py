@@ -27,7 +27,7 @@ import triton.language as tl
 
 from replayssm_kernels._checks import check_launch_device, interpreting, launch_device
 from replayssm_kernels.commit._validate import validate_commit, validate_cursor_step
-from replayssm_kernels.commit.reference import cursor_step_torch
+from replayssm_kernels.commit.reference import cursor_step_torch, flush_limit
 
 __all__ = ["verify_commit", "verify_commit_fwd", "verify_cursor_step"]
 
@@ -132,7 +132,7 @@ def verify_cursor_step(
 ) -> None:
     validate_cursor_step(cursors, slot_idx, force_flush, window, ring_size, num_tokens,
                          out_start, out_len, out_flush)
-    limit = ring_size if late_flush else window  # a row flushes when len + T > limit
+    limit = flush_limit(window, ring_size, late_flush)  # a row flushes when len + T > limit
     if cursors.device.type != "cuda" and not interpreting():
         cursor_step_torch(cursors, slot_idx, force_flush, limit, num_tokens, out_start,
                           out_len, out_flush, flush_nonempty)
@@ -229,7 +229,8 @@ def verify_commit_fwd(
     fn = out_flush_next if out_flush_next is not None else flush  # unused pointer when absent
     _verify_commit_kernel[(triton.cdiv(batch, block),)](
         cursors, slot_idx, ring_start, ring_len, flush, accepted, fn,
-        batch, ring_size, num_tokens, ring_size if late_flush else window, accepted_offset,
+        batch, ring_size, num_tokens, flush_limit(window, ring_size, late_flush),
+        accepted_offset,
         cursors.stride(0), cursors.stride(1), slot_idx.stride(0), ring_start.stride(0),
         ring_len.stride(0), flush.stride(0), accepted.stride(0), fn.stride(0),
         HAS_FLUSH_NEXT=out_flush_next is not None, BLOCK=block, num_warps=4,

@@ -15,6 +15,12 @@ from replayssm_kernels.commit._validate import validate_commit, validate_cursor_
 __all__ = ["verify_commit_ref", "verify_cursor_step_ref"]
 
 
+def flush_limit(window: int, ring_size: int, late_flush: bool) -> int:
+    """A verify row flushes when ``len + T`` exceeds this: the window ``L`` (early rule) or the
+    ring's rows ``R`` (``late_flush``)."""
+    return ring_size if late_flush else window
+
+
 def verify_commit_ref(
     cursors: torch.Tensor,
     slot_idx: torch.Tensor,
@@ -54,7 +60,7 @@ def verify_commit_ref(
         cursors[s, 0] = start
         cursors[s, 1] = length
         if out_flush_next is not None:
-            out_flush_next[b] = length + num_tokens > (ring_size if late_flush else window)
+            out_flush_next[b] = length + num_tokens > flush_limit(window, ring_size, late_flush)
 
 
 def cursor_step_torch(cursors, slot_idx, force_flush, limit, num_tokens, out_start, out_len,
@@ -93,5 +99,5 @@ def verify_cursor_step_ref(
     """Reference of ``replayssm_kernels.verify_cursor_step`` (same signature, same effects)."""
     validate_cursor_step(cursors, slot_idx, force_flush, window, ring_size, num_tokens,
                          out_start, out_len, out_flush)
-    cursor_step_torch(cursors, slot_idx, force_flush, ring_size if late_flush else window,
+    cursor_step_torch(cursors, slot_idx, force_flush, flush_limit(window, ring_size, late_flush),
                       num_tokens, out_start, out_len, out_flush, flush_nonempty)

@@ -110,6 +110,11 @@ def test_late_flush_cycle_and_refcheck_rows(tmp_path):
     assert any(f and h + 4 > 20 and h <= 20 for _, h, f in rows)
     early = bv.parse_args(["--device", "cpu", "--family", "gdn", "--out", str(tmp_path)])
     assert not early.late_flush and early.flush_limit(4) == 16
+    # SGLang's built-in ring holds a flush row's history plus its window: L + 2T when late
+    argv = ["--device", "cpu", "--family", "gdn", "--T", "8", "--window", "20", "--out",
+            str(tmp_path)]
+    assert bv.parse_args(argv).builtin_ring == 32 >= 20 + 8
+    assert bv.parse_args(argv + ["--late-flush"]).builtin_ring == 64 >= 20 + 2 * 8
 
 
 def test_verify_cycle():
