@@ -11,9 +11,10 @@
 #           with a bf16 read copy at 64, 256, 512 (peers) and with an fp8 one (ours only)
 #   verify  bench_verify --refcheck: GDN and Mamba-2 at T = 4, 8, batch 64, 256, 512 (peers), then
 #           GDN at T = 4, batch 256 with a bf16 read copy (peers) and an fp8 one (ours only)
-#   late    the GDN verify's late flush rule against the early one (ours only, same process
-#           order each time: early, then late): T = 4, 8 at batch 64, 256, 512 without a copy,
-#           then T = 4, 8 at batch 256 with an fp8 copy (benchmarks/notes/verify.md)
+#   late    the GDN verify's late flush rule against the early one, most telling first: T = 4, 8
+#           at batch 256 with an fp8 copy, late rule with SGLang's peers (snapshot verify, decode
+#           step), then the early rule (ours only); then T = 4, 8 at batch 64, 256, 512 without a
+#           copy, late then early (ours only) (benchmarks/notes/verify.md)
 #
 # Each step has its own time limit and is followed by a tarball of everything so far
 # ($OUT/PART.tgz: each run's results.md / .json / .png), so a step that runs long loses only itself;
@@ -46,10 +47,10 @@ if [ "$part" = decode ]; then
   step gdn_bf16 120 benchmarks.bench_decode --family gdn --batch 64,256,512 --refcheck --read-dtype bf16
   step gdn_fp8 80 benchmarks.bench_decode --family gdn --batch 64,256,512 --refcheck --read-dtype fp8 --skip-peers
 elif [ "$part" = late ]; then
-  step early 150 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck --skip-peers
-  step late 150 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck --skip-peers --late-flush
-  step early_fp8 100 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --skip-peers --read-dtype fp8
-  step late_fp8 100 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --skip-peers --read-dtype fp8 --late-flush
+  step late_fp8 150 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --read-dtype fp8 --late-flush
+  step early_fp8 90 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --skip-peers --read-dtype fp8
+  step late 130 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck --skip-peers --late-flush
+  step early 130 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck --skip-peers
 else
   step gdn 190 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck
   step mamba2 190 benchmarks.bench_verify --family mamba2 --T 4,8 --batch 64,256,512 --refcheck

@@ -57,14 +57,16 @@ def test_steps_and_tarball(tmp_path, part, modules):
 
 
 def test_late_part(tmp_path):
-    """``late``: the early and the late flush rule in turn, ours only, GDN."""
+    """``late``: the late rule with an fp8 copy and SGLang's peers first, then the early rule and the
+    plain runs ours only, GDN."""
     r = _run(tmp_path, "late", "abc1234")
     assert r.returncode == 0, (r.stdout, r.stderr)
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ours")]
     assert len(rows) == 4, r.stdout
-    assert all("--family gdn" in x and "--skip-peers" in x and "--refcheck" in x for x in rows)
-    assert ["--late-flush" in x for x in rows] == [False, True, False, True]
-    assert ["--read-dtype fp8" in x for x in rows] == [False, False, True, True]
+    assert all("--family gdn" in x and "--refcheck" in x for x in rows)
+    assert ["--skip-peers" in x for x in rows] == [False, True, True, True]
+    assert ["--late-flush" in x for x in rows] == [True, False, True, False]
+    assert ["--read-dtype fp8" in x for x in rows] == [True, True, False, False]
 
 
 @pytest.mark.parametrize("args", [(), ("decode",), ("tables", "abc1234")])
