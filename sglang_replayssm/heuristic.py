@@ -81,7 +81,7 @@ from sglang_replayssm.byte_model import (
 )
 from sglang_replayssm.config import VERIFY_MODES
 from sglang_replayssm.errors import ReplaySSMStartupError
-from sglang_replayssm.sizing import ring_spec
+from sglang_replayssm.sizing import ring_spec, verify_flush_limit
 
 __all__ = [
     "BANDWIDTH_BOUND",
@@ -277,10 +277,11 @@ def snapshot_path_bytes(shape: VerifyShape, num_tokens: int) -> float:
 def replay_verify_bytes(shape: VerifyShape, num_tokens: int, accepted: int | None = None) -> float:
     """Replay verify, per layer and request: our kernel's bytes averaged over the steady verify cycle.
 
-    With the flush rule "flush when ``len + T > L``" (kernels/README.md) and ``a`` accepted tokens per
-    step, a flush leaves ``len = a`` and the history grows by ``a`` while ``len + T <= L``
-    (``verify_cycle``): ``F = floor(max(L − T, 0)/a) + 1`` steps, the last flushing, mean history
-    ``a·(F + 1)/2``.  Each step reads ``S`` (twice on a GDN flush row), the history's fields that the
+    With the flush rule the server runs, "flush when ``len + T > limit``" (``limit = L`` for Mamba-2,
+    the ring's rows ``R`` for GDN's late rule: ``sizing.verify_flush_limit``), and ``a`` accepted
+    tokens per step, a flush leaves ``len = a`` and the history grows by ``a`` while
+    ``len + T <= limit`` (``verify_cycle``): ``F = floor(max(limit − T, 0)/a) + 1`` steps, the last
+    flushing, mean history ``a·(F + 1)/2``.  Each step reads ``S`` (twice on a GDN flush row), the history's fields that the
     kernel reads, writes ``T`` records and ``S`` on the flush step, and moves ``T·I``.  With a read copy
     (``S_r``) non-flush rows read it instead of ``S``, a GDN flush row reads ``S + S_r`` (fold launch,
     then the window launch on the refreshed copy), and the flush step writes ``S + S_r``
@@ -293,7 +294,8 @@ def replay_verify_bytes(shape: VerifyShape, num_tokens: int, accepted: int | Non
         ``a`` outside ``1 .. T``.
     """
     a = num_tokens if accepted is None else accepted
-    return shape.replay(num_tokens).cycle_mean(verify_cycle(shape.window, num_tokens, a))
+    limit = verify_flush_limit(shape.family, shape.window, num_tokens)
+    return shape.replay(num_tokens).cycle_mean(verify_cycle(limit, num_tokens, a))
 
 
 # --------------------------------------------------------------------------------------------------

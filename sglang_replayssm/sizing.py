@@ -38,7 +38,7 @@ from replayssm_kernels import min_ring_size
 if TYPE_CHECKING:
     from sglang_replayssm.tp import TPLayout
 
-__all__ = ["FAMILIES", "RingSpec", "ring_spec", "ring_rows"]
+__all__ = ["FAMILIES", "RingSpec", "ring_spec", "ring_rows", "verify_flush_limit", "verify_late_flush"]
 
 FAMILIES = ("mamba2", "gdn")
 CURSOR_BYTES_PER_SLOT = 2 * 4
@@ -52,6 +52,23 @@ def ring_rows(window: int, spec_tokens: int = 0) -> int:
     if spec_tokens < 0:
         raise ValueError(f"spec_tokens: expected >= 0, got {spec_tokens}")
     return min_ring_size(window, spec_tokens)
+
+
+def verify_late_flush(family: str) -> bool:
+    """Whether a speculative verify row of ``family`` flushes under the late rule (``len + T > R``)
+    rather than the early one (``len + T > L``): GDN, whose verify folds a flush row's history in one
+    launch and writes its window in the next, so the window may wrap over the folded history
+    (kernels/README.md, "Late rule"); not Mamba-2, whose one launch does both."""
+    if family not in FAMILIES:
+        raise ValueError(f"family: expected one of {FAMILIES}, got {family!r}")
+    return family == "gdn"
+
+
+def verify_flush_limit(family: str, window: int, spec_tokens: int) -> int:
+    """The ``limit`` of the verify flush rule "a row flushes when ``len + T > limit``" that the
+    serving integration runs for ``family``: ``R = ring_rows(L, T)`` under the late rule (GDN),
+    ``L`` otherwise (what ``byte_model.verify_cycle`` takes as its first argument)."""
+    return ring_rows(window, spec_tokens) if verify_late_flush(family) else window
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -5,7 +5,9 @@ chains only) uses the same slots, records and cursor pair ``(start, len)`` as de
 (``kernels/README.md``, "Speculative verify: cursors and commit"):
 
 1. the metadata build snapshots the cursors of the verify rows once, before any layer runs, and
-   decides the flush rows (``replayssm_kernels.verify_cursor_step``; the cursors do not move);
+   decides the flush rows (``replayssm_kernels.verify_cursor_step``; the cursors do not move): a row
+   flushes when ``len + T > L`` (Mamba-2) or ``len + T > R`` (GDN: the late rule,
+   ``sizing.verify_late_flush``);
 2. every SSM layer runs its family's verify kernel on that snapshot: outputs of all ``T`` window
    tokens, the window's records appended at logical rows ``len .. len+T-1``, flush rows fold their
    committed history into the checkpoint first;
@@ -42,6 +44,7 @@ from replayssm_kernels.commit._validate import validate_commit
 from replayssm_kernels.commit.kernel import verify_commit_fwd
 
 from sglang_replayssm.read_copy_check import check_forward
+from sglang_replayssm.sizing import verify_late_flush
 from sglang_replayssm.spec_plan import FORCED_SOURCES
 
 __all__ = [
@@ -125,7 +128,7 @@ def _cursor_step(cursors: torch.Tensor):
 
 def build_verify_eager(
     *, cursors: torch.Tensor, slot_idx: torch.Tensor, window: int, rows: int, num_tokens: int,
-    snapshot: bool = False,
+    snapshot: bool = False, late_flush: bool = False,
 ) -> VerifyStep:
     """Snapshot the cursors of an eager verify forward (cursors unchanged).
 
@@ -140,6 +143,9 @@ def build_verify_eager(
     snapshot : bool
         A snapshot-path forward: every valid row with a non-empty ring flushes, one-token window
         (``num_tokens`` ignored).
+    late_flush : bool
+        The late flush rule (``len + T > R``; GDN only, ``sizing.verify_late_flush``) instead of
+        ``len + T > L``.
     """
     n = slot_idx.shape[0]
     dev = slot_idx.device
@@ -151,7 +157,7 @@ def build_verify_eager(
     # ring already has its whole state in the checkpoint; not flushing it spares the checkpoint
     # write (in steady snapshot operation every ring is empty: the commit empties it).
     _cursor_step(cursors)(cursors, slot_idx, None, window, rows, t, out_start, out_len, out_flush,
-                          flush_nonempty=snapshot)
+                          flush_nonempty=snapshot, late_flush=late_flush)
     return VerifyStep(slot_idx=slot_idx, ring_start=out_start, ring_len=out_len, flush=out_flush,
                       num_tokens=t, snapshot=snapshot)
 
@@ -184,12 +190,12 @@ class VerifyGraphBuffers:
                           flush=self.flush[i], num_tokens=1 if snapshot else self.num_tokens, snapshot=snapshot)
 
     def fill(self, bs: int, *, cursors: torch.Tensor, slots: torch.Tensor, window: int, rows: int,
-             snapshot: bool = False) -> None:
+             snapshot: bool = False, late_flush: bool = False) -> None:
         i = self._check(bs, slots)
-        # One launch on CUDA (recorded in the graph), flush_nonempty as in build_verify_eager.
+        # One launch on CUDA (recorded in the graph), flush_nonempty / late_flush as in build_verify_eager.
         _cursor_step(cursors)(cursors, slots, None, window, rows, 1 if snapshot else self.num_tokens,
                               self.ring_start[i], self.ring_len[i], self.flush[i],
-                              flush_nonempty=snapshot)
+                              flush_nonempty=snapshot, late_flush=late_flush)
 
 
 def commit_verify(
@@ -339,7 +345,8 @@ class VerifyMetadataMixin:
             raise RuntimeError("ReplaySSM: TARGET_VERIFY forward on a server without speculative decoding")
         step = build_verify_eager(cursors=self.pool.cursors, slot_idx=slots, window=self.window,
                                   rows=self.rows, num_tokens=self.num_tokens,
-                                  snapshot=self._snapshot_path(slots.shape[0]))
+                                  snapshot=self._snapshot_path(slots.shape[0]),
+                                  late_flush=verify_late_flush(self.pool.ring_spec.family))
         self._last_verify = step
         return step
 
@@ -374,7 +381,8 @@ class VerifyMetadataMixin:
         self.pool.advance_rounding()  # recorded in the graph: new rounding bits per replay
         self._verify_graph.fill(bs, cursors=self.pool.cursors,
                                 slots=self.forward_metadata.mamba_cache_indices[:bs],
-                                window=self.window, rows=self.rows, snapshot=self._snapshot_path(bs))
+                                window=self.window, rows=self.rows, snapshot=self._snapshot_path(bs),
+                                late_flush=verify_late_flush(self.pool.ring_spec.family))
 
     def commit_after_verify(self, last_correct_step_indices: torch.Tensor,
                             stock_commit: Callable[[], None]) -> None:

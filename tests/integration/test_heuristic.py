@@ -15,7 +15,7 @@ import torch
 from sglang_replayssm import heuristic as h
 from sglang_replayssm.byte_model import GDNDims, Mamba2Dims
 from sglang_replayssm.errors import ReplaySSMStartupError
-from sglang_replayssm.sizing import ring_spec
+from sglang_replayssm.sizing import ring_spec, verify_flush_limit
 
 # A Mamba-2 layer of realistic size (H=64, P=64, N=128, G=8), 21 layers, L=16.
 SHAPE = h.verify_shape(
@@ -88,9 +88,10 @@ def test_byte_model_is_the_kernels_model_gdn() -> None:
     assert (read_nf, read_fl) == (20_608, 12_544)
     assert h.snapshot_verify_bytes(shape, 4) == 7 * S + 4 * I == 14_778_880  # math.md §11
     assert h.snapshot_path_bytes(shape, 4) == 14_778_880 + S + record + I
-    # lens 4, 8, 12 (non-flush), 16 (flush: S read twice, written once)
-    want = (3 * S + 3 * S + (4 + 8 + 12) * read_nf + 16 * read_fl) / 4 + 4 * record + 4 * I
-    assert h.replay_verify_bytes(shape, 4) == want == 3_534_080
+    # the late rule (flush when len + T > R = 20): lens 4, 8, 12, 16 (non-flush), 20 (flush: S read
+    # twice, written once)
+    want = (4 * S + 3 * S + (4 + 8 + 12 + 16) * read_nf + 20 * read_fl) / 5 + 4 * record + 4 * I
+    assert h.replay_verify_bytes(shape, 4) == pytest.approx(want) == 3_365_580.8
 
 
 def test_shape_checks_its_family_and_keys_its_dims() -> None:
@@ -112,7 +113,7 @@ def test_shape_checks_its_family_and_keys_its_dims() -> None:
 READ_COPY = {"bf16": (2, 0), "fp8": (1, 4)}
 #: replay bytes per layer and request, T = 4, L = 16, a = T, fp32 state, bf16 activations (GDN: u fp32):
 #: 3,534,080 (Qwen3.5-4B) and 5,304,320 (Nano-4B) without a copy
-REPLAY_WITH_COPY = {("gdn", "bf16"): 2_747_648, ("gdn", "fp8"): 2_112_768,
+REPLAY_WITH_COPY = {("gdn", "bf16"): 2_526_720, ("gdn", "fp8"): 1_917_235.2,
                     ("mamba2", "bf16"): 4_321_280, ("mamba2", "fp8"): 3_368_960}
 
 
@@ -138,14 +139,16 @@ def test_byte_model_counts_the_read_copy_as_the_audited_model(family: str, rd: s
         bm.mamba2_replay_verify_bytes(preset, 4, 4, 2) if family == "mamba2"
         else bm.gdn_replay_verify_bytes(preset, 4, 4, 2, 4), S_r, rd)
     for a in (1, 2, 3, 4):
-        assert h.replay_verify_bytes(shape, 4, a) == audited.cycle_mean(verify_cycle(16, 4, a))
+        cycle = verify_cycle(verify_flush_limit(family, 16, 4), 4, a)  # GDN: the late rule's R = 20
+        assert h.replay_verify_bytes(shape, 4, a) == audited.cycle_mean(cycle)
         assert h.replay_verify_bytes(shape, 4, a) < h.replay_verify_bytes(plain, 4, a)
-    # by hand at a = T = 4 (lens 4, 8, 12, then 16 flushing): the three non-flush steps read S_r
-    # instead of S; the flush step reads S (GDN: and S_r, its window launch) and writes S + S_r
-    flush_reads = 2 if family == "gdn" else 1
-    want = (h.replay_verify_bytes(plain, 4) - (3 * S + flush_reads * S + S) / 4
-            + (3 * S_r + S + (flush_reads - 1) * S_r + S + S_r) / 4)
-    assert h.replay_verify_bytes(shape, 4) == want == REPLAY_WITH_COPY[family, rd]
+    # by hand at a = T = 4 (Mamba-2 lens 4, 8, 12, then 16 flushing; GDN's late rule 4 .. 16, then
+    # 20 flushing): the F - 1 non-flush steps read S_r instead of S; the flush step reads S (GDN: and
+    # S_r, its window launch) and writes S + S_r
+    flush_reads, F = (2, 5) if family == "gdn" else (1, 4)
+    want = (h.replay_verify_bytes(plain, 4) - ((F - 1) * S + flush_reads * S + S) / F
+            + ((F - 1) * S_r + S + (flush_reads - 1) * S_r + S + S_r) / F)
+    assert h.replay_verify_bytes(shape, 4) == pytest.approx(want) == REPLAY_WITH_COPY[family, rd]
     # snapshot path: SGLang's part reads the checkpoint; our materialise call (an empty ring: a
     # non-flush row) reads S_r instead of S; the commit is followed by the copy's refresh, S + S_r
     assert h.snapshot_verify_bytes(shape, 4) == h.snapshot_verify_bytes(plain, 4)

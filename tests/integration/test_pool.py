@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
-from sglang_replayssm.sizing import ring_spec
+from sglang_replayssm.sizing import ring_spec, verify_flush_limit, verify_late_flush
 
 SIZE = 6
 
@@ -50,6 +50,15 @@ def test_ring_shapes_and_bytes(family: str, caplog: pytest.LogCaptureFixture):
     assert pool.cursors.shape == (SIZE + 1, 2) and pool.cursors.dtype == torch.int32
     # SGLang's built-in cursor name stays unset: its gated resets / reads (host syncs) never run on our pool
     assert pool.replayssm_write_pos is None
+
+
+def test_verify_flush_rule_per_family():
+    """GDN verifies under the late rule (flush when ``len + T > R``), Mamba-2 the early one (``> L``)."""
+    assert verify_late_flush("gdn") and not verify_late_flush("mamba2")
+    assert verify_flush_limit("gdn", 16, 4) == 20 and verify_flush_limit("gdn", 2, 4) == 8  # R = max(L, T) + T
+    assert verify_flush_limit("mamba2", 16, 4) == 16
+    with pytest.raises(ValueError, match="family: expected one of"):
+        verify_late_flush("rwkv")
 
 
 def test_clear_resets_and_copy_forks_cursors_and_rings():

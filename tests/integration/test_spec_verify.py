@@ -236,7 +236,8 @@ def test_spec_with_a_read_copy_keeps_the_recurrence(fam_cls, read: str, tol: flo
 def _spec_run(fam, T: int, pattern: str, monkeypatch, *, triton: bool, read: str = "same"):
     """Verify windows of ``T`` tokens with controlled acceptance, a decode step every 5th step, on
     the token stream of seed 11. Returns ``(outs, where, flushes, pool)``: the accepted outputs in
-    order, ``(row, first position)`` of each, the verify rows that flushed, the pool."""
+    order, ``(row, first position)`` of each, the rows that flushed (verify and decode steps), the
+    pool."""
     g = torch.Generator().manual_seed(11)
     n_tokens = STEPS * T + 8
     stream = torch.randn(len(SLOTS), n_tokens, fam.width, generator=g)
@@ -254,6 +255,7 @@ def _spec_run(fam, T: int, pattern: str, monkeypatch, *, triton: bool, read: str
             break
         if step % 5 == 4:
             out = fam.run(be, slots, stream[torch.arange(len(SLOTS)), pos], 0)
+            flushes += int(be._step.flush[: len(SLOTS)].sum())
             outs += [out[r : r + 1] for r in range(len(SLOTS))]
             where += [(r, pos[r]) for r in range(len(SLOTS))]
             pos = [p + 1 for p in pos]
@@ -297,6 +299,30 @@ def test_graph_buffers_refresh_in_place_and_match_the_eager_snapshot():
         bufs.view(5, torch.zeros(5, dtype=torch.int32))
     with pytest.raises(ValueError, match="ring_size|R"):
         bufs.fill(3, cursors=cursors, slots=slots, window=4, rows=6)  # R < max(L, T) + T
+
+
+@pytest.mark.parametrize("fam_cls,late", [(_Mamba2, False), (_GDN, True)], ids=["mamba2", "gdn"])
+def test_verify_flush_rule_per_family(fam_cls, late: bool, monkeypatch):
+    """The served flush rule: Mamba-2 flushes a verify row when ``len + T > L``, GDN when
+    ``len + T > R`` (the late rule, kernels/README.md); the snapshot path flushes every non-empty ring."""
+    from sglang_replayssm.spec import build_verify_eager
+
+    fam, T = fam_cls(), 3
+    pool = _cpu_spec_pool(fam.family, WINDOW, T, monkeypatch)
+    be = fam.backend(pool)
+    R = pool.ring_spec.rows
+    assert R == WINDOW + T
+    lens = [WINDOW - T, WINDOW - T + 1, R - T, R - T + 1]  # L = 4, T = 3: 1, 2, 4, 5
+    slots = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
+    pool.cursors[slots.long()] = torch.tensor([[0, n] for n in lens], dtype=torch.int32)
+    step = be._snapshot_verify(slots)
+    limit = R if late else WINDOW
+    assert step.flush.tolist() == [n + T > limit for n in lens]
+    assert step.flush.tolist() == ([False, False, False, True] if late else [False, True, True, True])
+    be._last_verify = None
+    snap = build_verify_eager(cursors=pool.cursors, slot_idx=slots, window=WINDOW, rows=R, num_tokens=T,
+                              snapshot=True, late_flush=late)
+    assert snap.flush.tolist() == [True] * 4
 
 
 def test_pool_keeps_the_per_draft_buffer_unless_replay_is_forced(monkeypatch):

@@ -25,6 +25,7 @@ from sglang_replayssm import heuristic as h
 from sglang_replayssm import spec_plan, verify_probe
 from sglang_replayssm.byte_model import verify_cycle
 from sglang_replayssm.errors import ReplaySSMStartupError
+from sglang_replayssm.sizing import verify_flush_limit
 from sglang_replayssm.verify_probe import ProbeKernels, ProbeParts, VerifyProbe, anchor_buckets
 from tests.integration.test_spec_verify import _cpu_spec_pool
 
@@ -88,14 +89,19 @@ def test_probe_scales_by_layers_and_counts_the_commits_once(family: str, monkeyp
 
     assert timing.replay_s == pytest.approx(layers * UNIT_S["replay verify"] + UNIT_S["replay commit"])
     assert timing.snapshot_s == pytest.approx(layers * UNIT_S["snapshot verify"] + UNIT_S["snapshot commit"])
-    # the replay verify is timed over the 4 phases of the cycle (flush share 1/4), each unit once
-    assert timer.units == [("replay verify", 4), ("replay commit", 1), ("snapshot verify", 1),
+    # the replay verify is timed over the phases of the served rule's cycle (Mamba-2: flush when
+    # len + T > L, 4 phases; GDN: len + T > R, 5 phases), each unit once
+    cycle = verify_cycle(verify_flush_limit(family, WINDOW, T), T, T)
+    assert len(cycle) == (4 if family == "mamba2" else 5)
+    assert timer.units == [("replay verify", len(cycle)), ("replay commit", 1), ("snapshot verify", 1),
                            ("snapshot commit", 1)]
     replays = [(a, k) for name, a, k in log if name == "replay_verify"]
     ring_len, flush = replays[0][0][-2], replays[0][0][-1]
     # the byte model's steady cycle at a = T (heuristic.replay_verify_bytes)
-    assert sorted(ring_len.tolist()) == [n for n, _ in verify_cycle(WINDOW, T, T)] == [2, 4, 6, 8]
-    assert flush.tolist() == [n == 8 for n in ring_len.tolist()]
+    lens = [n for n, _ in cycle]
+    assert lens == ([2, 4, 6, 8] if family == "mamba2" else [2, 4, 6, 8, 10])
+    assert sorted(ring_len.tolist()) == lens[:4]  # 4 rows: the first variant's phases
+    assert flush.tolist() == [n == lens[-1] for n in ring_len.tolist()]
     # the materialise call of the snapshot path: empty rings (steady state) do not flush, one-token window
     mat_len, mat_flush = replays[-1][0][-2], replays[-1][0][-1]
     assert mat_len.tolist() == [0] * 4 and not mat_flush.any()
