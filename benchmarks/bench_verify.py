@@ -116,9 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "e.g. block_v=64,num_stages=3 or fold_block_v=16,fold_rows=8), for a "
                         "launch sweep; default: the kernel's")
     p.add_argument("--late-flush", action="store_true",
-                   help="GDN only: the verify cycle of verify_cursor_step's late rule (a row "
-                        "flushes when len + T > R, so histories reach R - T and a flush folds up "
-                        "to R records) instead of the early rule (len + T > L)")
+                   help="the verify cycle of verify_cursor_step's late rule (a row flushes when "
+                        "len + T > R0 = max(L, T) + T, so histories reach R0 - T and a flush folds "
+                        "up to R0 records) instead of the early rule (len + T > L); GDN on its "
+                        "R0-row ring (the window wraps over the folded history), Mamba-2 on a ring "
+                        "T rows longer")
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, required=True)
     return p
@@ -131,7 +133,7 @@ class Config:
     accepted: dict[int, int]
     batches: list[int]
     L: int
-    R: int  # ring rows the timed pools hold: ring_rows(max T)
+    R: int  # ring rows the timed pools hold: the largest ring_rows(max T, family)
     builtin_ring: int
     state_dtype: str
     act_dtype: str
@@ -161,18 +163,22 @@ class Config:
     dry_run: bool = False  # bench_decode.environment() reads it
     argv: list[str] = field(default_factory=list)
 
-    def ring_rows(self, T: int) -> int:
-        """Ring rows a server with ``T`` speculative tokens allocates (``min_ring_size(L, T)``,
-        as ``sglang_replayssm.sizing`` sizes it): each T is timed on the first ``ring_rows(T)``
-        rows of the pools, so a short window is not timed with a longer window's history block."""
+    def ring_rows(self, T: int, family: str) -> int:
+        """Ring rows a server with ``T`` speculative tokens allocates for ``family``
+        (``min_ring_size(L, T)``; under ``--late-flush`` Mamba-2 ``T`` more, as
+        ``sglang_replayssm.sizing`` sizes them): each T is timed on the first ``ring_rows(T,
+        family)`` rows of the pools, so a short window is not timed with a longer window's history
+        block."""
         from replayssm_kernels import min_ring_size
 
-        return min_ring_size(self.L, T)
+        return min_ring_size(self.L, T) + (T if self.late_flush and family == "mamba2" else 0)
 
     def flush_limit(self, T: int) -> int:
-        """A row flushes when ``len + T`` passes this: ``L`` (the early rule), or the ring's rows
-        with ``--late-flush`` (``verify_cursor_step(late_flush=True)``)."""
-        return self.ring_rows(T) if self.late_flush else self.L
+        """A row flushes when ``len + T`` passes this: ``L`` (the early rule), or
+        ``min_ring_size(L, T)`` with ``--late-flush`` (``verify_cursor_step(late_flush=True)``)."""
+        from replayssm_kernels import min_ring_size
+
+        return min_ring_size(self.L, T) if self.late_flush else self.L
 
 
 def parse_launch_overrides(text: str | None,
@@ -228,10 +234,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
                      f"{a.state_dtype} (pass --read-dtype same to read the checkpoint)")
     if a.passes < 1 or (a.repeats is not None and a.repeats < 1):
         parser.error("--passes and --repeats must be >= 1")
-    if a.late_flush and a.family != "gdn":
-        parser.error("--late-flush: GDN only (the Mamba-2 verify is one launch, in which a "
-                     "wrapped window could overwrite records still being folded); pass --family "
-                     "gdn")
     launch = parse_launch_overrides(a.mamba2_verify_launch, parser)
     gdn_launch = parse_gdn_launch(a.gdn_verify_launch, parser)
     from replayssm_kernels import min_ring_size
@@ -239,7 +241,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     return Config(
         families=["mamba2", "gdn"] if a.family == "all" else [a.family],
         Ts=list(a.T), accepted=dict(zip(a.T, acc)), batches=list(a.batch), L=a.window,
-        R=min_ring_size(a.window, tmax),  # ring_rows(tmax): the pools hold every T's ring
+        # the pools hold every T's ring: ring_rows(tmax), Mamba-2's T rows longer under the late rule
+        R=min_ring_size(a.window, tmax) + (tmax if a.late_flush and a.family != "gdn" else 0),
         # the built-in's ring holds the longest history plus a window: L + T, or L + 2T under
         # the late rule (a flush row's history reaches R = L + T)
         builtin_ring=1 << (a.window + (2 if a.late_flush else 1) * tmax - 1).bit_length(),
@@ -559,7 +562,7 @@ def format_markdown(rows: list[Row], meta: dict) -> str:
           f"- commit `{meta.get('commit')}`, {meta.get('date')}",
           f"- command: `python -m benchmarks.bench_verify {' '.join(meta.get('argv', []))}`",
           f"- shapes: {meta.get('shapes')}; window L = {meta.get('L')}, our ring rows R per T "
-          f"{meta.get('R')} (min_ring_size(L, T)), built-in ring rows {meta.get('builtin_ring')}; state "
+          f"{meta.get('R')} (min_ring_size(L, T); Mamba-2's T more under the late rule), built-in ring rows {meta.get('builtin_ring')}; state "
           f"{meta.get('state_dtype')}{bd._read_note(meta.get('read_dtype', 'same'))}, "
           f"activations {meta.get('act_dtype')}; {meta.get('slots')} "
           "slots per family (one layer), rows on random slots",
@@ -701,7 +704,7 @@ def time_cursors(cfg: Config, timer: bd.Timer) -> dict:
     T = max(cfg.Ts)
     res: dict = {}
     for batch in cfg.batches:
-        cursors = torch.stack([rng.ints((cfg.slots,), cfg.ring_rows(T), torch.int32),
+        cursors = torch.stack([rng.ints((cfg.slots,), cfg.R, torch.int32),
                                rng.ints((cfg.slots,), cfg.L, torch.int32)], 1).contiguous()
         slot_idx = bd._row_slots(rng, cfg.slots, batch)
         acc = torch.ones(batch, dtype=torch.int32, device=cfg.device)
@@ -711,8 +714,8 @@ def time_cursors(cfg: Config, timer: bd.Timer) -> dict:
 
         def fn(c=cursors, s=slot_idx, o=o, acc=acc):
             c[:, 1].clamp_(max=cfg.L)  # keep len within the protocol's bound across repeats
-            step(c, s, None, cfg.L, cfg.ring_rows(T), T, *o)
-            commit(c, s, *o, acc, window=cfg.L, ring_size=cfg.ring_rows(T), num_tokens=T)
+            step(c, s, None, cfg.L, cfg.R, T, *o)
+            commit(c, s, *o, acc, window=cfg.L, ring_size=cfg.R, num_tokens=T)
 
         try:
             fn()
@@ -732,7 +735,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     meta = bd.environment(cfg)
-    meta.update(L=cfg.L, R={str(T): cfg.ring_rows(T) for T in cfg.Ts},
+    meta.update(L=cfg.L, R={f: {str(T): cfg.ring_rows(T, f) for T in cfg.Ts} for f in cfg.families},
                 builtin_ring=cfg.builtin_ring, Ts=cfg.Ts,
                 accepted=cfg.accepted, state_dtype=cfg.state_dtype, act_dtype=cfg.act_dtype,
                 gdn_u_dtype=cfg.gdn_u_dtype, read_dtype=cfg.read_dtype, slots=cfg.slots,
@@ -746,8 +749,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         for T in cfg.Ts}, late_flush=cfg.late_flush)
     bd._log(f"bench_verify: {meta.get('device_name')} | {cfg.families} | T {cfg.Ts} (a "
             f"{cfg.accepted}) | batches {cfg.batches} | L={cfg.L} R per T "
-            f"{[cfg.ring_rows(T) for T in cfg.Ts]}"
-            f"{' (late flush: len + T > R)' if cfg.late_flush else ''} | {cfg.state_dtype}"
+            f"{ {f: [cfg.ring_rows(T, f) for T in cfg.Ts] for f in cfg.families} }"
+            f"{' (late flush: len + T > max(L, T) + T)' if cfg.late_flush else ''} | {cfg.state_dtype}"
             f"{bd._read_note(cfg.read_dtype)}")
     torch.manual_seed(cfg.seed)
     if cfg.mamba2_verify_p_split is not None:  # A/B of the small-batch split: force one value

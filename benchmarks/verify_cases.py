@@ -105,7 +105,7 @@ def ring_pool(fam, T: int) -> dict:
     """``fam``'s checkpoint, its read copy if any (``read_state`` / ``read_scale``) and the
     first ``cfg.ring_rows(T)`` rows of each of its rings (dim 2): the ring a server with ``T``
     speculative tokens has (views, pool strides)."""
-    rows = fam.cfg.ring_rows(T)
+    rows = fam.cfg.ring_rows(T, fam.name)
     return {"state": fam.state, **fam._read_kwargs(),
             **{k: getattr(fam, k).narrow(2, 0, rows) for k in fam.ring_names}}
 
@@ -217,7 +217,7 @@ class Mamba2Verify(_ReadCopy):
 
         cfg = self.cfg
         inp = self.inputs(batch, T)
-        cur = _VerifyCursors(self.rng, batch, cfg.ring_rows(T), cycle)
+        cur = _VerifyCursors(self.rng, batch, cfg.ring_rows(T, self.name), cycle)
         inp.update(ring_start=cur.ring_start, ring_len=cur.ring_len, flush=cur.flush)
         pool = ring_pool(self, T)
         out: list[VCase] = []
@@ -257,8 +257,8 @@ class Mamba2Verify(_ReadCopy):
         import torch
 
         cfg, sh, rng = self.cfg, self.sh, self.rng
-        H, P, N, G, R = sh.H, sh.P, sh.N, sh.G, cfg.ring_rows(T)
-        plan = refcheck_rows(rows, slots, cfg.L, T)
+        H, P, N, G, R = sh.H, sh.P, sh.N, sh.G, cfg.ring_rows(T, self.name)
+        plan = refcheck_rows(rows, slots, cfg.flush_limit(T), T)
         dev = cfg.device
         args = {
             "state": rng.normal((slots, H, P, N), self.sdt, 0.1),
@@ -383,7 +383,7 @@ class GDNVerify(_ReadCopy):
 
         cfg, sh = self.cfg, self.sh
         inp = self.inputs(batch, T)
-        cur = _VerifyCursors(self.rng, batch, cfg.ring_rows(T), cycle)
+        cur = _VerifyCursors(self.rng, batch, cfg.ring_rows(T, self.name), cycle)
         inp.update(ring_start=cur.ring_start, ring_len=cur.ring_len, flush=cur.flush)
         inp["interm_idx"] = torch.arange(batch, dtype=torch.int32, device=cfg.device)
         pool = ring_pool(self, T)
@@ -479,7 +479,7 @@ class GDNVerify(_ReadCopy):
         import torch
 
         cfg, sh, rng = self.cfg, self.sh, self.rng
-        HV, Hk, K, V, R = sh.HV, sh.Hk, sh.K, sh.V, cfg.ring_rows(T)
+        HV, Hk, K, V, R = sh.HV, sh.Hk, sh.K, sh.V, cfg.ring_rows(T, self.name)
         plan = refcheck_rows(rows, slots, cfg.flush_limit(T), T)
         dev = cfg.device
         args = {

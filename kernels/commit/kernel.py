@@ -102,12 +102,14 @@ _STEP_DOC = """Snapshot the cursors of one verify forward and decide its flush r
     flush_nonempty : bool
         Also flush every valid row with ``len > 0`` (keyword only).
     late_flush : bool
-        Flush when ``len + num_tokens > ring_size`` instead of ``> window`` (keyword only): the
-        history may grow to ``R - T`` committed records and a flush row's ``len`` to ``R``, its
-        window rows ``(start + len + t) % R`` then wrapping over its own folded history. Valid only
-        for a verify that folds a flush row's records before it writes the row's window in a
-        separate launch (``gdn_replay_verify``); not for ``mamba2_replay_verify``, one launch in
-        which a row's window writes could overwrite records its other programs still fold.
+        Flush when ``len + num_tokens > R0 = max(window, num_tokens) + num_tokens``
+        (``min_ring_size``) instead of ``> window`` (keyword only): the history may grow to
+        ``R0 - T`` committed records and a flush row's ``len`` to ``R0``. On a ring of ``R0`` rows
+        a flush row's window rows ``(start + len + t) % R`` then wrap over its own folded history:
+        valid for a verify that folds a flush row's records before it writes the row's window in
+        a separate launch (``gdn_replay_verify``). ``mamba2_replay_verify`` (one launch, in which a
+        row's window writes could overwrite records its other programs still fold) needs
+        ``ring_size >= R0 + T``, where the window never meets the history.
 
     Raises
     ------
@@ -132,7 +134,7 @@ def verify_cursor_step(
 ) -> None:
     validate_cursor_step(cursors, slot_idx, force_flush, window, ring_size, num_tokens,
                          out_start, out_len, out_flush)
-    limit = flush_limit(window, ring_size, late_flush)  # a row flushes when len + T > limit
+    limit = flush_limit(window, num_tokens, late_flush)  # a row flushes when len + T > limit
     if cursors.device.type != "cuda" and not interpreting():
         cursor_step_torch(cursors, slot_idx, force_flush, limit, num_tokens, out_start,
                           out_len, out_flush, flush_nonempty)
@@ -229,7 +231,7 @@ def verify_commit_fwd(
     fn = out_flush_next if out_flush_next is not None else flush  # unused pointer when absent
     _verify_commit_kernel[(triton.cdiv(batch, block),)](
         cursors, slot_idx, ring_start, ring_len, flush, accepted, fn,
-        batch, ring_size, num_tokens, flush_limit(window, ring_size, late_flush),
+        batch, ring_size, num_tokens, flush_limit(window, num_tokens, late_flush),
         accepted_offset,
         cursors.stride(0), cursors.stride(1), slot_idx.stride(0), ring_start.stride(0),
         ring_len.stride(0), flush.stride(0), accepted.stride(0), fn.stride(0),
@@ -291,8 +293,8 @@ def verify_commit(
         SGLang's ``last_correct_step_indices`` (``a - 1``) as it is, with no ``+ 1`` / cast
         launches on the host. ``0`` or ``1``.
     late_flush : bool
-        ``out_flush_next`` by ``verify_cursor_step``'s late rule (``new_len + T > R``). The cursor
-        move is the same under both rules.
+        ``out_flush_next`` by ``verify_cursor_step``'s late rule
+        (``new_len + T > max(L, T) + T``). The cursor move is the same under both rules.
 
     Raises
     ------

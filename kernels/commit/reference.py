@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_kernels.commit._validate import validate_commit, validate_cursor_step
+from replayssm_kernels.commit._validate import min_ring_size, validate_commit, validate_cursor_step
 
 __all__ = ["verify_commit_ref", "verify_cursor_step_ref"]
 
 
-def flush_limit(window: int, ring_size: int, late_flush: bool) -> int:
-    """A verify row flushes when ``len + T`` exceeds this: the window ``L`` (early rule) or the
-    ring's rows ``R`` (``late_flush``)."""
-    return ring_size if late_flush else window
+def flush_limit(window: int, num_tokens: int, late_flush: bool) -> int:
+    """A verify row flushes when ``len + T`` exceeds this: the window ``L`` (early rule) or
+    ``min_ring_size(L, T) = max(L, T) + T`` (``late_flush``), the fewest ring rows a verify of
+    ``T`` tokens needs."""
+    return min_ring_size(window, num_tokens) if late_flush else window
 
 
 def verify_commit_ref(
@@ -60,13 +61,13 @@ def verify_commit_ref(
         cursors[s, 0] = start
         cursors[s, 1] = length
         if out_flush_next is not None:
-            out_flush_next[b] = length + num_tokens > flush_limit(window, ring_size, late_flush)
+            out_flush_next[b] = length + num_tokens > flush_limit(window, num_tokens, late_flush)
 
 
 def cursor_step_torch(cursors, slot_idx, force_flush, limit, num_tokens, out_start, out_len,
                       out_flush, flush_nonempty) -> None:
     """``verify_cursor_step_ref``'s body on validated arguments: a row flushes when
-    ``len + num_tokens > limit`` (the window, or the ring size under the late rule)."""
+    ``len + num_tokens > limit`` (``flush_limit``)."""
     valid = slot_idx >= 0
     safe = torch.where(valid, slot_idx, torch.zeros_like(slot_idx)).long()
     cur = cursors[safe]  # [batch, 2] gather (copy)
@@ -99,5 +100,5 @@ def verify_cursor_step_ref(
     """Reference of ``replayssm_kernels.verify_cursor_step`` (same signature, same effects)."""
     validate_cursor_step(cursors, slot_idx, force_flush, window, ring_size, num_tokens,
                          out_start, out_len, out_flush)
-    cursor_step_torch(cursors, slot_idx, force_flush, flush_limit(window, ring_size, late_flush),
+    cursor_step_torch(cursors, slot_idx, force_flush, flush_limit(window, num_tokens, late_flush),
                       num_tokens, out_start, out_len, out_flush, flush_nonempty)

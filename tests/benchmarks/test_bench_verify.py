@@ -58,15 +58,17 @@ def test_gdn_launch_override_reaches_the_kernel(tmp_path, monkeypatch):
     assert seen == {"block_v": 16, "num_warps": 1, "scale": 1.0}
 
 
+@pytest.mark.parametrize("late", [False, True], ids=["early", "late"])
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
-def test_each_T_times_its_own_ring(tmp_path, family):
-    """With T = 2, 8 in one run the pools hold min_ring_size(L, 8) rows, but the T = 2 case hands
-    the kernel the ring a T = 2 server allocates (its history block is sized from it), with
-    cursors inside it; the views share the pool's storage."""
+def test_each_T_times_its_own_ring(tmp_path, family, late):
+    """With T = 2, 8 in one run the pools hold min_ring_size(L, 8) rows (Mamba-2 under the late
+    rule: 8 more), but the T = 2 case hands the kernel the ring a T = 2 server allocates (its
+    history block is sized from it), with cursors inside it; the views share the pool's storage."""
     from replayssm_kernels import min_ring_size
 
     cfg = bv.parse_args(["--device", "cpu", "--family", family, "--T", "2,8", "--batch", "2",
-                         "--out", str(tmp_path), "--skip-peers"])
+                         "--out", str(tmp_path), "--skip-peers", *(["--late-flush"] if late else [])])
+    extra = late and family == "mamba2"
     seen = []
     cls = bv.Mamba2Verify if family == "mamba2" else bv.GDNVerify
     fam = cls(cfg, {family: lambda *a, **k: seen.append(a)}, {})
@@ -74,11 +76,11 @@ def test_each_T_times_its_own_ring(tmp_path, family):
         (case,) = fam.cases(2, T, [(0, False)], 1)
         case.fn()
         rings = seen[-1][1: 1 + len(fam.ring_names)]
-        assert {r.shape[2] for r in rings} == {cfg.ring_rows(T)} == {min_ring_size(cfg.L, T)}
+        assert {r.shape[2] for r in rings} == {cfg.ring_rows(T, family)} == {min_ring_size(cfg.L, T) + extra * T}
         assert all(r.data_ptr() == getattr(fam, n).data_ptr()
                    for r, n in zip(rings, fam.ring_names))
-        assert int(seen[-1][-3].max()) < cfg.ring_rows(T)  # ring_start
-    assert cfg.R == cfg.ring_rows(8) > cfg.ring_rows(2)
+        assert int(seen[-1][-3].max()) < cfg.ring_rows(T, family)  # ring_start
+    assert cfg.R == cfg.ring_rows(8, family) > cfg.ring_rows(2, family)
 
 
 @pytest.mark.parametrize("argv", [["--accepted", "3"], ["--T", "2,4", "--accepted", "1,5"],
@@ -87,8 +89,7 @@ def test_each_T_times_its_own_ring(tmp_path, family):
                                   ["--mamba2-verify-launch", "impl=1"],
                                   ["--mamba2-verify-launch", "maxnreg=x"],
                                   ["--gdn-verify-launch", "block_p=8"],
-                                  ["--gdn-verify-launch", "num_warps=0"],
-                                  ["--late-flush"], ["--family", "mamba2", "--late-flush"]])
+                                  ["--gdn-verify-launch", "num_warps=0"]])
 def test_parse_errors(tmp_path, argv):
     with pytest.raises(SystemExit):
         bv.parse_args(["--device", "cpu", "--out", str(tmp_path), *argv])
@@ -102,7 +103,7 @@ def test_late_flush_cycle_and_refcheck_rows(tmp_path):
 
     cfg = bv.parse_args(["--device", "cpu", "--family", "gdn", "--T", "4,8", "--late-flush",
                          "--out", str(tmp_path)])
-    assert cfg.late_flush and cfg.flush_limit(4) == cfg.ring_rows(4) == 20
+    assert cfg.late_flush and cfg.flush_limit(4) == cfg.ring_rows(4, "gdn") == 20
     assert bm.verify_cycle(cfg.flush_limit(4), 4, 2) == [(h, h == 18) for h in range(2, 19, 2)]
     assert bm.verify_cycle(cfg.flush_limit(8), 8, 4) == [(h, h == 20) for h in range(4, 21, 4)]
     rows = refcheck_rows(8, 16, cfg.flush_limit(4), 4)
@@ -115,6 +116,11 @@ def test_late_flush_cycle_and_refcheck_rows(tmp_path):
             str(tmp_path)]
     assert bv.parse_args(argv).builtin_ring == 32 >= 20 + 8
     assert bv.parse_args(argv + ["--late-flush"]).builtin_ring == 64 >= 20 + 2 * 8
+    # Mamba-2 under the late rule: the same limit, on a ring T rows longer (no window over history)
+    m2 = bv.parse_args(["--device", "cpu", "--family", "mamba2", "--T", "4", "--late-flush", "--out",
+                        str(tmp_path)])
+    assert m2.flush_limit(4) == 20 and m2.ring_rows(4, "mamba2") == m2.R == 24
+    assert max(h + 4 for _, h, _ in refcheck_rows(8, 16, m2.flush_limit(4), 4)) <= 24
 
 
 def test_verify_cycle():

@@ -150,7 +150,7 @@ def test_cursor_step_kernel_vs_reference(T, layout, late):
     int64 slots, strided views of every tensor, and a batch over one program (300 rows): the
     kernel's snapshot and flush decisions equal the reference's bitwise, the cursors never
     move, and untouched output entries of a strided view stay as they were; under both flush
-    rules (``late_flush``: ``len + T > R``, lengths then up to ``R``)."""
+    rules (``late_flush``: ``len + T > max(L, T) + T``, lengths then up to ``R``)."""
     from replayssm_kernels.commit import verify_cursor_step_ref
 
     gen = torch.Generator().manual_seed(T)
@@ -202,7 +202,7 @@ def test_cursor_step_kernel_vs_reference(T, layout, late):
             assert not fl.cpu()[pad].any()
             live = ~pad
             want = cur[perm.clamp(min=0)]
-            want_fl = want[:, 1] + T > (R if late else L)
+            want_fl = want[:, 1] + T > (min_ring_size(L, T) if late else L)
             if force_on:
                 want_fl |= force
             if nonempty:

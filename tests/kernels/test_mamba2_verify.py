@@ -162,6 +162,7 @@ class Report:
     verify_nonflush: int
     decode_rows: int
     a_kinds: set
+    max_flush_len: int = 0  # the longest history a verify flush row folded
 
 
 def run_spec(
@@ -169,11 +170,13 @@ def run_spec(
     active: int = 3, pads: int = 1, decode_p: float = 0.2, force_p: float = 0.1, seed: int = 0,
     broadcast: bool = True, with_z: bool = False, sglang_check: bool = False,
     commit_impl: str | None = None, ring_extra: int = 1, device: str = DEVICE,
-    read_dtype: torch.dtype | None = None, read_layout: str = "layer",
+    read_dtype: torch.dtype | None = None, read_layout: str = "layer", late: bool = False,
 ) -> Report:
+    """``late``: ``verify_cursor_step``'s late rule (flush when ``len + T > max(L, T) + T``) on a
+    ring ``T`` rows longer, so a flush row's window never meets its history."""
     gen = torch.Generator().manual_seed(seed)
     H, G, P, N = shape.H, shape.G, shape.P, shape.N
-    R = min_ring_size(L, T) + ring_extra
+    R = min_ring_size(L, T) + (T if late else 0) + ring_extra
     slots = active + 3  # slot 0 (null) and two never-scheduled slots stay untouched
     prm = make_params(shape, gen, device)
     pool = make_pool(shape, slots, R, state_dtype, act_dtype, "layer", gen, device)
@@ -233,7 +236,7 @@ def run_spec(
                          dt_softplus=True, **rkw)
             acc = [1] * batch
         else:
-            verify_cursor_step(cursors, slot_idx, force, L, R, T, rs, rl, fl)
+            verify_cursor_step(cursors, slot_idx, force, L, R, T, rs, rl, fl, late_flush=late)
             VERIFY[impl](pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, dt_arg, A,
                          tok.B, tok.C, out, slot_idx, rs, rl, fl, D=D, z=tok.z, dt_bias=dt_bias,
                          dt_softplus=True, **rkw)
@@ -294,6 +297,8 @@ def run_spec(
                     continue  # a decode flush appends nothing
             else:
                 rep.verify_flush += bool(fl[b])
+                if bool(fl[b]):
+                    rep.max_flush_len = max(rep.max_flush_len, int(rl[b]))
                 rep.verify_nonflush += not bool(fl[b])
                 rep.a_kinds.add("reject" if n == 1 else "accept" if n == T else "partial")
             for t in range(Tt):
@@ -345,6 +350,18 @@ def _check(rep: Report, state_dtype, act_dtype, T: int, read_dtype=None) -> None
 # H200 runs it at T = 2, 4, 8 on the Nano-4B shape (test_gpu_nano4b_dot_*).
 SPEC_CASES = [(T, impl) for T in (1, 2, 4, 8) for impl in ("kernel", "dot", "ref")
               if impl != "dot" or T in (2, 8)]
+
+
+@pytest.mark.parametrize("T,impl", [(T, i) for T in (2, 4) for i in ("kernel", "ref")])
+def test_spec_steps_late_rule_vs_f64(impl, T):
+    """The late flush rule on a ring of ``max(L, T) + 2T`` rows: histories up to ``max(L, T)``,
+    flush rows folding more than ``L`` records (asserted), the window beside the history; flushed
+    checkpoints bit-identical to SGLang's selective_state_update over the accepted tokens."""
+    L = {2: 6, 4: 8}[T]
+    rep = run_spec(impl, SHAPE_B, T, L, torch.float32, torch.bfloat16, seed=10 + T, steps=24,
+                   sglang_check=(impl != "ref"), late=True, ring_extra=0, decode_p=0.1)
+    _check(rep, torch.float32, torch.bfloat16, T)
+    assert rep.max_flush_len > L, rep  # past the early rule's longest flush history (L)
 
 
 @pytest.mark.parametrize("T,impl", SPEC_CASES, ids=[f"T{t}-{i}" for t, i in SPEC_CASES])
