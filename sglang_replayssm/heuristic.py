@@ -277,8 +277,8 @@ def snapshot_path_bytes(shape: VerifyShape, num_tokens: int) -> float:
 def replay_verify_bytes(shape: VerifyShape, num_tokens: int, accepted: int | None = None) -> float:
     """Replay verify, per layer and request: our kernel's bytes averaged over the steady verify cycle.
 
-    With the flush rule the server runs, "flush when ``len + T > limit``" (``limit = L`` for Mamba-2,
-    the ring's rows ``R`` for GDN's late rule: ``sizing.verify_flush_limit``), and ``a`` accepted
+    With the flush rule the server runs, "flush when ``len + T > limit``" (the late rule's
+    ``limit = max(L, T) + T``: ``sizing.verify_flush_limit``), and ``a`` accepted
     tokens per step, a flush leaves ``len = a`` and the history grows by ``a`` while
     ``len + T <= limit`` (``verify_cycle``): ``F = floor(max(limit − T, 0)/a) + 1`` steps, the last
     flushing, mean history ``a·(F + 1)/2``.  Each step reads ``S`` (twice on a GDN flush row), the history's fields that the
@@ -294,7 +294,7 @@ def replay_verify_bytes(shape: VerifyShape, num_tokens: int, accepted: int | Non
         ``a`` outside ``1 .. T``.
     """
     a = num_tokens if accepted is None else accepted
-    limit = verify_flush_limit(shape.family, shape.window, num_tokens)
+    limit = verify_flush_limit(shape.window, num_tokens)
     return shape.replay(num_tokens).cycle_mean(verify_cycle(limit, num_tokens, a))
 
 

@@ -38,37 +38,32 @@ from replayssm_kernels import min_ring_size
 if TYPE_CHECKING:
     from sglang_replayssm.tp import TPLayout
 
-__all__ = ["FAMILIES", "RingSpec", "ring_spec", "ring_rows", "verify_flush_limit", "verify_late_flush"]
+__all__ = ["FAMILIES", "RingSpec", "ring_spec", "ring_rows", "verify_flush_limit"]
 
 FAMILIES = ("mamba2", "gdn")
 CURSOR_BYTES_PER_SLOT = 2 * 4
 
 
-def ring_rows(window: int, spec_tokens: int = 0) -> int:
-    """Physical ring rows ``R``: ``L`` for decode; ``max(L, T) + T`` with spec verify of ``T`` tokens
-    (``replayssm_kernels.commit.min_ring_size``)."""
+def ring_rows(family: str, window: int, spec_tokens: int = 0) -> int:
+    """Physical ring rows ``R``: ``L`` for decode; with spec verify of ``T`` tokens
+    ``R0 = max(L, T) + T`` (``replayssm_kernels.commit.min_ring_size``), Mamba-2 ``R0 + T``: under
+    the late flush rule a flush row holds up to ``R0`` records, and Mamba-2's one-launch verify
+    needs its window beside them (kernels/README.md, "Late rule")."""
     if window < 1:
         raise ValueError(f"window: expected >= 1, got {window}")
     if spec_tokens < 0:
         raise ValueError(f"spec_tokens: expected >= 0, got {spec_tokens}")
-    return min_ring_size(window, spec_tokens)
-
-
-def verify_late_flush(family: str) -> bool:
-    """Whether a speculative verify row of ``family`` flushes under the late rule (``len + T > R``)
-    rather than the early one (``len + T > L``): GDN, whose verify folds a flush row's history in one
-    launch and writes its window in the next, so the window may wrap over the folded history
-    (kernels/README.md, "Late rule"); not Mamba-2, whose one launch does both."""
     if family not in FAMILIES:
         raise ValueError(f"family: expected one of {FAMILIES}, got {family!r}")
-    return family == "gdn"
+    rows = min_ring_size(window, spec_tokens)
+    return rows + spec_tokens if family == "mamba2" else rows
 
 
-def verify_flush_limit(family: str, window: int, spec_tokens: int) -> int:
-    """The ``limit`` of the verify flush rule "a row flushes when ``len + T > limit``" that the
-    serving integration runs for ``family``: ``R = ring_rows(L, T)`` under the late rule (GDN),
-    ``L`` otherwise (what ``byte_model.verify_cycle`` takes as its first argument)."""
-    return ring_rows(window, spec_tokens) if verify_late_flush(family) else window
+def verify_flush_limit(window: int, spec_tokens: int) -> int:
+    """The ``limit`` of the served verify flush rule "a row flushes when ``len + T > limit``": the
+    late rule's ``max(L, T) + T`` for both families (``verify_cursor_step(late_flush=True)``; what
+    ``byte_model.verify_cycle`` takes as its first argument)."""
+    return min_ring_size(window, spec_tokens)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -161,7 +156,7 @@ def ring_spec(
         On an unknown family, a ``conv_dim`` that is not ``H*P + 2*G*N``, a group count that does
         not divide the heads, or per-rank shapes that differ from ``layout``.
     """
-    rows = ring_rows(window, spec_tokens)
+    rows = ring_rows(family, window, spec_tokens)
     fp32 = torch.float32
     if family == "mamba2":
         h, p, n = temporal_shape

@@ -6,8 +6,8 @@ chains only) uses the same slots, records and cursor pair ``(start, len)`` as de
 
 1. the metadata build snapshots the cursors of the verify rows once, before any layer runs, and
    decides the flush rows (``replayssm_kernels.verify_cursor_step``; the cursors do not move): a row
-   flushes when ``len + T > L`` (Mamba-2) or ``len + T > R`` (GDN: the late rule,
-   ``sizing.verify_late_flush``);
+   flushes when ``len + T > max(L, T) + T`` (the late rule; Mamba-2's rings hold ``T`` rows more
+   for it, ``sizing.ring_rows``);
 2. every SSM layer runs its family's verify kernel on that snapshot: outputs of all ``T`` window
    tokens, the window's records appended at logical rows ``len .. len+T-1``, flush rows fold their
    committed history into the checkpoint first;
@@ -44,7 +44,6 @@ from replayssm_kernels.commit._validate import validate_commit
 from replayssm_kernels.commit.kernel import verify_commit_fwd
 
 from sglang_replayssm.read_copy_check import check_forward
-from sglang_replayssm.sizing import verify_late_flush
 from sglang_replayssm.spec_plan import FORCED_SOURCES
 
 __all__ = [
@@ -144,8 +143,8 @@ def build_verify_eager(
         A snapshot-path forward: every valid row with a non-empty ring flushes, one-token window
         (``num_tokens`` ignored).
     late_flush : bool
-        The late flush rule (``len + T > R``; GDN only, ``sizing.verify_late_flush``) instead of
-        ``len + T > L``.
+        The late flush rule (``len + T > max(L, T) + T``; the server's, ``sizing.ring_rows`` sizes
+        the rings for it) instead of ``len + T > L``.
     """
     n = slot_idx.shape[0]
     dev = slot_idx.device
@@ -346,7 +345,7 @@ class VerifyMetadataMixin:
         step = build_verify_eager(cursors=self.pool.cursors, slot_idx=slots, window=self.window,
                                   rows=self.rows, num_tokens=self.num_tokens,
                                   snapshot=self._snapshot_path(slots.shape[0]),
-                                  late_flush=verify_late_flush(self.pool.ring_spec.family))
+                                  late_flush=True)
         self._last_verify = step
         return step
 
@@ -382,7 +381,7 @@ class VerifyMetadataMixin:
         self._verify_graph.fill(bs, cursors=self.pool.cursors,
                                 slots=self.forward_metadata.mamba_cache_indices[:bs],
                                 window=self.window, rows=self.rows, snapshot=self._snapshot_path(bs),
-                                late_flush=verify_late_flush(self.pool.ring_spec.family))
+                                late_flush=True)
 
     def commit_after_verify(self, last_correct_step_indices: torch.Tensor,
                             stock_commit: Callable[[], None]) -> None:

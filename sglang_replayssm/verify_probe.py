@@ -29,7 +29,7 @@ SGLang.
 
 **Ring fill (the byte model's assumptions).**  ``heuristic.replay_verify_bytes`` assumes every draft
 accepted (``a = T``): a flush leaves ``len = a``, the history grows by ``a`` while ``len + T <= limit``
-(the server's rule: ``L`` for Mamba-2, ``R`` for GDN, ``sizing.verify_flush_limit``) and the next step
+(the server's late rule: ``limit = max(L, T) + T``, ``sizing.verify_flush_limit``) and the next step
 flushes, so one flush every ``F`` steps (``sglang_replayssm.byte_model.verify_cycle``).
 The probe puts the batch's rows on that same cycle: row ``i`` is at phase ``(i + j) mod F`` in variant
 ``j``; every variant is timed and the per-variant medians are averaged, so even ``bs < F`` sees the
@@ -81,7 +81,7 @@ import torch
 
 from sglang_replayssm import heuristic
 from sglang_replayssm.byte_model import verify_cycle
-from sglang_replayssm.sizing import verify_flush_limit, verify_late_flush
+from sglang_replayssm.sizing import verify_flush_limit
 
 __all__ = [
     "ProbeKernels",
@@ -372,11 +372,10 @@ class VerifyProbe:
 
     def _replay_commit(self, r: _Rows) -> Callable[[], None]:
         k, T, L, R = self.kernels, self.num_tokens, self.window, self.rows
-        late = verify_late_flush(self.family)
 
         def call() -> None:  # spec.build_verify_eager / VerifyGraphBuffers.fill, then spec.commit_verify
             k.cursor_step(r.cursors, r.slot_idx, None, L, R, T, r.out_start, r.out_len, r.out_flush,
-                          late_flush=late)
+                          late_flush=True)
             k.commit(r.cursors, r.slot_idx, r.out_start, r.out_len, r.out_flush, r.accepted, window=L, ring_size=R,
                      num_tokens=T)
 
@@ -429,7 +428,7 @@ class _Rows:
         self.bs, self.T = bs, T
         self.slot_idx = (torch.randperm(bs, generator=self.gen) + 1).to(**i32)
         self.ring_start = torch.randint(0, R, (bs,), generator=self.gen).to(**i32)
-        cycle = verify_cycle(verify_flush_limit(pool.ring_spec.family, L, T), T, T)
+        cycle = verify_cycle(verify_flush_limit(L, T), T, T)
         self.variants = []
         for j in range(len(cycle)):
             phase = [cycle[(i + j) % len(cycle)] for i in range(bs)]

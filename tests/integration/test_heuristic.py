@@ -59,15 +59,16 @@ def test_byte_model_is_the_kernels_model_mamba2() -> None:
     assert h.snapshot_verify_bytes(shape, 4) == 27_665_152
     # the plug-in's snapshot path adds the materialise call: S read, its one-token record written, I
     assert h.snapshot_path_bytes(shape, 4) == 27_665_152 + S + r + I
-    # a = T = 4, L = 16: lens 4, 8, 12, then 16 flushing (F = 4, mean history a·(F+1)/2 = 10)
-    assert h.replay_verify_bytes(shape, 4) == S + S / 4 + 10 * r + 4 * r + 4 * I == 5_304_320
-    # a = 3: lens 3, 6, 9, 12, then 15 flushing (F = 5, mean history 9)
-    assert h.replay_verify_bytes(shape, 4, 3) == pytest.approx(S + S / 5 + 9 * r + 4 * r + 4 * I)
+    # the late rule (flush when len + T > max(L, T) + T = 20), a = T = 4, L = 16: lens 4, 8, 12, 16,
+    # then 20 flushing (F = 5, mean history a·(F+1)/2 = 12)
+    assert h.replay_verify_bytes(shape, 4) == S + S / 5 + 12 * r + 4 * r + 4 * I == 5_143_296
+    # a = 3: lens 3, 6, ..., 15, then 18 flushing (F = 6, mean history 10.5)
+    assert h.replay_verify_bytes(shape, 4, 3) == pytest.approx(S + S / 6 + 10.5 * r + 4 * r + 4 * I)
     # the default a = T is the upper bound over a
     assert all(h.replay_verify_bytes(shape, 4) >= h.replay_verify_bytes(shape, 4, a) for a in (1, 2, 3, 4))
-    # T > L: every verify flushes, with the last window (a = T = 4 records) as its history
+    # T > L (L = 2): limit max(L, T) + T = 8, lens 4, then 8 flushing (F = 2, mean history 6)
     short = dataclasses.replace(shape, window=2)
-    assert h.replay_verify_bytes(short, 4) == 2 * S + 4 * r + 4 * r + 4 * I
+    assert h.replay_verify_bytes(short, 4) == S + S / 2 + 6 * r + 4 * r + 4 * I
     with pytest.raises(ValueError, match="expected 1 <= a <= T = 4, got a = 5"):
         h.replay_verify_bytes(shape, 4, 5)
 
@@ -114,7 +115,7 @@ READ_COPY = {"bf16": (2, 0), "fp8": (1, 4)}
 #: replay bytes per layer and request, T = 4, L = 16, a = T, fp32 state, bf16 activations (GDN: u fp32):
 #: 3,534,080 (Qwen3.5-4B) and 5,304,320 (Nano-4B) without a copy
 REPLAY_WITH_COPY = {("gdn", "bf16"): 2_526_720, ("gdn", "fp8"): 1_917_235.2,
-                    ("mamba2", "bf16"): 4_321_280, ("mamba2", "fp8"): 3_368_960}
+                    ("mamba2", "bf16"): 3_963_648, ("mamba2", "fp8"): 3_011_328}
 
 
 @pytest.mark.parametrize("rd", sorted(READ_COPY))
@@ -139,13 +140,13 @@ def test_byte_model_counts_the_read_copy_as_the_audited_model(family: str, rd: s
         bm.mamba2_replay_verify_bytes(preset, 4, 4, 2) if family == "mamba2"
         else bm.gdn_replay_verify_bytes(preset, 4, 4, 2, 4), S_r, rd)
     for a in (1, 2, 3, 4):
-        cycle = verify_cycle(verify_flush_limit(family, 16, 4), 4, a)  # GDN: the late rule's R = 20
+        cycle = verify_cycle(verify_flush_limit(16, 4), 4, a)  # the late rule: len + T > 20
         assert h.replay_verify_bytes(shape, 4, a) == audited.cycle_mean(cycle)
         assert h.replay_verify_bytes(shape, 4, a) < h.replay_verify_bytes(plain, 4, a)
-    # by hand at a = T = 4 (Mamba-2 lens 4, 8, 12, then 16 flushing; GDN's late rule 4 .. 16, then
-    # 20 flushing): the F - 1 non-flush steps read S_r instead of S; the flush step reads S (GDN: and
-    # S_r, its window launch) and writes S + S_r
-    flush_reads, F = (2, 5) if family == "gdn" else (1, 4)
+    # by hand at a = T = 4 (the late rule: lens 4 .. 16, then 20 flushing): the F - 1 = 4 non-flush
+    # steps read S_r instead of S; the flush step reads S (GDN: and S_r, its window launch) and
+    # writes S + S_r
+    flush_reads, F = (2 if family == "gdn" else 1), 5
     want = (h.replay_verify_bytes(plain, 4) - ((F - 1) * S + flush_reads * S + S) / F
             + ((F - 1) * S_r + S + (flush_reads - 1) * S_r + S + S_r) / F)
     assert h.replay_verify_bytes(shape, 4) == pytest.approx(want) == REPLAY_WITH_COPY[family, rd]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
-from sglang_replayssm.sizing import ring_spec, verify_flush_limit, verify_late_flush
+from sglang_replayssm.sizing import ring_rows, ring_spec, verify_flush_limit
 
 SIZE = 6
 
@@ -52,13 +52,16 @@ def test_ring_shapes_and_bytes(family: str, caplog: pytest.LogCaptureFixture):
     assert pool.replayssm_write_pos is None
 
 
-def test_verify_flush_rule_per_family():
-    """GDN verifies under the late rule (flush when ``len + T > R``), Mamba-2 the early one (``> L``)."""
-    assert verify_late_flush("gdn") and not verify_late_flush("mamba2")
-    assert verify_flush_limit("gdn", 16, 4) == 20 and verify_flush_limit("gdn", 2, 4) == 8  # R = max(L, T) + T
-    assert verify_flush_limit("mamba2", 16, 4) == 16
+def test_verify_flush_rule_and_ring_rows():
+    """The served late rule flushes a verify row when ``len + T > max(L, T) + T``; GDN's ring holds
+    ``max(L, T) + T`` rows (its window may wrap over the folded history), Mamba-2's ``T`` more (its
+    one-launch verify keeps the window beside the history); decode-only rings hold ``L``."""
+    assert verify_flush_limit(16, 4) == 20 and verify_flush_limit(2, 4) == 8
+    assert ring_rows("gdn", 16, 4) == 20 and ring_rows("mamba2", 16, 4) == 24
+    assert ring_rows("gdn", 2, 4) == 8 and ring_rows("mamba2", 2, 4) == 12
+    assert ring_rows("gdn", 16) == ring_rows("mamba2", 16) == 16
     with pytest.raises(ValueError, match="family: expected one of"):
-        verify_late_flush("rwkv")
+        ring_rows("rwkv", 16, 4)
 
 
 def test_clear_resets_and_copy_forks_cursors_and_rings():

@@ -244,7 +244,8 @@ def _spec_run(fam, T: int, pattern: str, monkeypatch, *, triton: bool, read: str
     slots = torch.tensor(SLOTS, dtype=torch.int32)
     pool = _cpu_spec_pool(fam.family, WINDOW, T, monkeypatch, read=read)
     assert (pool.read_state is None) == (read == "same")
-    assert pool.ring_spec.rows == replayssm_kernels.min_ring_size(WINDOW, T)
+    # the late rule's rings: Mamba-2 T rows longer (sizing.ring_rows)
+    assert pool.ring_spec.rows == replayssm_kernels.min_ring_size(WINDOW, T) + (T if fam.family == "mamba2" else 0)
     assert pool.mamba_cache.intermediate_ssm is None  # --replayssm-verify replay: no per-draft SSM state
     _init_state(pool)
     be = fam.backend(pool, triton=triton)
@@ -301,27 +302,26 @@ def test_graph_buffers_refresh_in_place_and_match_the_eager_snapshot():
         bufs.fill(3, cursors=cursors, slots=slots, window=4, rows=6)  # R < max(L, T) + T
 
 
-@pytest.mark.parametrize("fam_cls,late", [(_Mamba2, False), (_GDN, True)], ids=["mamba2", "gdn"])
-def test_verify_flush_rule_per_family(fam_cls, late: bool, monkeypatch):
-    """The served flush rule: Mamba-2 flushes a verify row when ``len + T > L``, GDN when
-    ``len + T > R`` (the late rule, kernels/README.md); the snapshot path flushes every non-empty ring."""
+@pytest.mark.parametrize("fam_cls", [_Mamba2, _GDN], ids=["mamba2", "gdn"])
+def test_verify_flush_rule_is_the_late_one(fam_cls, monkeypatch):
+    """The served flush rule (kernels/README.md, "Late rule"): a verify row flushes when
+    ``len + T > max(L, T) + T``; GDN's ring holds ``max(L, T) + T`` rows, Mamba-2's ``T`` more; the
+    snapshot path flushes every non-empty ring."""
     from sglang_replayssm.spec import build_verify_eager
 
     fam, T = fam_cls(), 3
     pool = _cpu_spec_pool(fam.family, WINDOW, T, monkeypatch)
     be = fam.backend(pool)
-    R = pool.ring_spec.rows
-    assert R == WINDOW + T
-    lens = [WINDOW - T, WINDOW - T + 1, R - T, R - T + 1]  # L = 4, T = 3: 1, 2, 4, 5
+    R0 = WINDOW + T
+    assert pool.ring_spec.rows == R0 + (T if fam.family == "mamba2" else 0)
+    lens = [WINDOW - T, WINDOW - T + 1, R0 - T, R0 - T + 1]  # L = 4, T = 3: 1, 2, 4, 5
     slots = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
     pool.cursors[slots.long()] = torch.tensor([[0, n] for n in lens], dtype=torch.int32)
     step = be._snapshot_verify(slots)
-    limit = R if late else WINDOW
-    assert step.flush.tolist() == [n + T > limit for n in lens]
-    assert step.flush.tolist() == ([False, False, False, True] if late else [False, True, True, True])
+    assert step.flush.tolist() == [False, False, False, True]  # the early rule: [F, T, T, T]
     be._last_verify = None
-    snap = build_verify_eager(cursors=pool.cursors, slot_idx=slots, window=WINDOW, rows=R, num_tokens=T,
-                              snapshot=True, late_flush=late)
+    snap = build_verify_eager(cursors=pool.cursors, slot_idx=slots, window=WINDOW, rows=pool.ring_spec.rows,
+                              num_tokens=T, snapshot=True, late_flush=True)
     assert snap.flush.tolist() == [True] * 4
 
 
@@ -344,12 +344,12 @@ def test_snapshot_path_folds_the_ring_then_runs_and_commits_stock(monkeypatch):
     be = fam.backend(pool)
     slots = torch.tensor(SLOTS, dtype=torch.int32)
     g = torch.Generator().manual_seed(5)
-    # two replay verify steps leave committed records in the rings: slot 3 len 1 -> 3 (no flush),
-    # slot 5 len 2 -> flush (2 + T > L) -> 1 (its accepted window record)
+    # two replay verify steps leave committed records in the rings: slot 3 len 1 -> 3, slot 5 len
+    # 2 -> 3 (no flush: the late rule flushes when len + T > max(L, T) + T = 7)
     for acc in ([1, 2], [2, 1]):
         fam.run(be, slots, torch.randn(len(SLOTS) * T, fam.width, generator=g), T)
         _commit(be, acc)
-    assert pool.cursors[list(SLOTS), 1].tolist() == [3, 1]
+    assert pool.cursors[list(SLOTS), 1].tolist() == [3, 3]
     lc = pool.mamba2_layer_cache(LAYERS[LAYER_ID])
     rings = pool.layer_rings(LAYERS[LAYER_ID])
     H, P, N, G = 8, 16, 16, 2

@@ -31,7 +31,7 @@ from tests.integration.test_spec_verify import _cpu_spec_pool
 
 GPU = h.DeviceProfile(name="cuda:Synthetic", kind="cuda", peak_bytes_per_s=4.0e12, launch_s=5e-6,
                       peak_source="synthetic")
-WINDOW, T = 8, 2  # cycle of 4 steps: len 2, 4, 6 (non-flush), 8 (flush)
+WINDOW, T = 8, 2  # the late rule: cycle of 5 steps, len 2, 4, 6, 8 (non-flush), 10 (flush)
 UNIT_S = {"replay verify": 3e-6, "replay commit": 50e-6, "snapshot verify": 7e-6, "snapshot commit": 900e-6}
 
 
@@ -89,17 +89,17 @@ def test_probe_scales_by_layers_and_counts_the_commits_once(family: str, monkeyp
 
     assert timing.replay_s == pytest.approx(layers * UNIT_S["replay verify"] + UNIT_S["replay commit"])
     assert timing.snapshot_s == pytest.approx(layers * UNIT_S["snapshot verify"] + UNIT_S["snapshot commit"])
-    # the replay verify is timed over the phases of the served rule's cycle (Mamba-2: flush when
-    # len + T > L, 4 phases; GDN: len + T > R, 5 phases), each unit once
-    cycle = verify_cycle(verify_flush_limit(family, WINDOW, T), T, T)
-    assert len(cycle) == (4 if family == "mamba2" else 5)
+    # the replay verify is timed over the phases of the served (late) rule's cycle (flush when
+    # len + T > max(L, T) + T = 10: 5 phases), each unit once
+    cycle = verify_cycle(verify_flush_limit(WINDOW, T), T, T)
+    assert len(cycle) == 5
     assert timer.units == [("replay verify", len(cycle)), ("replay commit", 1), ("snapshot verify", 1),
                            ("snapshot commit", 1)]
     replays = [(a, k) for name, a, k in log if name == "replay_verify"]
     ring_len, flush = replays[0][0][-2], replays[0][0][-1]
     # the byte model's steady cycle at a = T (heuristic.replay_verify_bytes)
     lens = [n for n, _ in cycle]
-    assert lens == ([2, 4, 6, 8] if family == "mamba2" else [2, 4, 6, 8, 10])
+    assert lens == [2, 4, 6, 8, 10]
     assert sorted(ring_len.tolist()) == lens[:4]  # 4 rows: the first variant's phases
     assert flush.tolist() == [n == lens[-1] for n in ring_len.tolist()]
     # the materialise call of the snapshot path: empty rings (steady state) do not flush, one-token window
