@@ -1282,6 +1282,16 @@ def test_gpu_nano4b_spec_bitwise_vs_sglang(T):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T", [4, 8], ids=lambda t: f"T{t}")
+def test_gpu_nano4b_spec_late_rule_bitwise_vs_sglang(T):
+    """The late flush rule at Nano-4B on the ring a server allocates for it (``max(L, T) + 2T``)."""
+    rep = run_spec("kernel", NANO_4B, T, 16, torch.float32, torch.bfloat16, active=24, pads=8,
+                   steps=48, seed=520 + T, sglang_check=True, late=True, ring_extra=0, decode_p=0.1)
+    _check(rep, torch.float32, torch.bfloat16, T)
+    assert rep.max_flush_len > 16, rep
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("T", [2, 4, 8], ids=lambda t: f"T{t}")
 def test_gpu_nano4b_vs_sglang_snapshot_verify(T):
     res = snapshot_compare(NANO_4B, T, 16, torch.bfloat16, batch=24, seed=700 + T, device="cuda")
