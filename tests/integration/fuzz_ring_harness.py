@@ -82,6 +82,7 @@ from sglang_replayssm.metadata import build_eager
 from sglang_replayssm.pool import ReplayMambaPool, ReplayPoolSpec
 from sglang_replayssm.radix import check_extend_rows
 from sglang_replayssm.read_copy_check import mismatched_rows
+from sglang_replayssm.sizing import ring_rows
 
 F32, F64 = torch.float32, torch.float64
 STATS: collections.Counter = collections.Counter()  # operations run, by kind (for reports)
@@ -189,7 +190,10 @@ class RingHarness:
         H, P, N, G = self.H, self.P, self.N, self.G
         self.L, self.Tmax, self.layers = window, max_tokens, layers
         self.offload_0d = offload_0d
-        self.R = min_ring_size(window, max_tokens)
+        # the served verify rule (the late one: flush when len + T > max(L, T) + T) and its rings
+        # (Mamba-2 T rows longer: sizing.ring_rows)
+        self.R0 = min_ring_size(window, max_tokens)
+        self.R = ring_rows(self.family, window, max_tokens)
         # GDN reads (num_heads, head_dim, state_size, n_groups) as (HV, V, K, Hk).
         shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=H * P, n_groups=G,
                                         num_heads=H, head_dim=P, state_size=N, conv_kernel=4)
@@ -336,7 +340,7 @@ class RingHarness:
             start, length = cursors[s].tolist()
             if [start, length] != r.cur:
                 self._fail(f"req {r.rid} slot {s}: pool cursor {[start, length]} != model {r.cur}")
-            if not (0 <= start < self.R and 0 <= length <= max(self.L, self.Tmax)):
+            if not (0 <= start < self.R and 0 <= length <= self.R0):
                 self._fail(f"req {r.rid} slot {s}: cursor {[start, length]} out of range")
             n = len(r.tokens)
             if length > n:
@@ -497,7 +501,8 @@ class RingHarness:
         start = torch.empty(batch, dtype=torch.int32)
         length = torch.empty(batch, dtype=torch.int32)
         flush = torch.empty(batch, dtype=torch.bool)
-        verify_cursor_step(self.pool.cursors, slot_idx, ff, self.L, self.R, T, start, length, flush)
+        verify_cursor_step(self.pool.cursors, slot_idx, ff, self.L, self.R, T, start, length, flush,
+                           late_flush=True)
         outs = torch.full((self.layers, batch, T, self.H, self.P), -7.5e30)
         sentinel = outs.clone()
 
@@ -514,7 +519,7 @@ class RingHarness:
                 continue
             st, ln = r.cur
             a = int(acc[b])
-            want_flush = ln + T > self.L or bool(fl_rows[b])
+            want_flush = ln + T > min_ring_size(self.L, T) or bool(fl_rows[b])
             if [int(start[b]), int(length[b]), bool(flush[b])] != [st, ln, want_flush]:
                 snap = [int(start[b]), int(length[b]), bool(flush[b])]
                 self._fail(f"verify req {r.rid}: snapshot {snap}"
