@@ -63,7 +63,7 @@ def test_late_part(tmp_path):
     r = _run(tmp_path, "late", "abc1234")
     assert r.returncode == 1, (r.stdout, r.stderr)
     steps = [line.split(": ")[1] for line in r.stderr.splitlines() if line.startswith("=== issue_tables")]
-    assert steps == ["gdn_late_fp8", "gdn_early_fp8", "mamba2_late_fp8", "mamba2_early_fp8", "gdn_late",
+    assert steps == ["gdn_late_fp8", "mamba2_late_fp8", "gdn_early_fp8", "mamba2_early_fp8", "gdn_late",
                      "gdn_early"]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ours")]
     assert len(rows) == 4, r.stdout
