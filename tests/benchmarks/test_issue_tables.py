@@ -57,20 +57,19 @@ def test_steps_and_tarball(tmp_path, part, modules):
 
 
 def test_late_part(tmp_path):
-    """``late``: per family the late rule with an fp8 copy and SGLang's peers, then the early rule
-    ours only; then GDN without a copy, late then early (the stand-in fails the Mamba-2 steps: the
-    later steps still run, the status says so)."""
+    """``late``: per family the late rule, then the early one, with an fp8 copy, ours only; then
+    each family's late run with SGLang's peers (the stand-in fails the Mamba-2 steps: the later
+    steps still run, the status says so)."""
     r = _run(tmp_path, "late", "abc1234")
     assert r.returncode == 1, (r.stdout, r.stderr)
     steps = [line.split(": ")[1] for line in r.stderr.splitlines() if line.startswith("=== issue_tables")]
-    assert steps == ["gdn_late_fp8", "mamba2_late_fp8", "gdn_early_fp8", "mamba2_early_fp8", "gdn_late",
-                     "gdn_early"]
+    assert steps == ["gdn_late_fp8", "gdn_early_fp8", "mamba2_late_fp8", "mamba2_early_fp8", "gdn_peers",
+                     "mamba2_peers"]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ours")]
-    assert len(rows) == 4, r.stdout
-    assert all("--refcheck" in x and "--family gdn" in x for x in rows)
-    assert ["--skip-peers" in x for x in rows] == [False, True, True, True]
-    assert ["--late-flush" in x for x in rows] == [True, False, True, False]
-    assert ["--read-dtype fp8" in x for x in rows] == [True, True, False, False]
+    assert len(rows) == 3, r.stdout
+    assert all("--refcheck" in x and "--family gdn" in x and "--read-dtype fp8" in x for x in rows)
+    assert ["--skip-peers" in x for x in rows] == [True, True, False]
+    assert ["--late-flush" in x for x in rows] == [True, False, True]
 
 
 @pytest.mark.parametrize("args", [(), ("decode",), ("tables", "abc1234")])
