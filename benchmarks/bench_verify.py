@@ -562,7 +562,8 @@ def format_markdown(rows: list[Row], meta: dict) -> str:
           f"- commit `{meta.get('commit')}`, {meta.get('date')}",
           f"- command: `python -m benchmarks.bench_verify {' '.join(meta.get('argv', []))}`",
           f"- shapes: {meta.get('shapes')}; window L = {meta.get('L')}, our ring rows R per T "
-          f"{meta.get('R')} (min_ring_size(L, T); Mamba-2's T more under the late rule), built-in ring rows {meta.get('builtin_ring')}; state "
+          f"{meta.get('R')} (min_ring_size(L, T); Mamba-2's T more under the late rule), "
+          f"built-in ring rows {meta.get('builtin_ring')}; state "
           f"{meta.get('state_dtype')}{bd._read_note(meta.get('read_dtype', 'same'))}, "
           f"activations {meta.get('act_dtype')}; {meta.get('slots')} "
           "slots per family (one layer), rows on random slots",

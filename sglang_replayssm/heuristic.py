@@ -278,10 +278,10 @@ def replay_verify_bytes(shape: VerifyShape, num_tokens: int, accepted: int | Non
     """Replay verify, per layer and request: our kernel's bytes averaged over the steady verify cycle.
 
     With the flush rule the server runs, "flush when ``len + T > limit``" (the late rule's
-    ``limit = max(L, T) + T``: ``sizing.verify_flush_limit``), and ``a`` accepted
-    tokens per step, a flush leaves ``len = a`` and the history grows by ``a`` while
-    ``len + T <= limit`` (``verify_cycle``): ``F = floor(max(limit − T, 0)/a) + 1`` steps, the last
-    flushing, mean history ``a·(F + 1)/2``.  Each step reads ``S`` (twice on a GDN flush row), the history's fields that the
+    ``limit = max(L, T) + T``: ``sizing.verify_flush_limit``), and ``a`` accepted tokens per step, a
+    flush leaves ``len = a`` and the history grows by ``a`` while ``len + T <= limit``
+    (``verify_cycle``): ``F = floor(max(limit − T, 0)/a) + 1`` steps, the last flushing, mean history
+    ``a·(F + 1)/2``.  Each step reads ``S`` (twice on a GDN flush row), the history's fields that the
     kernel reads, writes ``T`` records and ``S`` on the flush step, and moves ``T·I``.  With a read copy
     (``S_r``) non-flush rows read it instead of ``S``, a GDN flush row reads ``S + S_r`` (fold launch,
     then the window launch on the refreshed copy), and the flush step writes ``S + S_r``

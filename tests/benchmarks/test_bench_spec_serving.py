@@ -923,7 +923,8 @@ def test_row_bytes_nano4b():
     assert (r["family"], r["layers"], r["state_conv"]) == ("mamba2", 21, state + conv)
     assert r["per_draft_ssm"] == 4 * state
     assert r["per_draft_conv"] == 9728 * (4 + 3 - 1) * 2 * 21  # deduplicated windows [conv_dim, T + K - 2]
-    assert r["ring"] == 8967176  # x + dt + B at R = max(16, 4) + 2·4 = 24 rows (the late rule's ring), + the cursor pair (the pool's log)
+    # x + dt + B at R = max(16, 4) + 2·4 = 24 rows (the late rule's Mamba-2 ring), + the cursor pair
+    assert r["ring"] == 8967176
     assert r["stock_spec"] == state + conv + 4 * state + r["per_draft_conv"]
     assert r["replay_spec"] == state + conv + r["per_draft_conv"] + 8967176
     assert 4.3 < r["stock_spec"] / r["replay_spec"] < 4.4
