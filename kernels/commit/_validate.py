@@ -17,6 +17,9 @@ def min_ring_size(window: int, num_tokens: int) -> int:
     The longest committed history at a verify step is ``max(window, num_tokens)`` (a non-flush
     verify leaves ``len + a <= window``, a flush verify leaves ``len = a <= num_tokens``, a decode
     step leaves ``len <= window - 1``), and a flush verify holds that history plus its window.
+    Under the late rule (``verify_cursor_step(late_flush=True)``, which flushes past this size) a
+    flush row's history itself reaches it: the GDN verify then writes its window over the folded
+    history, the Mamba-2 verify needs ``num_tokens`` more rows (kernels/README.md, "Late rule").
     ``num_tokens = 0`` (no speculative decoding) gives ``window``. ``ValueError`` unless ``window`` is
     an int ``>= 1`` and ``num_tokens`` an int ``>= 0``.
     """
