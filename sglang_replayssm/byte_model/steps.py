@@ -221,8 +221,9 @@ def verify_cycle(L: int, T: int, a: int) -> list[tuple[int, bool]]:
     Parameters
     ----------
     L : int
-        Decode window, ``>= 1`` (for ``verify_cursor_step``'s late rule pass the ring's rows
-        ``R``: the rule is the same with ``R`` in place of ``L``).
+        Decode window, ``>= 1`` (for ``verify_cursor_step``'s late rule, the served one, pass
+        ``max(L, T) + T``, ``sizing.verify_flush_limit``: the rule is the same with it in place of
+        ``L``).
     T : int
         Tokens verified per request, ``>= 1``.
     a : int

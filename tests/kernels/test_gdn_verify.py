@@ -99,7 +99,7 @@ class Case:
     force_p: float = 0.1
     tol_out: float = 1e-2
     tol_state: float = 1e-5
-    late: bool = False  # verify_cursor_step(late_flush=True): flush when len + T > R
+    late: bool = False  # verify_cursor_step(late_flush=True): flush when len + T > max(L, T) + T (= R: the default ring)
 
     @property
     def ring(self) -> int:
