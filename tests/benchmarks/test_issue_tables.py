@@ -50,6 +50,8 @@ def test_steps_and_tarball(tmp_path, part, modules):
         assert "--commit abc1234 --out /tmp/issue_tables/" in row, row
     assert "--read-dtype bf16" in rows[1] and "--skip-peers" not in rows[1]
     assert "--read-dtype fp8" in rows[2] and "--skip-peers" in rows[2]
+    # the verify tables time the served flush rule (the late one)
+    assert all(("--late-flush" in row) == (part == "verify") for row in rows)
     with tarfile.open(tmp_path / "OUT" / f"{part}.tgz") as t:
         names = set(t.getnames())
     for step in ("gdn", "gdn_bf16", "gdn_fp8"):
