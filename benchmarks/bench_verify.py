@@ -217,6 +217,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     if device == "cuda" and not bd._has_cuda():
         parser.error("--device cuda: no CUDA device visible (use --device cpu)")
     cpu = device == "cpu"
+    if cpu:  # before this parse's first import of a kernel module (the kernels are defined at it)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     if a.window < 1:
         parser.error(f"--window: expected >= 1, got {a.window}")
     if any(t > 16 for t in a.T):
@@ -730,8 +732,6 @@ def time_cursors(cfg: Config, timer: bd.Timer) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    if cfg.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
     import torch
 
     t0 = time.perf_counter()
