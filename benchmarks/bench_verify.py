@@ -165,20 +165,25 @@ class Config:
 
     def ring_rows(self, T: int, family: str) -> int:
         """Ring rows a server with ``T`` speculative tokens allocates for ``family``
-        (``min_ring_size(L, T)``; under ``--late-flush`` Mamba-2 ``T`` more, as
-        ``sglang_replayssm.sizing`` sizes them): each T is timed on the first ``ring_rows(T,
-        family)`` rows of the pools, so a short window is not timed with a longer window's history
-        block."""
-        from replayssm_kernels import min_ring_size
-
-        return min_ring_size(self.L, T) + (T if self.late_flush and family == "mamba2" else 0)
+        (``ring_rows``): each T is timed on the first ``ring_rows(T, family)`` rows of the pools,
+        so a short window is not timed with a longer window's history block."""
+        return ring_rows(self.L, T, family, self.late_flush)
 
     def flush_limit(self, T: int) -> int:
         """A row flushes when ``len + T`` passes this: ``L`` (the early rule), or
-        ``min_ring_size(L, T)`` with ``--late-flush`` (``verify_cursor_step(late_flush=True)``)."""
-        from replayssm_kernels import min_ring_size
+        ``max(L, T) + T`` with ``--late-flush`` (``verify_cursor_step(late_flush=True)``)."""
+        from replayssm_kernels.commit.reference import flush_limit
 
-        return min_ring_size(self.L, T) if self.late_flush else self.L
+        return flush_limit(self.L, T, self.late_flush)
+
+
+def ring_rows(L: int, T: int, family: str, late_flush: bool) -> int:
+    """Ring rows for verify windows of ``T`` tokens: ``min_ring_size(L, T)``; under the late rule
+    Mamba-2 ``T`` more (``sglang_replayssm.sizing.ring_rows``, the served sizes, takes the late rule
+    always; this benchmark also times the early one)."""
+    from replayssm_kernels import min_ring_size
+
+    return min_ring_size(L, T) + (T if late_flush and family == "mamba2" else 0)
 
 
 def parse_launch_overrides(text: str | None,
@@ -238,13 +243,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         parser.error("--passes and --repeats must be >= 1")
     launch = parse_launch_overrides(a.mamba2_verify_launch, parser)
     gdn_launch = parse_gdn_launch(a.gdn_verify_launch, parser)
-    from replayssm_kernels import min_ring_size
-
+    families = ["mamba2", "gdn"] if a.family == "all" else [a.family]
     return Config(
-        families=["mamba2", "gdn"] if a.family == "all" else [a.family],
+        families=families,
         Ts=list(a.T), accepted=dict(zip(a.T, acc)), batches=list(a.batch), L=a.window,
-        # the pools hold every T's ring: ring_rows(tmax), Mamba-2's T rows longer under the late rule
-        R=min_ring_size(a.window, tmax) + (tmax if a.late_flush and a.family != "gdn" else 0),
+        R=max(ring_rows(a.window, tmax, f, a.late_flush) for f in families),  # every T's ring fits
         # the built-in's ring holds the longest history plus a window: L + T, or L + 2T under
         # the late rule (a flush row's history reaches R = L + T)
         builtin_ring=1 << (a.window + (2 if a.late_flush else 1) * tmax - 1).bit_length(),

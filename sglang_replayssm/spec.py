@@ -127,7 +127,7 @@ def _cursor_step(cursors: torch.Tensor):
 
 def build_verify_eager(
     *, cursors: torch.Tensor, slot_idx: torch.Tensor, window: int, rows: int, num_tokens: int,
-    snapshot: bool = False, late_flush: bool = False,
+    snapshot: bool = False,
 ) -> VerifyStep:
     """Snapshot the cursors of an eager verify forward (cursors unchanged).
 
@@ -142,9 +142,9 @@ def build_verify_eager(
     snapshot : bool
         A snapshot-path forward: every valid row with a non-empty ring flushes, one-token window
         (``num_tokens`` ignored).
-    late_flush : bool
-        The late flush rule (``len + T > max(L, T) + T``; the server's, ``sizing.ring_rows`` sizes
-        the rings for it) instead of ``len + T > L``.
+
+    Rows flush by the late rule (``len + T > max(L, T) + T``; ``sizing.ring_rows`` sizes the rings
+    for it).
     """
     n = slot_idx.shape[0]
     dev = slot_idx.device
@@ -156,7 +156,7 @@ def build_verify_eager(
     # ring already has its whole state in the checkpoint; not flushing it spares the checkpoint
     # write (in steady snapshot operation every ring is empty: the commit empties it).
     _cursor_step(cursors)(cursors, slot_idx, None, window, rows, t, out_start, out_len, out_flush,
-                          flush_nonempty=snapshot, late_flush=late_flush)
+                          flush_nonempty=snapshot, late_flush=True)
     return VerifyStep(slot_idx=slot_idx, ring_start=out_start, ring_len=out_len, flush=out_flush,
                       num_tokens=t, snapshot=snapshot)
 
@@ -189,12 +189,12 @@ class VerifyGraphBuffers:
                           flush=self.flush[i], num_tokens=1 if snapshot else self.num_tokens, snapshot=snapshot)
 
     def fill(self, bs: int, *, cursors: torch.Tensor, slots: torch.Tensor, window: int, rows: int,
-             snapshot: bool = False, late_flush: bool = False) -> None:
+             snapshot: bool = False) -> None:
         i = self._check(bs, slots)
-        # One launch on CUDA (recorded in the graph), flush_nonempty / late_flush as in build_verify_eager.
+        # One launch on CUDA (recorded in the graph), the rule and flush_nonempty as in build_verify_eager.
         _cursor_step(cursors)(cursors, slots, None, window, rows, 1 if snapshot else self.num_tokens,
                               self.ring_start[i], self.ring_len[i], self.flush[i],
-                              flush_nonempty=snapshot, late_flush=late_flush)
+                              flush_nonempty=snapshot, late_flush=True)
 
 
 def commit_verify(
@@ -344,8 +344,7 @@ class VerifyMetadataMixin:
             raise RuntimeError("ReplaySSM: TARGET_VERIFY forward on a server without speculative decoding")
         step = build_verify_eager(cursors=self.pool.cursors, slot_idx=slots, window=self.window,
                                   rows=self.rows, num_tokens=self.num_tokens,
-                                  snapshot=self._snapshot_path(slots.shape[0]),
-                                  late_flush=True)
+                                  snapshot=self._snapshot_path(slots.shape[0]))
         self._last_verify = step
         return step
 
@@ -380,8 +379,7 @@ class VerifyMetadataMixin:
         self.pool.advance_rounding()  # recorded in the graph: new rounding bits per replay
         self._verify_graph.fill(bs, cursors=self.pool.cursors,
                                 slots=self.forward_metadata.mamba_cache_indices[:bs],
-                                window=self.window, rows=self.rows, snapshot=self._snapshot_path(bs),
-                                late_flush=True)
+                                window=self.window, rows=self.rows, snapshot=self._snapshot_path(bs))
 
     def commit_after_verify(self, last_correct_step_indices: torch.Tensor,
                             stock_commit: Callable[[], None]) -> None:

@@ -280,13 +280,14 @@ def test_graph_buffers_refresh_in_place_and_match_the_eager_snapshot():
     ``fill`` (recorded in the graph) to what the eager snapshot computes; padding rows stay inert."""
     from sglang_replayssm.spec import VerifyGraphBuffers, build_verify_eager
 
-    cursors = torch.tensor([[0, 0], [1, 3], [2, 4], [5, 1]], dtype=torch.int32)
+    cursors = torch.tensor([[0, 0], [1, 5], [2, 4], [5, 1]], dtype=torch.int32)
     bufs = VerifyGraphBuffers(max_bs=4, num_tokens=3, device="cpu")
     slots = torch.tensor([1, 3, -1], dtype=torch.int32)
     view = bufs.view(3, slots)
     ptrs = [view.ring_start.data_ptr(), view.ring_len.data_ptr(), view.flush.data_ptr()]
-    # len 3 + T 3 > L 4: flush; len 1 + 3 <= 4: no flush, then len 2: flush; padding never
-    for slot3_len, expected in ((1, [True, False, False]), (2, [True, True, False])):  # two replays
+    # the late rule (flush when len + T > max(L, T) + T = 7): len 5 + 3: flush; len 4 + 3: no
+    # flush, then len 5: flush; padding never
+    for slot3_len, expected in ((4, [True, False, False]), (5, [True, True, False])):  # two replays
         cursors[3, 1] = slot3_len
         bufs.fill(3, cursors=cursors, slots=slots, window=4, rows=7)
         eager = build_verify_eager(cursors=cursors, slot_idx=slots, window=4, rows=7, num_tokens=3)
@@ -294,8 +295,8 @@ def test_graph_buffers_refresh_in_place_and_match_the_eager_snapshot():
             assert torch.equal(getattr(view, name), getattr(eager, name)), name
         assert [view.ring_start.data_ptr(), view.ring_len.data_ptr(), view.flush.data_ptr()] == ptrs
         assert view.flush.tolist() == expected
-        assert view.ring_len.tolist() == [3, slot3_len, 0] and view.ring_start.tolist() == [1, 5, 0]
-    assert cursors.tolist() == [[0, 0], [1, 3], [2, 4], [5, 2]]  # the snapshot never moves the cursors
+        assert view.ring_len.tolist() == [5, slot3_len, 0] and view.ring_start.tolist() == [1, 5, 0]
+    assert cursors.tolist() == [[0, 0], [1, 5], [2, 4], [5, 5]]  # the snapshot never moves the cursors
     with pytest.raises(ValueError, match="bs: expected 1..4"):
         bufs.view(5, torch.zeros(5, dtype=torch.int32))
     with pytest.raises(ValueError, match="ring_size|R"):
@@ -321,7 +322,7 @@ def test_verify_flush_rule_is_the_late_one(fam_cls, monkeypatch):
     assert step.flush.tolist() == [False, False, False, True]  # the early rule: [F, T, T, T]
     be._last_verify = None
     snap = build_verify_eager(cursors=pool.cursors, slot_idx=slots, window=WINDOW, rows=pool.ring_spec.rows,
-                              num_tokens=T, snapshot=True, late_flush=True)
+                              num_tokens=T, snapshot=True)
     assert snap.flush.tolist() == [True] * 4
 
 
@@ -458,8 +459,10 @@ def test_commit_launch_equals_the_reference_and_validates():
     g = torch.Generator().manual_seed(4)
     L, T = 6, 3
     R = min_ring_size(L, T) + 1
-    cur = torch.stack([torch.randint(0, R, (10,), generator=g), torch.randint(0, L + 1, (10,), generator=g)], 1)
+    # lengths up to the late rule's limit max(L, T) + T = 9 (a row flushes past 6)
+    cur = torch.stack([torch.randint(0, R, (10,), generator=g), torch.randint(0, L + T + 1, (10,), generator=g)], 1)
     cur = cur.to(torch.int32)
+    cur[4, 1], cur[1, 1] = 8, 2  # one row past the limit (flushes), one within it
     slots = torch.tensor([4, 1, 8, 3, -1, -1], dtype=torch.int32)  # 4 requests + 2 padding rows
     lcsi = torch.randint(0, T, (4,), generator=g)  # int64, as SGLang passes it
     got = []
