@@ -5,7 +5,7 @@
 # writing its own script. The limits are estimates: a step that runs past its own loses only itself.
 #
 #   usage (from the repository root, on the device under on_device.sh):
-#     bash benchmarks/device/issue_tables.sh decode|verify|late COMMIT
+#     bash benchmarks/device/issue_tables.sh decode|verify|late|targets COMMIT
 #
 #   decode  bench_decode --refcheck: GDN and Mamba-2 at batch 1, 8, 64, 256, 512 (peers), then GDN
 #           with a bf16 read copy at 64, 256, 512 (peers) and with an fp8 one (ours only)
@@ -16,6 +16,9 @@
 #           only, late then early: GDN at T = 4, 8, Mamba-2 at T = 4 (on its ring T rows longer);
 #           then each family's late run again with SGLang's peers (snapshot verify, decode step)
 #           (benchmarks/notes/verify.md)
+#   targets issue 5's three target rows first, at the served (late) rule with SGLang's peers in the
+#           same process, batch 256: GDN T = 4, 8 and Mamba-2 T = 4 with an fp8 read copy, then the
+#           same with a bf16 copy (GDN) and no copy (Mamba-2)
 #
 # Each step has its own time limit and is followed by a tarball of everything so far
 # ($OUT/PART.tgz: each run's results.md / .json / .png), so a step that runs long loses only itself;
@@ -23,8 +26,9 @@
 # device's git metadata may be stale: pass this machine's `git rev-parse --short HEAD`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ $# -ne 2 ] || { [ "$1" != decode ] && [ "$1" != verify ] && [ "$1" != late ]; }; then
-  echo "usage: issue_tables.sh decode|verify|late COMMIT" >&2
+if [ $# -ne 2 ] || { [ "$1" != decode ] && [ "$1" != verify ] && [ "$1" != late ] &&
+  [ "$1" != targets ]; }; then
+  echo "usage: issue_tables.sh decode|verify|late|targets COMMIT" >&2
   exit 2
 fi
 part=$1
@@ -54,6 +58,11 @@ elif [ "$part" = late ]; then
   step mamba2_early_fp8 50 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --skip-peers --read-dtype fp8
   step gdn_peers 120 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --read-dtype fp8 --late-flush
   step mamba2_peers 120 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --read-dtype fp8 --late-flush
+elif [ "$part" = targets ]; then
+  step gdn_fp8 120 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --read-dtype fp8 --late-flush
+  step mamba2_fp8 120 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --read-dtype fp8 --late-flush
+  step gdn_bf16 120 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --read-dtype bf16 --late-flush
+  step mamba2 120 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --late-flush
 else
   step gdn 190 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck --late-flush
   step mamba2 190 benchmarks.bench_verify --family mamba2 --T 4,8 --batch 64,256,512 --refcheck --late-flush

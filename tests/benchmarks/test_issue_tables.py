@@ -74,7 +74,21 @@ def test_late_part(tmp_path):
     assert ["--late-flush" in x for x in rows] == [True, False, True]
 
 
+def test_targets_part(tmp_path):
+    """``targets``: issue 5's rows first (GDN T = 4, 8 and Mamba-2 T = 4 with an fp8 copy), then
+    with a bf16 copy (GDN) and none (Mamba-2); all at batch 256, the late rule, SGLang's peers."""
+    r = _run(tmp_path, "targets", "abc1234")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    steps = [line.split(": ")[1] for line in r.stderr.splitlines() if line.startswith("=== issue_tables")]
+    assert steps == ["gdn_fp8", "mamba2_fp8", "gdn_bf16", "mamba2"]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ours")]
+    assert len(rows) == 2, r.stdout
+    assert all("--T 4,8 --batch 256" in x and "--late-flush" in x and "--refcheck" in x
+               and "--skip-peers" not in x for x in rows)
+    assert "--read-dtype fp8" in rows[0] and "--read-dtype bf16" in rows[1]
+
+
 @pytest.mark.parametrize("args", [(), ("decode",), ("tables", "abc1234")])
 def test_usage(tmp_path, args):
     r = _run(tmp_path, *args)
-    assert r.returncode == 2 and "usage: issue_tables.sh decode|verify|late COMMIT" in r.stderr
+    assert r.returncode == 2 and "usage: issue_tables.sh decode|verify|late|targets COMMIT" in r.stderr
