@@ -146,11 +146,12 @@ class VerifyShape:
     read_scale_bytes : int
         Bytes of the copy's scale per state row (fp8: 4, one fp32 scale per row); 0 otherwise.
     variant : str
-        What changes the replay kernels' cost beyond these sizes, or names it (the read copy's
-        dtype, stochastic rounding; ``pool_verify_shape``): part of ``key`` so that a cached
-        decision is not re-used across them; ``""`` (none) by default.  ``key`` also holds
-        ``read_bytes`` / ``read_scale_bytes``, so a copy is keyed even without a variant.  The byte
-        model sees the copy through ``read_bytes`` / ``read_scale_bytes``, not through this.
+        What changes the replay kernels' cost beyond these sizes, or names it (the checkpoint's,
+        activations' and read copy's dtypes, stochastic rounding; ``pool_verify_shape``): part of
+        ``key`` so that a cached decision is not re-used across them; ``""`` (none) by default.
+        ``key`` also holds ``read_bytes`` / ``read_scale_bytes``, so a copy is keyed even without a
+        variant.  The byte model sees the copy through ``read_bytes`` / ``read_scale_bytes``, not
+        through this.
 
     Raises
     ------

@@ -322,10 +322,15 @@ def plan_verify(
                                     cache=cache, log=log)
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def pool_verify_shape(pool) -> heuristic.VerifyShape:
     """``heuristic.VerifyShape`` of a ``ReplayMambaPool`` (its own state and ring shapes; a split-precision
     read copy's element size and, fp8, per-row scale size, from the pool's ``read_state`` / ``read_scale``;
-    ``variant`` names the copy's dtype and stochastic rounding, which change the kernels' cost)."""
+    ``variant`` names the checkpoint's and activations' dtypes (fp16 and bf16 have one size but other
+    kernels), the copy's dtype and stochastic rounding, which change the kernels' cost)."""
     temporal = pool.mamba_cache.temporal
     spec = pool.ring_spec
     num_k_heads = spec.tensors["k"][0][0] if spec.family == "gdn" else 1
@@ -335,8 +340,8 @@ def pool_verify_shape(pool) -> heuristic.VerifyShape:
         act_dtype=pool.replay.act_dtype,
     )
     read, scale = pool.read_state, pool.read_scale
-    variant = ([f"read-{str(read.dtype).removeprefix('torch.')}"] if read is not None else []) + (
-        ["sr"] if pool.sr_seed is not None else [])
+    variant = [f"state-{_dtype_name(temporal.dtype)}", f"act-{_dtype_name(pool.replay.act_dtype)}"] + (
+        [f"read-{_dtype_name(read.dtype)}"] if read is not None else []) + (["sr"] if pool.sr_seed is not None else [])
     return dataclasses.replace(
         shape, variant="+".join(variant), read_bytes=None if read is None else read.element_size(),
         read_scale_bytes=0 if scale is None else scale.element_size(),

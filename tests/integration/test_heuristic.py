@@ -187,13 +187,15 @@ def test_pool_verify_shape_reads_the_pools_read_copy(family: str, read_dtype: to
     pool = _pool(read_dtype, family)
     shape = pool_verify_shape(pool)
     assert (shape.read_bytes, shape.read_scale_bytes) == (read_bytes, scale_bytes)
-    assert shape.variant == f"read-{str(read_dtype).removeprefix('torch.')}"
+    names = (f"state-{str(pool.mamba_cache.temporal.dtype).removeprefix('torch.')}+"
+             f"act-{str(pool.replay.act_dtype).removeprefix('torch.')}")
+    assert shape.variant == f"{names}+read-{str(read_dtype).removeprefix('torch.')}"
     temporal = pool.mamba_cache.temporal
     assert shape.num_layers * shape.read_copy_bytes == read_copy_bytes_per_slot(
         tuple(temporal.shape[2:]), shape.num_layers, read_dtype)
     plain = pool_verify_shape(_pool(None, family))
-    assert (plain.read_bytes, plain.read_scale_bytes, plain.variant) == (None, 0, "")
-    assert dataclasses.replace(shape, read_bytes=None, read_scale_bytes=0, variant="") == plain
+    assert (plain.read_bytes, plain.read_scale_bytes, plain.variant) == (None, 0, names)
+    assert dataclasses.replace(shape, read_bytes=None, read_scale_bytes=0, variant=names) == plain
 
 
 @pytest.mark.parametrize(

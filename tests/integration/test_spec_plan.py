@@ -309,18 +309,25 @@ def test_plan_for_server_uses_the_graph_buckets_and_refuses_radix_tracking(monke
     pool.spec_tokens = 3
     shape = pool_verify_shape(pool)
     assert shape.family == "gdn" and shape.num_layers == 3 and shape.window == 4
-    # a read copy or stochastic rounding changes the kernels' cost: a cached decision must not carry over
-    assert shape.variant == "" and shape.key().endswith(":L4")
-    pool.read_state, pool.sr_seed = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64)
-    split = pool_verify_shape(pool)
-    assert split.variant == "read-bfloat16+sr"
-    assert split.key() == shape.key().replace(":layers", ":r2s0:layers") + ":read-bfloat16+sr"
-    # a hand-built shape with a copy but no variant is keyed apart from the shape without one
     import dataclasses
 
+    # the dtypes, a read copy or stochastic rounding change the kernels' cost: a cached decision must not
+    # carry over
+    names = f"state-{str(pool.mamba_cache.temporal.dtype).removeprefix('torch.')}+act-bfloat16"
+    assert shape.variant == names and shape.key().endswith(f":L4:{names}")
+    pool.read_state, pool.sr_seed = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64)
+    split = pool_verify_shape(pool)
+    assert split.variant == f"{names}+read-bfloat16+sr"
+    assert split.key() == shape.key().replace(":layers", ":r2s0:layers") + "+read-bfloat16+sr"
+    # a hand-built shape with a copy but no variant is keyed apart from the shape without one
     bare = dataclasses.replace(shape, read_bytes=1, read_scale_bytes=4)
     assert bare.key() != shape.key() and ":r1s4:" in bare.key()
     pool.read_state, pool.sr_seed = None, None
+    # fp16 and bf16 activations have one size and other kernels: keyed apart
+    replay = pool.replay
+    pool.replay = dataclasses.replace(replay, act_dtype=torch.float16)
+    assert pool_verify_shape(pool).key() == shape.key().replace("act-bfloat16", "act-float16")
+    pool.replay = replay
     from sglang_replayssm.spec_plan import pool_snapshot_batch_limit, snapshot_batch_limit
 
     assert pool_snapshot_batch_limit(pool) == snapshot_batch_limit(3, pool.mamba_cache.temporal[0, 0].numel())
