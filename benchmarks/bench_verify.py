@@ -172,7 +172,7 @@ class Config:
     def flush_limit(self, T: int) -> int:
         """A row flushes when ``len + T`` passes this: ``L`` (the early rule), or
         ``max(L, T) + T`` with ``--late-flush`` (``verify_cursor_step(late_flush=True)``)."""
-        from replayssm_kernels.commit.reference import flush_limit
+        from replayssm_kernels import flush_limit
 
         return flush_limit(self.L, T, self.late_flush)
 

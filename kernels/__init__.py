@@ -4,6 +4,7 @@ See README.md in this folder for the ring protocol, record layouts and bytes per
 """
 
 from replayssm_kernels.commit import (
+    flush_limit,
     min_ring_size,
     verify_commit,
     verify_commit_ref,
@@ -27,6 +28,7 @@ __all__ = [
     "verify_commit",
     "verify_commit_ref",
     "min_ring_size",
+    "flush_limit",
     "flush_first_order",
     "flush_first_order_ref",
     "mamba2_replay_decode",

@@ -33,7 +33,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
-from replayssm_kernels import min_ring_size
+from replayssm_kernels import flush_limit, min_ring_size
 
 if TYPE_CHECKING:
     from sglang_replayssm.tp import TPLayout
@@ -63,7 +63,7 @@ def verify_flush_limit(window: int, spec_tokens: int) -> int:
     """The ``limit`` of the served verify flush rule "a row flushes when ``len + T > limit``": the
     late rule's ``max(L, T) + T`` for both families (``verify_cursor_step(late_flush=True)``; what
     ``byte_model.verify_cycle`` takes as its first argument)."""
-    return min_ring_size(window, spec_tokens)
+    return flush_limit(window, spec_tokens, late_flush=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -5,7 +5,7 @@ Triton commit and cursor step in ``kernel.py``, plain-torch reference in ``refer
 
 from replayssm_kernels.commit._validate import min_ring_size
 from replayssm_kernels.commit.kernel import verify_commit, verify_cursor_step
-from replayssm_kernels.commit.reference import verify_commit_ref, verify_cursor_step_ref
+from replayssm_kernels.commit.reference import flush_limit, verify_commit_ref, verify_cursor_step_ref
 
 __all__ = ["verify_commit", "verify_commit_ref", "verify_cursor_step", "verify_cursor_step_ref",
-           "min_ring_size"]
+           "min_ring_size", "flush_limit"]
