@@ -968,8 +968,7 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
                         dt_bias_ptr="*fp32", out_ptr="*bf16", slot_idx_ptr="*i32",
                         ring_start_ptr="*i32", ring_len_ptr="*i32", flush_ptr="*i1",
                         read_ptr={"bf16": "*bf16", "fp8": "*fp8e4nv", None: "constexpr"}[read],
-                        read_scale_ptr="*fp32" if f8 else "constexpr", sr_seed_ptr="constexpr",
-                        kq_ptr="*fp32")
+                        read_scale_ptr="*fp32" if f8 else "constexpr", sr_seed_ptr="constexpr")
             ints = dict(
                 T=T, P=P, N=N, R=R, heads_per_group=H // G, sr_layer=0,
                 stride_state_slot=H * P * N, stride_state_head=P * N, stride_state_p=N,
@@ -986,9 +985,7 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
                 stride_out_head=P, stride_out_p=1, stride_read_slot=H * P * N if rd else 0,
                 stride_read_head=P * N if rd else 0, stride_read_p=N if rd else 0,
                 stride_read_n=1 if rd else 0, stride_rs_slot=H * P if f8 else 0,
-                stride_rs_head=P if f8 else 0, stride_rs_p=1 if f8 else 0,
-                stride_kq_batch=G * cfg.block_j * cfg.block_t, stride_kq_group=cfg.block_j * cfg.block_t,
-                stride_kq_j=cfg.block_t, stride_kq_t=1)
+                stride_rs_head=P if f8 else 0, stride_rs_p=1 if f8 else 0)
             const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False,
                          BLOCK_P=cfg.block_p, BLOCK_K=cfg.block_k, BLOCK_J=cfg.block_j,
                          BLOCK_T=cfg.block_t, NUM_PT=tiles, FOLD_UNROLL=cfg.fold_unroll,
@@ -1005,14 +1002,13 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
             st = ptxas_stats(ck.asm["ptx"])
             row = dict(T=T, impl=impl, read=read, p_split=ps, num_warps=cfg.num_warps,
                        maxnreg=cfg.maxnreg, block_p=cfg.block_p, n_chunks=cfg.n_chunks,
-                       kq_dot=cfg.kq_dot, kq_prep=cfg.kq_prep, shared=ck.metadata.shared,
+                       kq_dot=cfg.kq_dot, shared=ck.metadata.shared,
                        ctas=ctas_per_sm(st["regs"], cfg.num_warps, ck.metadata.shared), **st)
             if keep_ptx:
                 row["ptx"] = ck.asm["ptx"]
             rows.append(row)
             print(f"{impl} T={T} read={str(read):4} P_SPLIT={ps} block_p {cfg.block_p} "
-                  f"n_chunks {cfg.n_chunks} kq_dot {cfg.kq_dot} kq_prep {cfg.kq_prep} "
-                  f"warps {cfg.num_warps} cap "
+                  f"n_chunks {cfg.n_chunks} kq_dot {cfg.kq_dot} warps {cfg.num_warps} cap "
                   f"{cfg.maxnreg}: regs {st['regs']} stack {st['stack']} spill st/ld "
                   f"{st['spill_st']}/{st['spill_ld']} shared {row['shared']} B, "
                   f"CTAs/SM {row['ctas']}", flush=True)

@@ -449,12 +449,6 @@ def mamba2_replay_verify_fma_kernel(
     stride_rs_slot,
     stride_rs_head,
     stride_rs_p,
-    # KQ_PREP: KᵀQ from kq.py's launch, [batch, G, BLOCK_J, BLOCK_T] fp32 (else unused)
-    kq_ptr,
-    stride_kq_batch,
-    stride_kq_group,
-    stride_kq_j,
-    stride_kq_t,
     # Meta-parameters
     DT_SOFTPLUS: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr,
@@ -475,7 +469,6 @@ def mamba2_replay_verify_fma_kernel(
     PTX: tl.constexpr,
     N_CHUNKS: tl.constexpr,
     KQ_DOT: tl.constexpr,
-    KQ_PREP: tl.constexpr,
 ):
     # P_SPLIT programs share one (row, head), adjacent in launch order (the tensor-core kernel's
     # split): program i_s owns rows p0 .. p0 + NUM_PT·BLOCK_P - 1 (rows >= P masked) and
@@ -572,34 +565,30 @@ def mamba2_replay_verify_fma_kernel(
         o_tc = o_t
         kq = tl.zeros([BLOCK_J, BLOCK_T], dtype=tl.float32)
     NUM_KC: tl.constexpr = (BLOCK_N + BLOCK_K - 1) // BLOCK_K
-    if KQ_PREP:  # formed once per (row, group) by kq.py's launch, which appended the B records
-        kq = tl.load(kq_ptr + i_b64 * stride_kq_batch + i_g * stride_kq_group
-                     + o_j[:, None] * stride_kq_j + o_t[None, :] * stride_kq_t)
-    else:
-        for kc in tl.static_range(NUM_KC):
-            o_nk = kc * BLOCK_K + o_k
-            m_nk = o_nk < N
-            p_Bj = tl.where(is_w[:, None], p_B_row + o_j[:, None] * stride_B_T
-                            + o_nk[None, :] * stride_B_n,
-                            p_rB_grp + row_j[:, None] * stride_rB_row + o_nk[None, :] * stride_rB_n)
-            b_Bj = tl.load(p_Bj, mask=(is_w | is_h)[:, None] & m_nk[None, :], other=0.0)
-            if KQ_DOT:
-                b_Ct = tl.load(p_C_row + o_tc[None, :] * stride_C_T + o_nk[:, None] * stride_C_n,
-                               mask=m_nk[:, None] & m_tc[None, :], other=0.0)
-                if PTX:  # 16-bit operands: exact products on the tensor cores, fp32 sums
-                    kq = tl.dot(b_Bj, b_Ct, kq, input_precision="ieee")
-                else:  # the interpreter's tl.dot takes no 16-bit floats: fp32 products (exact)
-                    kq = tl.dot(b_Bj.to(tl.float32), b_Ct.to(tl.float32), kq,
-                                input_precision="ieee")
-            else:
-                b_Bf = b_Bj.to(tl.float32)
-                for s in tl.static_range(BLOCK_T):
-                    b_c = tl.load(p_C_row + s * stride_C_T + o_nk * stride_C_n, mask=m_nk & (s < T),
-                                  other=0.0).to(tl.float32)
-                    kq += tl.where(o_t[None, :] == s, tl.sum(b_Bf * b_c[None, :], axis=1)[:, None],
-                                   0.0)
-            tl.store(p_rB_grp + row_w[:, None] * stride_rB_row + o_nk[None, :] * stride_rB_n, b_Bj,
-                     mask=m_jn_w[:, None] & m_nk[None, :])
+    for kc in tl.static_range(NUM_KC):
+        o_nk = kc * BLOCK_K + o_k
+        m_nk = o_nk < N
+        p_Bj = tl.where(is_w[:, None], p_B_row + o_j[:, None] * stride_B_T
+                        + o_nk[None, :] * stride_B_n,
+                        p_rB_grp + row_j[:, None] * stride_rB_row + o_nk[None, :] * stride_rB_n)
+        b_Bj = tl.load(p_Bj, mask=(is_w | is_h)[:, None] & m_nk[None, :], other=0.0)
+        if KQ_DOT:
+            b_Ct = tl.load(p_C_row + o_tc[None, :] * stride_C_T + o_nk[:, None] * stride_C_n,
+                           mask=m_nk[:, None] & m_tc[None, :], other=0.0)
+            if PTX:  # 16-bit operands: exact products on the tensor cores, fp32 sums
+                kq = tl.dot(b_Bj, b_Ct, kq, input_precision="ieee")
+            else:  # the interpreter's tl.dot takes no 16-bit floats: fp32 products (exact)
+                kq = tl.dot(b_Bj.to(tl.float32), b_Ct.to(tl.float32), kq,
+                            input_precision="ieee")
+        else:
+            b_Bf = b_Bj.to(tl.float32)
+            for s in tl.static_range(BLOCK_T):
+                b_c = tl.load(p_C_row + s * stride_C_T + o_nk * stride_C_n, mask=m_nk & (s < T),
+                              other=0.0).to(tl.float32)
+                kq += tl.where(o_t[None, :] == s, tl.sum(b_Bf * b_c[None, :], axis=1)[:, None],
+                               0.0)
+        tl.store(p_rB_grp + row_w[:, None] * stride_rB_row + o_nk[None, :] * stride_rB_n, b_Bj,
+                 mask=m_jn_w[:, None] & m_nk[None, :])
     if KQ_DOT:  # the window prefix and mask over the padded columns (same Δ expressions)
         b_cwc = tl.cumsum(_window_delta(p_dt_row, o_tc, m_tc, stride_dt_T, dt_bias_ptr, i_h,
                                         stride_dt_bias_head, DT_SOFTPLUS, HAS_DT_BIAS), axis=0)

@@ -496,9 +496,6 @@ class LaunchConfig(NamedTuple):
     # Layout and output products only: the stored bits are the same for every value.
     n_chunks: int = 1
     kq_dot: int = 0
-    # "fma", kq_dot = 0: KᵀQ once per (row, group) by kq.py's launch before the verify (outputs
-    # only, as kq_dot)
-    kq_prep: int = 0
 
 
 #: The two implementations of one contract: ``"fma"`` (fp32 FMA reductions over whole-N tiles,
@@ -577,7 +574,7 @@ def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype) ->
 
 def fma_layout(cfg: LaunchConfig, N: int) -> dict[str, int]:
     """Layout constexprs of an FMA launch of ``cfg`` at state dimension ``N``: ``BLOCK_J``,
-    ``BLOCK_K``, ``N_CHUNKS``, ``KQ_DOT``, ``KQ_PREP`` (``fma.py``'s kernel arguments).
+    ``BLOCK_K``, ``N_CHUNKS``, ``KQ_DOT`` (``fma.py``'s kernel arguments).
 
     ``n_chunks = 1`` (the whole-N tile): ``cfg``'s blocks and the decode kernel's ``[BLOCK_P,
     BLOCK_N]`` tile. ``n_chunks = c > 1`` (a power of two, at most ``BLOCK_N = next_pow2(N)``):
@@ -589,14 +586,11 @@ def fma_layout(cfg: LaunchConfig, N: int) -> dict[str, int]:
     ``kq_dot = 1`` (with ``n_chunks > 1``): ``KᵀQ`` as ``tl.dot`` per N-chunk (``BLOCK_J``,
     ``BLOCK_K`` at least 16; with 16-bit activations the products are exact and the sums fp32,
     on tensor cores; fp32 activations get ``input_precision="ieee"``, FMA loops, slower) instead
-    of one cross-lane fp32 sum per token and chunk. ``kq_prep = 1`` (with ``kq_dot = 0``): ``KᵀQ``
-    once per (row, group) by ``kq.py``'s launch, loaded by the verify's programs (one per (row,
-    head)), which then neither form it nor append the window's B records (``kq.py`` does). Either
-    way every checkpoint element is folded
+    of one cross-lane fp32 sum per token and chunk. Either way every checkpoint element is folded
     by the same expressions in the same order: checkpoints, read copies and rings are
     bit-identical to the whole-N tile's; outputs differ by summation order. Raises ``ValueError`` for other values.
     """
-    c, kq_dot, kq_prep = cfg.n_chunks, cfg.kq_dot, cfg.kq_prep
+    c, kq_dot = cfg.n_chunks, cfg.kq_dot
     block_n = triton.next_power_of_2(N)
     if c < 1 or c & (c - 1) or c > block_n:
         raise ValueError(f"n_chunks: expected a power of two in [1, {block_n}] (BLOCK_N at "
@@ -604,15 +598,12 @@ def fma_layout(cfg: LaunchConfig, N: int) -> dict[str, int]:
     if kq_dot not in (0, 1) or (kq_dot and c == 1):
         raise ValueError(f"kq_dot: expected 0, or 1 with n_chunks > 1, got kq_dot={kq_dot} "
                          f"with n_chunks={c}")
-    if kq_prep not in (0, 1) or (kq_prep and kq_dot):
-        raise ValueError(f"kq_prep: expected 0, or 1 with kq_dot = 0, got kq_prep={kq_prep} "
-                         f"with kq_dot={kq_dot}")
     block_j, block_k = cfg.block_j, cfg.block_k
     if c > 1:
         block_j = max(block_j, block_n // c)
     if kq_dot:
         block_j, block_k = max(block_j, MIN_DOT), max(block_k, MIN_DOT)
-    return dict(BLOCK_J=block_j, BLOCK_K=block_k, N_CHUNKS=c, KQ_DOT=kq_dot, KQ_PREP=kq_prep)
+    return dict(BLOCK_J=block_j, BLOCK_K=block_k, N_CHUNKS=c, KQ_DOT=kq_dot)
 
 
 #: Register cap of the FMA launch for windows of up to 4 tokens (ptxas ``maxnreg``; longer
@@ -659,9 +650,9 @@ def mamba2_replay_verify_fwd(
     block_p = cfg.block_p if block_p is None else block_p
     if cfg.impl == "dot" and block_p < MIN_DOT:
         raise ValueError(f"block_p: expected >= {MIN_DOT} (tl.dot tile), got {block_p}")
-    if cfg.impl == "dot" and (cfg.n_chunks, cfg.kq_dot, cfg.kq_prep) != (1, 0, 0):
-        raise ValueError(f"n_chunks / kq_dot / kq_prep: FMA launch options, expected 1 / 0 / 0 "
-                         f"with impl='dot', got {cfg.n_chunks} / {cfg.kq_dot} / {cfg.kq_prep}")
+    if cfg.impl == "dot" and (cfg.n_chunks, cfg.kq_dot) != (1, 0):
+        raise ValueError(f"n_chunks / kq_dot: FMA launch options, expected 1 / 0 with "
+                         f"impl='dot', got {cfg.n_chunks} / {cfg.kq_dot}")
     fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
     z_strides = tuple(z.stride()) if z is not None else (0, 0, 0, 0)
     read_strides = read_state.stride() if read_state is not None else (0, 0, 0, 0)
@@ -702,13 +693,8 @@ def mamba2_replay_verify_fwd(
     flags = dict(DT_SOFTPLUS=dt_softplus, HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
                  HAS_Z=z is not None)
     if cfg.impl == "fma":
-        layout = fma_layout(cfg, N)
-        kq = None
-        if layout["KQ_PREP"]:
-            kq = _launch_kq_prep(ring_B, B, C, slot_idx, ring_start, ring_len, flush, T, R, layout)
-        _launch_fma(cfg, layout, kq, args, flags, (H * p_split, batch), state, read_state, N,
-                    block_p, tiles, fold_unroll, read_scale is not None, sr_seed is not None,
-                    p_split, extra)
+        _launch_fma(cfg, args, flags, (H * p_split, batch), state, read_state, N, block_p, tiles,
+                    fold_unroll, read_scale is not None, sr_seed is not None, p_split, extra)
         return
     _mamba2_replay_verify_fwd_kernel[(H * p_split, batch)](
         *args,
@@ -731,45 +717,24 @@ def mamba2_replay_verify_fwd(
     )
 
 
-def _launch_kq_prep(ring_B: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                    slot_idx: torch.Tensor, ring_start: torch.Tensor, ring_len: torch.Tensor,
-                    flush: torch.Tensor, T: int, R: int, layout: dict[str, int]) -> torch.Tensor:
-    """``kq_prep``: launch ``kq.py``'s kernel (grid ``(G, batch)``), which appends the window's B
-    records and returns ``KᵀQ`` as ``[batch, G, BLOCK_J, BLOCK_T]`` fp32 (padding rows unwritten)."""
-    from replayssm_kernels.mamba2_verify.kq import mamba2_verify_kq_kernel
-
-    batch, _, G, N = B.shape
-    block_t = triton.next_power_of_2(T)
-    kq = torch.empty((batch, G, layout["BLOCK_J"], block_t), dtype=torch.float32, device=B.device)
-    mamba2_verify_kq_kernel[(G, batch)](
-        ring_B, B, C, kq, slot_idx, ring_start, ring_len, flush, T, N, R,
-        *ring_B.stride(), *B.stride(), *C.stride(), *kq.stride(),
-        BLOCK_J=layout["BLOCK_J"], BLOCK_T=block_t, BLOCK_K=layout["BLOCK_K"],
-        BLOCK_N=triton.next_power_of_2(N), num_warps=2,
-    )
-    return kq
-
-
-def _launch_fma(cfg: LaunchConfig, layout: dict[str, int], kq: torch.Tensor | None, args: tuple,
-                flags: dict, grid: tuple[int, int], state: torch.Tensor,
-                read_state: torch.Tensor | None, N: int, block_p: int, tiles: int,
-                fold_unroll: int, read_fp8: bool, sr: bool, p_split: int, extra: dict) -> None:
-    """Launch ``fma.py``'s kernel with the tensor-core kernel's arguments ``args`` and flags
-    (``layout``: ``fma_layout``'s; ``kq``: ``_launch_kq_prep``'s result with ``KQ_PREP``)."""
+def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, int],
+                state: torch.Tensor, read_state: torch.Tensor | None, N: int, block_p: int,
+                tiles: int, fold_unroll: int, read_fp8: bool, sr: bool, p_split: int,
+                extra: dict) -> None:
+    """Launch ``fma.py``'s kernel with the tensor-core kernel's arguments ``args`` and flags."""
     # fma.py imports this module's Δ helper, so it is imported here, at the first FMA launch.
     from replayssm_kernels.mamba2_verify.fma import mamba2_replay_verify_fma_kernel
 
     block_n = triton.next_power_of_2(N)
+    layout = fma_layout(cfg, N)
     # The L2 prefetch (compiled only) needs whole contiguous tiles of the checkpoint and, if
     # there is one, of the read copy (flush rows prefetch the checkpoint, non-flush the copy).
     l2_ahead = cfg.l2_ahead
     if interpreting() or not l2_tile_prefetch_ok(state) or (
             read_state is not None and not l2_tile_prefetch_ok(read_state)):
         l2_ahead = 0
-    kq_args = (kq, *kq.stride()) if kq is not None else (state, 0, 0, 0, 0)
     mamba2_replay_verify_fma_kernel[grid](
         *args,
-        *kq_args,
         **flags,
         BLOCK_P=block_p,
         BLOCK_N=block_n,

@@ -64,9 +64,7 @@ LAUNCHES = {"base4": dict(n_chunks=1, kq_dot=0), "base8": dict(n_chunks=1, kq_do
             "nc2": dict(n_chunks=2), "nc4": dict(n_chunks=4), "nc8": dict(n_chunks=8),
             "nc2kq": dict(n_chunks=2, kq_dot=1), "nc4kq": dict(n_chunks=4, kq_dot=1),
             "nc8kq": dict(n_chunks=8, kq_dot=1),
-            "nc4kqbp16": dict(n_chunks=4, kq_dot=1, block_p=16),
-            "nc4prep": dict(n_chunks=4, kq_dot=0, kq_prep=1),
-            "base4prep": dict(n_chunks=1, kq_dot=0, kq_prep=1)}
+            "nc4kqbp16": dict(n_chunks=4, kq_dot=1, block_p=16)}
 for _name, _fields in LAUNCHES.items():  # the drivers look implementations up by key
     tmv.VERIFY[_name] = _forced_launch(**_fields)
     tmv.DECODE[_name] = tmv.DECODE["kernel"]
@@ -89,8 +87,7 @@ SHAPE_L = Shape(H=2, G=1, P=80, N=48)
 # (partner launch, T) pairs in lockstep with the default launch: the whole-N tile at every
 # window form of the rule, the other chunk counts once each (P = 80: 0.5-2 min each under the
 # interpreter).
-LOCKSTEP_CASES = [("base4", 1), ("base4", 4), ("base8", 8), ("nc2", 4), ("nc8kq", 8),
-                  ("nc4prep", 4), ("nc4prep", 8), ("base4prep", 2)]
+LOCKSTEP_CASES = [("base4", 1), ("base4", 4), ("base8", 8), ("nc2", 4), ("nc8kq", 8)]
 
 
 @pytest.mark.parametrize("name,T", LOCKSTEP_CASES, ids=[f"{n}-T{t}" for n, t in LOCKSTEP_CASES])
@@ -145,15 +142,6 @@ def test_kq_dot_value_error(n_chunks, kq_dot):
         k.fma_layout(cfg, 128)
 
 
-@pytest.mark.parametrize("kq_dot,kq_prep", [(1, 1), (0, 2), (0, -1)])
-def test_kq_prep_value_error(kq_dot, kq_prep):
-    import replayssm_kernels.mamba2_verify.kernel as k
-
-    cfg = k.launch_config(80, 128, 20, 4, torch.bfloat16)._replace(kq_dot=kq_dot, kq_prep=kq_prep)
-    with pytest.raises(ValueError, match=r"kq_prep: expected 0, or 1 with kq_dot = 0"):
-        k.fma_layout(cfg, 128)
-
-
 def test_options_refused_by_the_tensor_core_kernel():
     """``impl="dot"`` with an FMA layout option raises instead of ignoring it."""
     import replayssm_kernels.mamba2_verify.kernel as k
@@ -168,7 +156,7 @@ def test_options_refused_by_the_tensor_core_kernel():
     orig = k.launch_config
     k.launch_config = lambda *a, **kk: orig(*a, **kk)._replace(n_chunks=4)
     try:
-        with pytest.raises(ValueError, match=r"n_chunks / kq_dot / kq_prep: FMA launch options"):
+        with pytest.raises(ValueError, match=r"n_chunks / kq_dot: FMA launch options"):
             k.mamba2_replay_verify_fwd(
                 pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B,
                 tok.C, out, i + 1, i, i, i.bool(), D=None, z=None, dt_bias=prm.dt_bias,
@@ -195,13 +183,13 @@ def test_layout_rule():
     assert form(8, torch.float32) == form(16) == (8, 1, 0, None, 2)
     assert form(4, N=2)[:3] == (16, 2, 0) and form(8, N=2)[:3] == (16, 2, 1)  # n_chunks <= BLOCK_N
     cfg = k.launch_config(80, 128, 24, 8, torch.bfloat16)
-    assert k.fma_layout(cfg, 128) == dict(BLOCK_J=32, BLOCK_K=32, N_CHUNKS=4, KQ_DOT=1, KQ_PREP=0)
+    assert k.fma_layout(cfg, 128) == dict(BLOCK_J=32, BLOCK_K=32, N_CHUNKS=4, KQ_DOT=1)
     cfg = k.launch_config(80, 128, 20, 4, torch.bfloat16)  # BLOCK_J 32, BLOCK_K 32
     assert [k.fma_layout(cfg._replace(n_chunks=c), 128)["BLOCK_J"] for c in (1, 2, 4, 8, 16)] == [
         32, 64, 32, 32, 32]
     small = k.launch_config(12, 8, 6, 1, torch.bfloat16)  # BLOCK_J 8, BLOCK_K 8
     assert k.fma_layout(small._replace(n_chunks=2, kq_dot=1), 8) == dict(
-        BLOCK_J=16, BLOCK_K=16, N_CHUNKS=2, KQ_DOT=1, KQ_PREP=0)
+        BLOCK_J=16, BLOCK_K=16, N_CHUNKS=2, KQ_DOT=1)
 
 
 def test_bench_verify_selects_the_option():
@@ -273,7 +261,7 @@ def test_layout_codegen_fold_and_reductions():
 
 #: (partner launch, T) pairs in lockstep with the default launch on the H200.
 GPU_LOCKSTEP_CASES = [("base4", 2), ("base4", 4), ("base8", 8), ("nc2", 4), ("nc8", 4),
-                      ("nc4kq", 4), ("nc4prep", 4), ("nc4prep", 8)]
+                      ("nc4kq", 4)]
 
 
 @pytest.mark.gpu
