@@ -115,12 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "work-list programs fold_programs; "
                         "e.g. block_v=64,num_stages=3 or fold_block_v=16,fold_rows=8), for a "
                         "launch sweep; default: the kernel's")
-    p.add_argument("--late-flush", action="store_true",
-                   help="the verify cycle of verify_cursor_step's late rule (a row flushes when "
-                        "len + T > R0 = max(L, T) + T, so histories reach R0 - T and a flush folds "
-                        "up to R0 records) instead of the early rule (len + T > L); GDN on its "
-                        "R0-row ring (the window wraps over the folded history), Mamba-2 on a ring "
-                        "T rows longer")
+    p.add_argument("--flush-rule", choices=("late", "early"), default="late",
+                   help="the verify cycle's flush rule: late (default; the rule the server runs, "
+                        "verify_cursor_step(late_flush=True): a row flushes when len + T > R0 = "
+                        "max(L, T) + T, so histories reach R0 - T and a flush folds up to R0 "
+                        "records; GDN on its R0-row ring, the window wrapping over the folded "
+                        "history, Mamba-2 on a ring T rows longer) or early (len + T > L, on "
+                        "R0-row rings: the rule of the tables before the thirty-seventh session)")
     p.add_argument("--commit", default=None)
     p.add_argument("--out", type=Path, required=True)
     return p
@@ -159,7 +160,7 @@ class Config:
     mamba2_verify_launch: dict[str, int | None] = field(default_factory=dict)
     gdn_verify_launch: dict[str, int] = field(default_factory=dict)
     read_dtype: str = "same"
-    late_flush: bool = False
+    late_flush: bool = True
     dry_run: bool = False  # bench_decode.environment() reads it
     argv: list[str] = field(default_factory=list)
 
@@ -171,7 +172,7 @@ class Config:
 
     def flush_limit(self, T: int) -> int:
         """A row flushes when ``len + T`` passes this: ``L`` (the early rule), or
-        ``max(L, T) + T`` with ``--late-flush`` (``verify_cursor_step(late_flush=True)``)."""
+        ``max(L, T) + T`` with ``--flush-rule late`` (``verify_cursor_step(late_flush=True)``)."""
         from replayssm_kernels import flush_limit
 
         return flush_limit(self.L, T, self.late_flush)
@@ -241,16 +242,17 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
                      f"{a.state_dtype} (pass --read-dtype same to read the checkpoint)")
     if a.passes < 1 or (a.repeats is not None and a.repeats < 1):
         parser.error("--passes and --repeats must be >= 1")
+    late = a.flush_rule == "late"
     launch = parse_launch_overrides(a.mamba2_verify_launch, parser)
     gdn_launch = parse_gdn_launch(a.gdn_verify_launch, parser)
     families = ["mamba2", "gdn"] if a.family == "all" else [a.family]
     return Config(
         families=families,
         Ts=list(a.T), accepted=dict(zip(a.T, acc)), batches=list(a.batch), L=a.window,
-        R=max(ring_rows(a.window, tmax, f, a.late_flush) for f in families),  # every T's ring fits
+        R=max(ring_rows(a.window, tmax, f, late) for f in families),  # every T's ring fits
         # the built-in's ring holds the longest history plus a window: L + T, or L + 2T under
         # the late rule (a flush row's history reaches R = L + T)
-        builtin_ring=1 << (a.window + (2 if a.late_flush else 1) * tmax - 1).bit_length(),
+        builtin_ring=1 << (a.window + (2 if late else 1) * tmax - 1).bit_length(),
         state_dtype=a.state_dtype, act_dtype=a.act_dtype, gdn_u_dtype=a.gdn_u_dtype,
         mamba2_shape=MAMBA2_SHAPES[a.mamba2_shape or ("mamba2-tiny" if cpu else "nano-4b")],
         gdn_shape=GDN_SHAPES[a.gdn_shape or ("gdn-tiny" if cpu else "qwen3.5-4b")],
@@ -265,7 +267,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         mamba2_verify_launch=launch,
         gdn_verify_launch=gdn_launch,
         read_dtype=a.read_dtype,
-        late_flush=a.late_flush,
+        late_flush=late,
         argv=list(sys.argv[1:] if argv is None else argv),
     )
 
@@ -754,7 +756,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     bd._log(f"bench_verify: {meta.get('device_name')} | {cfg.families} | T {cfg.Ts} (a "
             f"{cfg.accepted}) | batches {cfg.batches} | L={cfg.L} R per T "
             f"{ {f: [cfg.ring_rows(T, f) for T in cfg.Ts] for f in cfg.families} }"
-            f"{' (late flush: len + T > max(L, T) + T)' if cfg.late_flush else ''} | {cfg.state_dtype}"
+            f"{' (late flush: len + T > max(L, T) + T)' if cfg.late_flush else ' (early flush: len + T > L)'}"
+            f" | {cfg.state_dtype}"
             f"{bd._read_note(cfg.read_dtype)}")
     torch.manual_seed(cfg.seed)
     if cfg.mamba2_verify_p_split is not None:  # A/B of the small-batch split: force one value

@@ -9,9 +9,9 @@
 #
 #   decode  bench_decode --refcheck: GDN and Mamba-2 at batch 1, 8, 64, 256, 512 (peers), then GDN
 #           with a bf16 read copy at 64, 256, 512 (peers) and with an fp8 one (ours only)
-#   verify  bench_verify --refcheck --late-flush (the served flush rule): GDN and Mamba-2 at T = 4,
-#           8, batch 64, 256, 512 (peers), then GDN at T = 4, batch 256 with a bf16 read copy
-#           (peers) and an fp8 one (ours only)
+#   verify  bench_verify --refcheck (its default flush rule, the served late one): GDN and Mamba-2
+#           at T = 4, 8, batch 64, 256, 512 (peers), then GDN at T = 4, batch 256 with a bf16 read
+#           copy (peers) and an fp8 one (ours only)
 #   late    the verify's late flush rule against the early one at batch 256 with an fp8 copy, ours
 #           only, late then early: GDN at T = 4, 8, Mamba-2 at T = 4 (on its ring T rows longer);
 #           then each family's late run again with SGLang's peers (snapshot verify, decode step)
@@ -52,21 +52,21 @@ if [ "$part" = decode ]; then
   step gdn_bf16 120 benchmarks.bench_decode --family gdn --batch 64,256,512 --refcheck --read-dtype bf16
   step gdn_fp8 80 benchmarks.bench_decode --family gdn --batch 64,256,512 --refcheck --read-dtype fp8 --skip-peers
 elif [ "$part" = late ]; then
-  step gdn_late_fp8 80 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --skip-peers --read-dtype fp8 --late-flush
-  step gdn_early_fp8 60 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --skip-peers --read-dtype fp8
-  step mamba2_late_fp8 70 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --skip-peers --read-dtype fp8 --late-flush
-  step mamba2_early_fp8 50 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --skip-peers --read-dtype fp8
-  step gdn_peers 120 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --read-dtype fp8 --late-flush
-  step mamba2_peers 120 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --read-dtype fp8 --late-flush
+  step gdn_late_fp8 80 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --skip-peers --read-dtype fp8
+  step gdn_early_fp8 60 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --skip-peers --read-dtype fp8 --flush-rule early
+  step mamba2_late_fp8 70 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --skip-peers --read-dtype fp8
+  step mamba2_early_fp8 50 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --skip-peers --read-dtype fp8 --flush-rule early
+  step gdn_peers 120 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --read-dtype fp8
+  step mamba2_peers 120 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --read-dtype fp8
 elif [ "$part" = targets ]; then
-  step gdn_fp8 120 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --read-dtype fp8 --late-flush
-  step mamba2_fp8 120 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --read-dtype fp8 --late-flush
-  step gdn_bf16 120 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --read-dtype bf16 --late-flush
-  step mamba2 120 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --late-flush
+  step gdn_fp8 120 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --read-dtype fp8
+  step mamba2_fp8 120 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --read-dtype fp8
+  step gdn_bf16 120 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --read-dtype bf16
+  step mamba2 120 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck
 else
-  step gdn 190 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck --late-flush
-  step mamba2 190 benchmarks.bench_verify --family mamba2 --T 4,8 --batch 64,256,512 --refcheck --late-flush
-  step gdn_bf16 90 benchmarks.bench_verify --family gdn --T 4 --batch 256 --refcheck --read-dtype bf16 --late-flush
-  step gdn_fp8 60 benchmarks.bench_verify --family gdn --T 4 --batch 256 --refcheck --read-dtype fp8 --skip-peers --late-flush
+  step gdn 190 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck
+  step mamba2 190 benchmarks.bench_verify --family mamba2 --T 4,8 --batch 64,256,512 --refcheck
+  step gdn_bf16 90 benchmarks.bench_verify --family gdn --T 4 --batch 256 --refcheck --read-dtype bf16
+  step gdn_fp8 60 benchmarks.bench_verify --family gdn --T 4 --batch 256 --refcheck --read-dtype fp8 --skip-peers
 fi
 exit $status

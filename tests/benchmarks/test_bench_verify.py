@@ -28,7 +28,9 @@ def test_parse_defaults(tmp_path):
     cfg = bv.parse_args(["--device", "cpu", "--out", str(tmp_path)])
     assert cfg.Ts == [2, 4, 8] and cfg.accepted == {2: 1, 4: 2, 8: 4}
     assert cfg.batches == [1, 8, 32, 64, 128, 256, 512]
-    assert (cfg.L, cfg.R, cfg.builtin_ring) == (16, 24, 32)  # R = min_ring_size(16, 8)
+    # the served (late) rule: R = min_ring_size(16, 8) + 8 (Mamba-2's ring, the longer of the two);
+    # SGLang's built-in ring holds L + 2T
+    assert cfg.late_flush and (cfg.L, cfg.R, cfg.builtin_ring) == (16, 32, 32)
     assert not cfg.graph and cfg.repeats == 2
     assert cfg.mamba2_verify_impl == "fma" and cfg.mamba2_verify_launch == {}
 
@@ -68,7 +70,7 @@ def test_each_T_times_its_own_ring(tmp_path, family, late):
     from replayssm_kernels import min_ring_size
 
     cfg = bv.parse_args(["--device", "cpu", "--family", family, "--T", "2,8", "--batch", "2",
-                         "--out", str(tmp_path), "--skip-peers", *(["--late-flush"] if late else [])])
+                         "--out", str(tmp_path), "--skip-peers", *([] if late else ["--flush-rule", "early"])])
     extra = late and family == "mamba2"
     seen = []
     cls = bv.Mamba2Verify if family == "mamba2" else bv.GDNVerify
@@ -97,29 +99,30 @@ def test_parse_errors(tmp_path, argv):
 
 
 def test_late_flush_cycle_and_refcheck_rows(tmp_path):
-    """``--late-flush`` (GDN): the timed cycle is the late rule's (non-flush histories up to
+    """``--flush-rule late`` (the default; GDN): the timed cycle is the late rule's (non-flush histories up to
     ``R - T``, the flush folding more than ``R - T`` records, all within ``R``), and the refcheck
     rows include a flush row whose window wraps over its history."""
     from benchmarks.verify_cases import refcheck_rows
 
-    cfg = bv.parse_args(["--device", "cpu", "--family", "gdn", "--T", "4,8", "--late-flush",
-                         "--out", str(tmp_path)])
+    cfg = bv.parse_args(["--device", "cpu", "--family", "gdn", "--T", "4,8", "--out", str(tmp_path)])
+    named = bv.parse_args(["--device", "cpu", "--family", "gdn", "--T", "4,8", "--flush-rule", "late",
+                           "--out", str(tmp_path)])
+    assert (named.late_flush, named.R, named.builtin_ring) == (cfg.late_flush, cfg.R, cfg.builtin_ring)
     assert cfg.late_flush and cfg.flush_limit(4) == cfg.ring_rows(4, "gdn") == 20
     assert bm.verify_cycle(cfg.flush_limit(4), 4, 2) == [(h, h == 18) for h in range(2, 19, 2)]
     assert bm.verify_cycle(cfg.flush_limit(8), 8, 4) == [(h, h == 20) for h in range(4, 21, 4)]
     rows = refcheck_rows(8, 16, cfg.flush_limit(4), 4)
     assert max(h for _, h, f in rows if not f) == 16
     assert any(f and h + 4 > 20 and h <= 20 for _, h, f in rows)
-    early = bv.parse_args(["--device", "cpu", "--family", "gdn", "--out", str(tmp_path)])
+    early = bv.parse_args(["--device", "cpu", "--family", "gdn", "--flush-rule", "early", "--out", str(tmp_path)])
     assert not early.late_flush and early.flush_limit(4) == 16
     # SGLang's built-in ring holds a flush row's history plus its window: L + 2T when late
     argv = ["--device", "cpu", "--family", "gdn", "--T", "8", "--window", "20", "--out",
             str(tmp_path)]
-    assert bv.parse_args(argv).builtin_ring == 32 >= 20 + 8
-    assert bv.parse_args(argv + ["--late-flush"]).builtin_ring == 64 >= 20 + 2 * 8
+    assert bv.parse_args(argv + ["--flush-rule", "early"]).builtin_ring == 32 >= 20 + 8
+    assert bv.parse_args(argv).builtin_ring == 64 >= 20 + 2 * 8
     # Mamba-2 under the late rule: the same limit, on a ring T rows longer (no window over history)
-    m2 = bv.parse_args(["--device", "cpu", "--family", "mamba2", "--T", "4", "--late-flush", "--out",
-                        str(tmp_path)])
+    m2 = bv.parse_args(["--device", "cpu", "--family", "mamba2", "--T", "4", "--out", str(tmp_path)])
     assert m2.flush_limit(4) == 20 and m2.ring_rows(4, "mamba2") == m2.R == 24
     assert max(h + 4 for _, h, _ in refcheck_rows(8, 16, m2.flush_limit(4), 4)) <= 24
 

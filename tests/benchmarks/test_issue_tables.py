@@ -50,8 +50,8 @@ def test_steps_and_tarball(tmp_path, part, modules):
         assert "--commit abc1234 --out /tmp/issue_tables/" in row, row
     assert "--read-dtype bf16" in rows[1] and "--skip-peers" not in rows[1]
     assert "--read-dtype fp8" in rows[2] and "--skip-peers" in rows[2]
-    # the verify tables time the served flush rule (the late one)
-    assert all(("--late-flush" in row) == (part == "verify") for row in rows)
+    # the verify tables time bench_verify's default flush rule, the served (late) one
+    assert not any("--flush-rule" in row for row in rows)
     with tarfile.open(tmp_path / "OUT" / f"{part}.tgz") as t:
         names = set(t.getnames())
     for step in ("gdn", "gdn_bf16", "gdn_fp8"):
@@ -71,7 +71,7 @@ def test_late_part(tmp_path):
     assert len(rows) == 3, r.stdout
     assert all("--refcheck" in x and "--family gdn" in x and "--read-dtype fp8" in x for x in rows)
     assert ["--skip-peers" in x for x in rows] == [True, True, False]
-    assert ["--late-flush" in x for x in rows] == [True, False, True]
+    assert ["--flush-rule early" in x for x in rows] == [False, True, False]
 
 
 def test_targets_part(tmp_path):
@@ -83,7 +83,7 @@ def test_targets_part(tmp_path):
     assert steps == ["gdn_fp8", "mamba2_fp8", "gdn_bf16", "mamba2"]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ours")]
     assert len(rows) == 2, r.stdout
-    assert all("--T 4,8 --batch 256" in x and "--late-flush" in x and "--refcheck" in x
+    assert all("--T 4,8 --batch 256" in x and "--flush-rule" not in x and "--refcheck" in x
                and "--skip-peers" not in x for x in rows)
     assert "--read-dtype fp8" in rows[0] and "--read-dtype bf16" in rows[1]
 
