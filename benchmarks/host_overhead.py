@@ -317,7 +317,6 @@ def rows_spec_step() -> list[dict]:
     """One speculative step at bs=1: the in-graph snapshot and the out-of-graph commit."""
     import replayssm_kernels.commit.kernel as ck
 
-    from sglang_replayssm import spec
     from sglang_replayssm.spec import VerifyGraphBuffers
 
     pool = hybrid_pool(True, spec_tokens=4).mamba_pool

@@ -366,7 +366,6 @@ class GDNVerify(_ReadCopy):
 
     def call_snapshot(self, state, a: dict, buf):
         """SGLang's snapshot verify, as TritonGDNKernel.target_verify calls it; returns out."""
-        n = a["q_tok"].shape[0]
         batch, T = a["q"].shape[:2]
         o = self.peers["sigmoid"](
             A_log=self.A_log, dt_bias=self.dt_bias, q=a["q_tok"][None], k=a["k_tok"][None],

@@ -15,7 +15,6 @@ from benchmarks import bytes_model as bm
 from benchmarks.bytes_read_copy import (
     ReadCopyKernelBytes,
     gdn_read_copy_bytes,
-    mamba2_read_copy_bytes,
     read_copy_bytes,
 )
 from benchmarks.shapes import GDN_TINY, QWEN35_4B

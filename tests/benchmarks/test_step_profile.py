@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_serving_ab as ab
 from benchmarks import bench_spec_serving as bs
 from benchmarks import step_profile as sp
 

@@ -24,7 +24,6 @@ import replayssm_kernels as rk
 from sglang_replayssm import heuristic as h
 from sglang_replayssm import spec_plan, verify_probe
 from sglang_replayssm.byte_model import verify_cycle
-from sglang_replayssm.errors import ReplaySSMStartupError
 from sglang_replayssm.sizing import verify_flush_limit
 from sglang_replayssm.verify_probe import ProbeKernels, ProbeParts, VerifyProbe, anchor_buckets
 from tests.integration.test_spec_verify import _cpu_spec_pool

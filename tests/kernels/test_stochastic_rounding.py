@@ -49,7 +49,6 @@ from replayssm_kernels import (
 )
 from replayssm_kernels.mamba2_decode.read_copy import quantize_rows
 from replayssm_kernels.stochastic_round import (
-    round_fp16_sr_ref,
     round_slot_sr_ref,
     sr_bits_ref,
     sr_key,
@@ -363,7 +362,6 @@ def run_lockstep(op: str, impl: str, *, L: int = 4, T: int = 2, steps: int = 8,
     live = torch.randperm(slots - 1, generator=gen)[:active] + 1
     sr_seed = torch.tensor([1000 + seed], dtype=torch.int64, device=DEVICE)
     stats = Stats()
-    Tw = T if verify else 1
     for step in range(steps):
         rows_h = torch.cat([live, torch.full((pads,), -1)])[torch.randperm(batch, generator=gen)]
         slot_idx = rows_h.to(device=DEVICE, dtype=torch.int32)
