@@ -146,10 +146,9 @@ def test_kq_dot_value_error(n_chunks, kq_dot):
         k.fma_layout(cfg, 128)
 
 
-@pytest.mark.parametrize("flush_warps", [3, -1, 16])
-def test_flush_warps_value_error(flush_warps):
-    """``flush_warps`` other than 0 (one launch) or 1, 2, 4, 8 warps raises before any launch."""
-    run = _forced_launch(flush_warps=flush_warps)
+def _one_row_step():
+    """A one-row, T = 4 verify step's pool, parameters, tokens, output and ``i = [0]`` (slot
+    ``i + 1``, empty ring) at a tiny shape: the arguments of the launch-option refusals."""
     gen = torch.Generator().manual_seed(0)
     shape = Shape(H=2, G=1, P=16, N=16)
     pool = tmv.make_pool(shape, 3, 12, torch.float32, torch.bfloat16, "layer", gen, DEVICE)
@@ -157,8 +156,16 @@ def test_flush_warps_value_error(flush_warps):
     tok = tmv.make_tokens(shape, 1, 4, torch.bfloat16, gen, DEVICE, False)
     i = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     out = torch.empty(1, 4, shape.H, shape.P, dtype=torch.bfloat16, device=DEVICE)
+    return pool, prm, tok, out, i
+
+
+@pytest.mark.parametrize("flush_warps", [3, -1, 16])
+def test_flush_warps_value_error(flush_warps):
+    """``flush_warps`` other than 0 (one launch) or 1, 2, 4, 8 warps raises before any launch."""
+    pool, prm, tok, out, i = _one_row_step()
     with pytest.raises(ValueError, match=r"flush_warps: expected 0 \(one launch\) or 1, 2, 4, 8"):
-        run(pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
+        _forced_launch(flush_warps=flush_warps)(
+            pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
             out, i + 1, i, i, i.bool(), dt_bias=prm.dt_bias, dt_softplus=True)
 
 
@@ -166,13 +173,7 @@ def test_options_refused_by_the_tensor_core_kernel():
     """``impl="dot"`` with an FMA layout option raises instead of ignoring it."""
     import replayssm_kernels.mamba2_verify.kernel as k
 
-    gen = torch.Generator().manual_seed(0)
-    shape = Shape(H=2, G=1, P=16, N=16)
-    pool = tmv.make_pool(shape, 3, 12, torch.float32, torch.bfloat16, "layer", gen, DEVICE)
-    prm = tmv.make_params(shape, gen, DEVICE)
-    tok = tmv.make_tokens(shape, 1, 4, torch.bfloat16, gen, DEVICE, False)
-    i = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    out = torch.empty(1, 4, shape.H, shape.P, dtype=torch.bfloat16, device=DEVICE)
+    pool, prm, tok, out, i = _one_row_step()
     orig = k.launch_config
     k.launch_config = lambda *a, **kk: orig(*a, **kk)._replace(n_chunks=4)
     try:
