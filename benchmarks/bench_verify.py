@@ -179,12 +179,13 @@ class Config:
 
 
 def ring_rows(L: int, T: int, family: str, late_flush: bool) -> int:
-    """Ring rows for verify windows of ``T`` tokens: ``min_ring_size(L, T)``; under the late rule
-    Mamba-2 ``T`` more (``sglang_replayssm.sizing.ring_rows``, the served sizes, takes the late rule
-    always; this benchmark also times the early one)."""
+    """Ring rows for verify windows of ``T`` tokens: under the late rule the served sizes
+    (``sglang_replayssm.sizing.ring_rows``: ``min_ring_size(L, T)``, Mamba-2 ``T`` more); under
+    the early rule ``min_ring_size(L, T)`` for both families."""
     from replayssm_kernels import min_ring_size
+    from sglang_replayssm.sizing import ring_rows as served_rows
 
-    return min_ring_size(L, T) + (T if late_flush and family == "mamba2" else 0)
+    return served_rows(family, L, T) if late_flush else min_ring_size(L, T)
 
 
 def parse_launch_overrides(text: str | None,
