@@ -941,9 +941,8 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
     registers and spills (``sweep_mamba2.compile_sm90a`` / ``ptxas_stats``). ``num_warps`` /
     ``maxnreg`` (``0``: no cap) and ``launch`` (``{field: value}``, as ``--mamba2-verify-launch``;
     e.g. ``{"n_chunks": 4}``) override the launch configuration (offline sweeps); ``row_filter``
-    (``"fma"``) is the kernel's ``ROWS`` (1: the flush rows' launch of ``flush_warps``, as a work
-    list over a batch of 256 if ``launch`` sets ``flush_list``; 2: the others'; 0: one launch for
-    all); ``keep_ptx``
+    (``"fma"``) is the kernel's ``ROWS`` (1: the flush rows' launch of ``flush_warps``, 2: the
+    others'; 0: one launch for all); ``keep_ptx``
     adds each build's PTX to its row (``"ptx"``, codegen tests). Run without ``TRITON_INTERPRET``:
     ``python -c "from benchmarks.bench_verify import offline_sm90a; offline_sm90a(4)"``."""
     import torch
@@ -978,7 +977,7 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
                         read_ptr={"bf16": "*bf16", "fp8": "*fp8e4nv", None: "constexpr"}[read],
                         read_scale_ptr="*fp32" if f8 else "constexpr", sr_seed_ptr="constexpr")
             ints = dict(
-                T=T, P=P, N=N, R=R, heads_per_group=H // G, sr_layer=0, batch=256,
+                T=T, P=P, N=N, R=R, heads_per_group=H // G, sr_layer=0,
                 stride_state_slot=H * P * N, stride_state_head=P * N, stride_state_p=N,
                 stride_state_n=1, stride_rx_slot=H * R * P, stride_rx_head=R * P,
                 stride_rx_row=P, stride_rx_p=1, stride_rdt_slot=H * R, stride_rdt_head=R,
@@ -1000,8 +999,7 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
                          HAS_READ=rd, READ_FP8=f8, SR=False, P_SPLIT=ps)
             if impl == "fma":
                 const.update(BLOCK_N=1 << (N - 1).bit_length(), L2_AHEAD=cfg.l2_ahead, PTX=True,
-                             ROWS=row_filter, WORK_LIST=int(row_filter == 1 and cfg.flush_list > 0),
-                             BLOCK_B=256, **k.fma_layout(cfg, N))
+                             ROWS=row_filter, **k.fma_layout(cfg, N))
             else:
                 const.update(NUM_NK=-(-N // cfg.block_k), ACT_TF32_EXACT=cfg.act_tf32_exact)
             opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -40,7 +40,6 @@ from replayssm_kernels.gdn_decode._fold import fold_records
 from replayssm_kernels.gdn_decode._tree import flush_tree
 from replayssm_kernels.mamba2_decode.read_copy import store_read_tile
 from replayssm_kernels.stochastic_round import sr_key, sr_round_fp16
-from replayssm_kernels.work_list import flush_row_of_rank, flush_rows
 
 
 @triton.jit
@@ -97,6 +96,16 @@ def _fold_program(
 
 
 @triton.jit
+def _flush_rows(slot_idx, flush, batch, BLOCK_B: tl.constexpr):
+    """``[BLOCK_B]`` int32: 1 for the batch's flush rows with a slot, else 0."""
+    o_b = tl.arange(0, BLOCK_B)
+    m_b = o_b < batch
+    f = tl.load(flush + o_b, mask=m_b, other=0) != 0
+    s = tl.load(slot_idx + o_b, mask=m_b, other=-1)
+    return (f & (s >= 0)).to(tl.int32)
+
+
+@triton.jit
 def _work_list(
     state, ring_k, ring_v, ring_g, ring_beta, slot_idx, ring_start, ring_len, flush,
     read_ptr, read_scale_ptr, sr_seed, R, sr_layer, batch,
@@ -118,7 +127,7 @@ def _work_list(
     Item ``w``'s row is the ``w // (HV · groups)``-th flush row in batch order (a rank over the
     flush flags, recomputed per item so nothing batch-sized stays live across the fold)."""
     NT: tl.constexpr = (V + BV - 1) // BV
-    n_flush = tl.sum(flush_rows(slot_idx, flush, batch, BLOCK_B), 0)
+    n_flush = tl.sum(_flush_rows(slot_idx, flush, batch, BLOCK_B), 0)
     n_prog = tl.num_programs(0)
     if n_flush * HV >= HEAD_ITEMS * n_prog:  # (row, head) items
         _work_items(
@@ -172,7 +181,8 @@ def _work_items(
         rank = w // per_row
         i_hv = (w % per_row) // GROUPS
         i_g = w % GROUPS
-        i_n = flush_row_of_rank(slot_idx, flush, batch, rank, BLOCK_B)
+        incl = tl.cumsum(_flush_rows(slot_idx, flush, batch, BLOCK_B), 0)
+        i_n = tl.sum((incl <= rank).to(tl.int32), 0)
         i_s = tl.load(slot_idx + i_n).to(tl.int64)
         _fold_head_tiles(
             state, ring_k, ring_v, ring_g, ring_beta, ring_start, ring_len, read_ptr,

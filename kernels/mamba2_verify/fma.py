@@ -77,11 +77,6 @@ twelfth session; longer windows keep the whole-N ``[BLOCK_P, BLOCK_N]`` tile):
   16 columns per thread, the fold 3.4 instead of 4.5 SASS instructions per element and record
   offline, 235 registers) without the non-flush path paying for the registers. Same expressions:
   checkpoints, copies and rings bit-identical to the one launch's.
-- ``flush_list = m > 0`` (with ``flush_warps``; ``WORK_LIST``): the flush rows' launch as a work
-  list (``work_list.py``): grid ``(H·P_SPLIT, cdiv(batch, m))``, program ``(pid0, z)`` runs
-  ``pid0``'s program of the flush rows of rank ``z, z + NB, ...`` in batch order, so a step with
-  few or no flush rows pays ``NB·H·P_SPLIT`` programs that count them, not one per (row, head,
-  split). The body of a program is ``_row_program`` in both grids.
 
 Compiled builds (``PTX``) load fold records with ``ld_rec`` and, with ``L2_AHEAD > 0``, bulk-
 prefetch checkpoint (flush rows) or copy (non-flush rows) tile ``t + L2_AHEAD`` into L2; the
@@ -106,7 +101,6 @@ from replayssm_kernels.mamba2_decode.read_copy import fp8_row_scale, store_read_
 from replayssm_kernels.mamba2_verify.kernel import _window_delta
 from replayssm_kernels.prefetch import prefetch_l2_tile
 from replayssm_kernels.stochastic_round import sr_key, sr_round_fp16
-from replayssm_kernels.work_list import flush_row_of_rank, flush_rows
 
 __all__ = ["mamba2_replay_verify_fma_kernel"]
 
@@ -383,46 +377,135 @@ def _tile_outputs4(
             tl.store(p_o, b_y.to(p_o.dtype.element_ty), mask=m_ps)
 
 
-@triton.jit
-def _head_split(pid0, P_SPLIT: tl.constexpr, NUM_PT: tl.constexpr, BLOCK_P: tl.constexpr):
-    """The grid's first index as (head ``i_h``, split ``i_s``, first P row ``p0``). P_SPLIT
-    programs share one (row, head), adjacent in launch order (the tensor-core kernel's split):
-    program i_s owns rows p0 .. p0 + NUM_PT·BLOCK_P - 1 (rows >= P masked) and recomputes the
-    per-head terms with the same operations. P_SPLIT == 1: unsplit."""
+@triton.jit(do_not_specialize=["sr_layer"])
+def mamba2_replay_verify_fma_kernel(
+    # Pointers
+    state_ptr,
+    ring_x_ptr,
+    ring_dt_ptr,
+    ring_B_ptr,
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    z_ptr,
+    dt_bias_ptr,
+    out_ptr,
+    slot_idx_ptr,
+    ring_start_ptr,
+    ring_len_ptr,
+    flush_ptr,
+    read_ptr,
+    read_scale_ptr,
+    sr_seed_ptr,
+    # Dimensions
+    T,
+    P,
+    N,
+    R,
+    heads_per_group,
+    sr_layer,
+    # Strides
+    stride_state_slot,
+    stride_state_head,
+    stride_state_p,
+    stride_state_n,
+    stride_rx_slot,
+    stride_rx_head,
+    stride_rx_row,
+    stride_rx_p,
+    stride_rdt_slot,
+    stride_rdt_head,
+    stride_rdt_row,
+    stride_rB_slot,
+    stride_rB_group,
+    stride_rB_row,
+    stride_rB_n,
+    stride_x_batch,
+    stride_x_T,
+    stride_x_head,
+    stride_x_p,
+    stride_dt_batch,
+    stride_dt_T,
+    stride_dt_head,
+    stride_A_head,
+    stride_B_batch,
+    stride_B_T,
+    stride_B_group,
+    stride_B_n,
+    stride_C_batch,
+    stride_C_T,
+    stride_C_group,
+    stride_C_n,
+    stride_D_head,
+    stride_D_p,
+    stride_z_batch,
+    stride_z_T,
+    stride_z_head,
+    stride_z_p,
+    stride_dt_bias_head,
+    stride_out_batch,
+    stride_out_T,
+    stride_out_head,
+    stride_out_p,
+    stride_read_slot,
+    stride_read_head,
+    stride_read_p,
+    stride_read_n,
+    stride_rs_slot,
+    stride_rs_head,
+    stride_rs_p,
+    # Meta-parameters
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    NUM_PT: tl.constexpr,
+    FOLD_UNROLL: tl.constexpr,
+    HAS_READ: tl.constexpr,
+    READ_FP8: tl.constexpr,
+    SR: tl.constexpr,
+    P_SPLIT: tl.constexpr,
+    L2_AHEAD: tl.constexpr,
+    PTX: tl.constexpr,
+    N_CHUNKS: tl.constexpr,
+    KQ_DOT: tl.constexpr,
+    ROWS: tl.constexpr = 0,
+):
+    # P_SPLIT programs share one (row, head), adjacent in launch order (the tensor-core kernel's
+    # split): program i_s owns rows p0 .. p0 + NUM_PT·BLOCK_P - 1 (rows >= P masked) and
+    # recomputes the per-head terms with the same operations. P_SPLIT == 1: unsplit.
     if P_SPLIT > 1:
-        i_h = pid0 // P_SPLIT
-        i_s = pid0 % P_SPLIT
+        i_h = tl.program_id(0) // P_SPLIT
+        i_s = tl.program_id(0) % P_SPLIT
         p0 = i_s * (NUM_PT * BLOCK_P)
     else:
-        i_h = pid0
+        i_h = tl.program_id(0)
         i_s = 0
         p0 = 0
-    return i_h, i_s, p0
+    i_b = tl.program_id(1)
 
-
-@triton.jit
-def _row_program(
-    state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
-    z_ptr, dt_bias_ptr, out_ptr, slot_idx_ptr, ring_start_ptr, ring_len_ptr, flush_ptr, read_ptr,
-    read_scale_ptr, sr_seed_ptr, T, P, N, R, heads_per_group, sr_layer, stride_state_slot,
-    stride_state_head, stride_state_p, stride_state_n, stride_rx_slot, stride_rx_head,
-    stride_rx_row, stride_rx_p, stride_rdt_slot, stride_rdt_head, stride_rdt_row, stride_rB_slot,
-    stride_rB_group, stride_rB_row, stride_rB_n, stride_x_batch, stride_x_T, stride_x_head,
-    stride_x_p, stride_dt_batch, stride_dt_T, stride_dt_head, stride_A_head, stride_B_batch,
-    stride_B_T, stride_B_group, stride_B_n, stride_C_batch, stride_C_T, stride_C_group, stride_C_n,
-    stride_D_head, stride_D_p, stride_z_batch, stride_z_T, stride_z_head, stride_z_p,
-    stride_dt_bias_head, stride_out_batch, stride_out_T, stride_out_head, stride_out_p,
-    stride_read_slot, stride_read_head, stride_read_p, stride_read_n, stride_rs_slot,
-    stride_rs_head, stride_rs_p, i_h, i_s, p0, i_b, slot, start, length, do_flush,
-    DT_SOFTPLUS: tl.constexpr, HAS_DT_BIAS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_J: tl.constexpr,
-    BLOCK_T: tl.constexpr, NUM_PT: tl.constexpr, FOLD_UNROLL: tl.constexpr, HAS_READ: tl.constexpr,
-    READ_FP8: tl.constexpr, SR: tl.constexpr, P_SPLIT: tl.constexpr, L2_AHEAD: tl.constexpr,
-    PTX: tl.constexpr, N_CHUNKS: tl.constexpr, KQ_DOT: tl.constexpr, ROWS: tl.constexpr,
-):  # fmt: skip
-    """One (row ``i_b``, head ``i_h``, P-split ``i_s`` from row ``p0``) program of the launch
-    (``_head_split``); ``slot`` / ``start`` / ``length`` / ``do_flush`` the row's
-    (loaded by the caller; not a padding row). The kernel's arguments otherwise."""
+    slot = tl.load(slot_idx_ptr + i_b).to(tl.int64)
+    start = tl.load(ring_start_ptr + i_b).to(tl.int32)
+    length = tl.load(ring_len_ptr + i_b).to(tl.int32)
+    do_flush = tl.load(flush_ptr + i_b)
+    if slot < 0:
+        return  # padding row: touches nothing, not even its output rows
+    # ROWS (the launch option ``flush_warps``): this launch takes only the flush rows (1) or only
+    # the others (2), and compiles only that path (the two tile loops below).
+    if ROWS == 1:
+        if not do_flush:
+            return
+    if ROWS == 2:
+        if do_flush:
+            return
     i_g = i_h // heads_per_group
     i_b64 = i_b.to(tl.int64)  # row offsets in 64 bits: batch × row stride may pass 2^31
 
@@ -632,172 +715,3 @@ def _row_program(
                         stride_z_batch, stride_z_T, stride_z_head, stride_z_p,
                         READ_FP8, HAS_D, HAS_Z, BLOCK_T, N_CHUNKS, JC, CQ, VEC, PTX)
     tl.store(p_rdt + row_w * stride_rdt_row, d_j, mask=is_w & (i_s == 0))  # Δ: first split
-
-
-@triton.jit(do_not_specialize=["sr_layer"])
-def mamba2_replay_verify_fma_kernel(
-    # Pointers
-    state_ptr,
-    ring_x_ptr,
-    ring_dt_ptr,
-    ring_B_ptr,
-    x_ptr,
-    dt_ptr,
-    A_ptr,
-    B_ptr,
-    C_ptr,
-    D_ptr,
-    z_ptr,
-    dt_bias_ptr,
-    out_ptr,
-    slot_idx_ptr,
-    ring_start_ptr,
-    ring_len_ptr,
-    flush_ptr,
-    read_ptr,
-    read_scale_ptr,
-    sr_seed_ptr,
-    # Dimensions
-    T,
-    P,
-    N,
-    R,
-    heads_per_group,
-    sr_layer,
-    # Strides
-    stride_state_slot,
-    stride_state_head,
-    stride_state_p,
-    stride_state_n,
-    stride_rx_slot,
-    stride_rx_head,
-    stride_rx_row,
-    stride_rx_p,
-    stride_rdt_slot,
-    stride_rdt_head,
-    stride_rdt_row,
-    stride_rB_slot,
-    stride_rB_group,
-    stride_rB_row,
-    stride_rB_n,
-    stride_x_batch,
-    stride_x_T,
-    stride_x_head,
-    stride_x_p,
-    stride_dt_batch,
-    stride_dt_T,
-    stride_dt_head,
-    stride_A_head,
-    stride_B_batch,
-    stride_B_T,
-    stride_B_group,
-    stride_B_n,
-    stride_C_batch,
-    stride_C_T,
-    stride_C_group,
-    stride_C_n,
-    stride_D_head,
-    stride_D_p,
-    stride_z_batch,
-    stride_z_T,
-    stride_z_head,
-    stride_z_p,
-    stride_dt_bias_head,
-    stride_out_batch,
-    stride_out_T,
-    stride_out_head,
-    stride_out_p,
-    stride_read_slot,
-    stride_read_head,
-    stride_read_p,
-    stride_read_n,
-    stride_rs_slot,
-    stride_rs_head,
-    stride_rs_p,
-    batch,
-    # Meta-parameters
-    DT_SOFTPLUS: tl.constexpr,
-    HAS_DT_BIAS: tl.constexpr,
-    HAS_D: tl.constexpr,
-    HAS_Z: tl.constexpr,
-    BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_J: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    NUM_PT: tl.constexpr,
-    FOLD_UNROLL: tl.constexpr,
-    HAS_READ: tl.constexpr,
-    READ_FP8: tl.constexpr,
-    SR: tl.constexpr,
-    P_SPLIT: tl.constexpr,
-    L2_AHEAD: tl.constexpr,
-    PTX: tl.constexpr,
-    N_CHUNKS: tl.constexpr,
-    KQ_DOT: tl.constexpr,
-    ROWS: tl.constexpr = 0,
-    WORK_LIST: tl.constexpr = 0,
-    BLOCK_B: tl.constexpr = 1,
-):
-    if WORK_LIST:
-        # The flush rows' launch (ROWS 1) as a work list (launch option ``flush_list``): grid
-        # (H·P_SPLIT, NB); program (pid0, z) runs pid0's programs of flush rows z, z + NB, ...
-        # (ranks in batch order), so a step without flush rows costs NB·H·P_SPLIT programs that
-        # count the rows and exit instead of one per (row, head, split).
-        i_h, i_s, p0 = _head_split(tl.program_id(0), P_SPLIT, NUM_PT, BLOCK_P)
-        n_flush = tl.sum(flush_rows(slot_idx_ptr, flush_ptr, batch, BLOCK_B), 0)
-        for rank in range(tl.program_id(1), n_flush, tl.num_programs(1)):
-            i_b = flush_row_of_rank(slot_idx_ptr, flush_ptr, batch, rank, BLOCK_B)
-            slot = tl.load(slot_idx_ptr + i_b).to(tl.int64)
-            start = tl.load(ring_start_ptr + i_b).to(tl.int32)
-            length = tl.load(ring_len_ptr + i_b).to(tl.int32)
-            do_flush = tl.load(flush_ptr + i_b)
-            _row_program(
-                state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
-                z_ptr, dt_bias_ptr, out_ptr, slot_idx_ptr, ring_start_ptr, ring_len_ptr, flush_ptr, read_ptr,
-                read_scale_ptr, sr_seed_ptr, T, P, N, R, heads_per_group, sr_layer, stride_state_slot,
-                stride_state_head, stride_state_p, stride_state_n, stride_rx_slot, stride_rx_head,
-                stride_rx_row, stride_rx_p, stride_rdt_slot, stride_rdt_head, stride_rdt_row, stride_rB_slot,
-                stride_rB_group, stride_rB_row, stride_rB_n, stride_x_batch, stride_x_T, stride_x_head,
-                stride_x_p, stride_dt_batch, stride_dt_T, stride_dt_head, stride_A_head, stride_B_batch,
-                stride_B_T, stride_B_group, stride_B_n, stride_C_batch, stride_C_T, stride_C_group,
-                stride_C_n, stride_D_head, stride_D_p, stride_z_batch, stride_z_T, stride_z_head, stride_z_p,
-                stride_dt_bias_head, stride_out_batch, stride_out_T, stride_out_head, stride_out_p,
-                stride_read_slot, stride_read_head, stride_read_p, stride_read_n, stride_rs_slot,
-                stride_rs_head, stride_rs_p, i_h, i_s, p0, i_b, slot, start, length, do_flush, DT_SOFTPLUS,
-                HAS_DT_BIAS, HAS_D, HAS_Z, BLOCK_P, BLOCK_N, BLOCK_K, BLOCK_J, BLOCK_T, NUM_PT, FOLD_UNROLL,
-                HAS_READ, READ_FP8, SR, P_SPLIT, L2_AHEAD, PTX, N_CHUNKS, KQ_DOT, ROWS,
-            )  # fmt: skip
-    else:
-        i_h, i_s, p0 = _head_split(tl.program_id(0), P_SPLIT, NUM_PT, BLOCK_P)
-        i_b = tl.program_id(1)
-        slot = tl.load(slot_idx_ptr + i_b).to(tl.int64)
-        start = tl.load(ring_start_ptr + i_b).to(tl.int32)
-        length = tl.load(ring_len_ptr + i_b).to(tl.int32)
-        do_flush = tl.load(flush_ptr + i_b)
-        if slot < 0:
-            return  # padding row: touches nothing, not even its output rows
-        # ROWS (the launch option ``flush_warps``): this launch takes only the flush rows (1) or
-        # only the others (2), and compiles only that path (the two tile loops of _row_program).
-        if ROWS == 1:
-            if not do_flush:
-                return
-        if ROWS == 2:
-            if do_flush:
-                return
-        _row_program(
-            state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr,
-            z_ptr, dt_bias_ptr, out_ptr, slot_idx_ptr, ring_start_ptr, ring_len_ptr, flush_ptr, read_ptr,
-            read_scale_ptr, sr_seed_ptr, T, P, N, R, heads_per_group, sr_layer, stride_state_slot,
-            stride_state_head, stride_state_p, stride_state_n, stride_rx_slot, stride_rx_head,
-            stride_rx_row, stride_rx_p, stride_rdt_slot, stride_rdt_head, stride_rdt_row, stride_rB_slot,
-            stride_rB_group, stride_rB_row, stride_rB_n, stride_x_batch, stride_x_T, stride_x_head,
-            stride_x_p, stride_dt_batch, stride_dt_T, stride_dt_head, stride_A_head, stride_B_batch,
-            stride_B_T, stride_B_group, stride_B_n, stride_C_batch, stride_C_T, stride_C_group,
-            stride_C_n, stride_D_head, stride_D_p, stride_z_batch, stride_z_T, stride_z_head, stride_z_p,
-            stride_dt_bias_head, stride_out_batch, stride_out_T, stride_out_head, stride_out_p,
-            stride_read_slot, stride_read_head, stride_read_p, stride_read_n, stride_rs_slot,
-            stride_rs_head, stride_rs_p, i_h, i_s, p0, i_b, slot, start, length, do_flush, DT_SOFTPLUS,
-            HAS_DT_BIAS, HAS_D, HAS_Z, BLOCK_P, BLOCK_N, BLOCK_K, BLOCK_J, BLOCK_T, NUM_PT, FOLD_UNROLL,
-            HAS_READ, READ_FP8, SR, P_SPLIT, L2_AHEAD, PTX, N_CHUNKS, KQ_DOT, ROWS,
-        )  # fmt: skip

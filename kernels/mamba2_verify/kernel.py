@@ -499,10 +499,6 @@ class LaunchConfig(NamedTuple):
     # "fma": 0, one launch for every row; k > 0: the flush rows in a second launch of k warps and
     # no register cap (more tile rows per thread for the fold), the others in this configuration
     flush_warps: int = 0
-    # "fma", with flush_warps: 0, the flush launch's grid a program per (row, head, split) (the
-    # non-flush rows' return at once); m > 0: a work list, cdiv(batch, m) programs per (head,
-    # split), each taking up to m flush rows (fma.py's WORK_LIST)
-    flush_list: int = 0
 
 
 #: The two implementations of one contract: ``"fma"`` (fp32 FMA reductions over whole-N tiles,
@@ -663,9 +659,6 @@ def mamba2_replay_verify_fwd(
     if cfg.flush_warps not in (0, 1, 2, 4, 8):
         raise ValueError(f"flush_warps: expected 0 (one launch) or 1, 2, 4, 8 warps, got "
                          f"{cfg.flush_warps}")
-    if cfg.flush_list < 0 or (cfg.flush_list and not cfg.flush_warps):
-        raise ValueError(f"flush_list: expected 0 or, with flush_warps > 0, rows per program "
-                         f">= 1, got {cfg.flush_list} (flush_warps {cfg.flush_warps})")
     fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
     z_strides = tuple(z.stride()) if z is not None else (0, 0, 0, 0)
     read_strides = read_state.stride() if read_state is not None else (0, 0, 0, 0)
@@ -706,7 +699,7 @@ def mamba2_replay_verify_fwd(
     flags = dict(DT_SOFTPLUS=dt_softplus, HAS_DT_BIAS=dt_bias is not None, HAS_D=D is not None,
                  HAS_Z=z is not None)
     if cfg.impl == "fma":
-        _launch_fma(cfg, (*args, batch), flags, (H * p_split, batch), state, read_state, N, block_p, tiles,
+        _launch_fma(cfg, args, flags, (H * p_split, batch), state, read_state, N, block_p, tiles,
                     fold_unroll, read_scale is not None, sr_seed is not None, p_split, extra)
         return
     _mamba2_replay_verify_fwd_kernel[(H * p_split, batch)](
@@ -734,8 +727,7 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
                 state: torch.Tensor, read_state: torch.Tensor | None, N: int, block_p: int,
                 tiles: int, fold_unroll: int, read_fp8: bool, sr: bool, p_split: int,
                 extra: dict) -> None:
-    """Launch ``fma.py``'s kernel with the tensor-core kernel's arguments ``args`` (then the
-    batch) and flags over ``grid`` ``(H·P_SPLIT, batch)``."""
+    """Launch ``fma.py``'s kernel with the tensor-core kernel's arguments ``args`` and flags."""
     # fma.py imports this module's Δ helper, so it is imported here, at the first FMA launch.
     from replayssm_kernels.mamba2_verify.fma import mamba2_replay_verify_fma_kernel
 
@@ -758,11 +750,6 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
     # disjoint: any order); the flush rows' launch has no register cap.
     mamba2_replay_verify_fma_kernel[grid](*args, **flags, **common, ROWS=2,
                                           num_warps=cfg.num_warps, **extra)
-    if cfg.flush_list:  # a work list over the flush rows: cdiv(batch, m) programs per head split
-        mamba2_replay_verify_fma_kernel[(grid[0], triton.cdiv(grid[1], cfg.flush_list))](
-            *args, **flags, **common, ROWS=1, WORK_LIST=1, BLOCK_B=triton.next_power_of_2(grid[1]),
-            num_warps=cfg.flush_warps)
-        return
     mamba2_replay_verify_fma_kernel[grid](*args, **flags, **common, ROWS=1,
                                           num_warps=cfg.flush_warps)
 

@@ -14,8 +14,7 @@ itself is checked against float64 and SGLang by ``test_mamba2_verify.py``.
 What is checked (CPU: Triton interpreter; ``gpu``: the same driver at Nano-4B on the H200):
 
 - the default launch in lockstep with the whole-N tile, the other chunk counts and the
-  two-launch option ``flush_warps`` (flush rows in their own launch; with ``flush_list``, a work
-  list over the flush rows) on
+  two-launch option ``flush_warps`` (flush rows in their own launch) on
   identical pools and inputs (``split_lockstep``): checkpoints (fp16 with stochastic rounding
   too), rings, read copies, fp8 scales and cursors bitwise after every step, outputs within
   ``LAYOUT_OUT_TOL``;
@@ -67,8 +66,7 @@ LAUNCHES = {"base4": dict(n_chunks=1, kq_dot=0), "base8": dict(n_chunks=1, kq_do
             "nc2kq": dict(n_chunks=2, kq_dot=1), "nc4kq": dict(n_chunks=4, kq_dot=1),
             "nc8kq": dict(n_chunks=8, kq_dot=1),
             "nc4kqbp16": dict(n_chunks=4, kq_dot=1, block_p=16),
-            "fw1": dict(flush_warps=1), "fw4": dict(flush_warps=4),
-            "fw1l2": dict(flush_warps=1, flush_list=2), "fw1l8": dict(flush_warps=1, flush_list=8)}
+            "fw1": dict(flush_warps=1), "fw4": dict(flush_warps=4)}
 for _name, _fields in LAUNCHES.items():  # the drivers look implementations up by key
     tmv.VERIFY[_name] = _forced_launch(**_fields)
     tmv.DECODE[_name] = tmv.DECODE["kernel"]
@@ -92,7 +90,7 @@ SHAPE_L = Shape(H=2, G=1, P=80, N=48)
 # window form of the rule, the other chunk counts once each (P = 80: 0.5-2 min each under the
 # interpreter).
 LOCKSTEP_CASES = [("base4", 1), ("base4", 4), ("base8", 8), ("nc2", 4), ("nc8kq", 8),
-                  ("fw1", 4), ("fw4", 8), ("fw1l2", 4)]
+                  ("fw1", 4), ("fw4", 8)]
 
 
 @pytest.mark.parametrize("name,T", LOCKSTEP_CASES, ids=[f"{n}-T{t}" for n, t in LOCKSTEP_CASES])
@@ -113,10 +111,8 @@ def test_layout_bitwise_vs_default(name, T):
     (4, torch.bfloat16, torch.float32, torch.bfloat16, False, "base4"),
     (2, None, torch.float16, torch.float32, True, "base4"),
     (8, F8, torch.float16, torch.bfloat16, True, "base8"),
-    (4, F8, torch.float16, torch.bfloat16, True, "fw1"),
-    (4, F8, torch.float16, torch.bfloat16, True, "fw1l2")],
-    ids=["T4-bf16-copy", "T2-fp16-SR-act32", "T8-fp8-copy-fp16-SR", "T4-fp8-copy-fp16-SR-fw1",
-         "T4-fp8-copy-fp16-SR-fw1l2"])
+    (4, F8, torch.float16, torch.bfloat16, True, "fw1")],
+    ids=["T4-bf16-copy", "T2-fp16-SR-act32", "T8-fp8-copy-fp16-SR", "T4-fp8-copy-fp16-SR-fw1"])
 def test_layout_bitwise_vs_default_read_copy_and_sr(T, read_dtype, state_dtype, act_dtype, sr,
                                                     base):
     """Read copies (the fp8 row max is over all of N in either layout), their scales and SR
@@ -169,18 +165,6 @@ def test_flush_warps_value_error(flush_warps):
     pool, prm, tok, out, i = _one_row_step()
     with pytest.raises(ValueError, match=r"flush_warps: expected 0 \(one launch\) or 1, 2, 4, 8"):
         _forced_launch(flush_warps=flush_warps)(
-            pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
-            out, i + 1, i, i, i.bool(), dt_bias=prm.dt_bias, dt_softplus=True)
-
-
-@pytest.mark.parametrize("fields", [dict(flush_list=2), dict(flush_warps=1, flush_list=-1)],
-                         ids=["without-flush_warps", "negative"])
-def test_flush_list_value_error(fields):
-    """``flush_list`` (the flush launch's work list) without ``flush_warps`` or below 0 raises
-    before any launch."""
-    pool, prm, tok, out, i = _one_row_step()
-    with pytest.raises(ValueError, match=r"flush_list: expected 0 or, with flush_warps > 0"):
-        _forced_launch(**fields)(
             pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
             out, i + 1, i, i, i.bool(), dt_bias=prm.dt_bias, dt_softplus=True)
 
@@ -297,13 +281,11 @@ def test_flush_warps_builds_compile_one_path_each():
     flush rows' launch at 1 warp, no register cap; ``ROWS`` 2: the others', the default
     configuration) each compile only their own path: the fold's update sites (compiled as in the
     one-launch build) only in the flush rows' build, the other build smaller than the one-launch
-    one and storing less (printed: registers, spills, PTX lines); the flush rows' build as a work
-    list (``flush_list``, key ``"1l"``) folds at the same sites."""
+    one and storing less (printed: registers, spills, PTX lines)."""
     rows = tmv.offline_rows(
-        "{k: offline_sm90a(4, (1,), impl='fma', reads=(None,), keep_ptx=True, "
-        "num_warps=1 if r == 1 else None, maxnreg=0 if r == 1 else None, row_filter=r, "
-        "launch={'flush_warps': 1, 'flush_list': 8} if k == '1l' else None)[0] "
-        "for k, r in (('0', 0), ('1', 1), ('2', 2), ('1l', 1))}")
+        "{str(r): offline_sm90a(4, (1,), impl='fma', reads=(None,), keep_ptx=True, "
+        "num_warps=1 if r == 1 else None, maxnreg=0 if r == 1 else None, row_filter=r)[0] "
+        "for r in (0, 1, 2)}")
     if isinstance(rows, str):
         pytest.skip(rows)
     lines = {r: len(row["ptx"].splitlines()) for r, row in rows.items()}
@@ -321,7 +303,6 @@ def test_flush_warps_builds_compile_one_path_each():
     fold = {i + 1 for i, line in enumerate(src) if "tl.fma(b_s, dA, dB * b_xj.to(tl.float32))" in line}
     sites = {r: _update_signatures(row["ptx"], "mamba2_verify/fma.py", fold) for r, row in rows.items()}
     assert sites["1"] == sites["0"] and sites["0"] and not sites["2"], sites  # the fold: ROWS 1 only
-    assert sites["1l"] == sites["0"], sites
     assert lines["2"] < lines["0"] and rows["1"]["spill_st"] == 0
     # the non-flush build stores no checkpoint: no stochastic-rounding or state-store path, so
     # its PTX has fewer global stores than the one-launch build's
@@ -334,7 +315,7 @@ def test_flush_warps_builds_compile_one_path_each():
 
 #: (partner launch, T) pairs in lockstep with the default launch on the H200.
 GPU_LOCKSTEP_CASES = [("base4", 2), ("base4", 4), ("base8", 8), ("nc2", 4), ("nc8", 4),
-                      ("nc4kq", 4), ("fw1", 4), ("fw1", 8), ("fw1l8", 4), ("fw1l8", 8)]
+                      ("nc4kq", 4), ("fw1", 4), ("fw1", 8)]
 
 
 @pytest.mark.gpu
