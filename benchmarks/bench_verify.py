@@ -932,17 +932,14 @@ def write_outputs(cfg: Config, meta: dict, copy: dict, checks: dict, status: dic
 def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str = "dot",
                   reads: Sequence[str | None] = (None, "bf16", "fp8"),
                   num_warps: int | None = None, maxnreg: int | None = None,
-                  keep_ptx: bool = False, launch: dict | None = None,
-                  row_filter: int = 0) -> list[dict]:
+                  keep_ptx: bool = False, launch: dict | None = None) -> list[dict]:
     """Compile the Mamba-2 verify kernel of ``impl`` (``"dot"``:
     ``_mamba2_replay_verify_fwd_kernel``, ``"fma"``: ``fma.py``'s) for sm_90a (no GPU) as the launcher would at the Nano-4B shape
     (L = 16, fp32 state, bf16 activations with the mixer's strides, no z), for each ``P_SPLIT``
     and read copy in ``reads`` (``None`` / ``"bf16"`` / ``"fp8"``), and print ``ptxas -v``'s
     registers and spills (``sweep_mamba2.compile_sm90a`` / ``ptxas_stats``). ``num_warps`` /
     ``maxnreg`` (``0``: no cap) and ``launch`` (``{field: value}``, as ``--mamba2-verify-launch``;
-    e.g. ``{"n_chunks": 4}``) override the launch configuration (offline sweeps); ``row_filter``
-    (``"fma"``) is the kernel's ``ROWS`` (1: the flush rows' launch of ``flush_warps``, 2: the
-    others'; 0: one launch for all); ``keep_ptx``
+    e.g. ``{"n_chunks": 4}``) override the launch configuration (offline sweeps); ``keep_ptx``
     adds each build's PTX to its row (``"ptx"``, codegen tests). Run without ``TRITON_INTERPRET``:
     ``python -c "from benchmarks.bench_verify import offline_sm90a; offline_sm90a(4)"``."""
     import torch
@@ -999,7 +996,7 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
                          HAS_READ=rd, READ_FP8=f8, SR=False, P_SPLIT=ps)
             if impl == "fma":
                 const.update(BLOCK_N=1 << (N - 1).bit_length(), L2_AHEAD=cfg.l2_ahead, PTX=True,
-                             ROWS=row_filter, **k.fma_layout(cfg, N))
+                             **k.fma_layout(cfg, N))
             else:
                 const.update(NUM_NK=-(-N // cfg.block_k), ACT_TF32_EXACT=cfg.act_tf32_exact)
             opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -70,14 +70,6 @@ twelfth session; longer windows keep the whole-N ``[BLOCK_P, BLOCK_N]`` tile):
   (16-bit activations: exact products on the tensor cores, fp32 sums; T padded to 16) instead of
   ``BLOCK_T`` cross-lane sums per chunk; outputs only.
 
-- ``flush_warps = k > 0`` (``ROWS``; off by default, not timed): two launches over the same grid,
-  the first (``ROWS = 2``) taking the non-flush rows in the launch configuration, the second
-  (``ROWS = 1``) the flush rows with ``k`` warps and no register cap; each compiles only its own
-  path (static branches), so a flush row's tile can be held by fewer threads (``k = 1``: 4 rows ×
-  16 columns per thread, the fold 3.4 instead of 4.5 SASS instructions per element and record
-  offline, 235 registers) without the non-flush path paying for the registers. Same expressions:
-  checkpoints, copies and rings bit-identical to the one launch's.
-
 Compiled builds (``PTX``) load fold records with ``ld_rec`` and, with ``L2_AHEAD > 0``, bulk-
 prefetch checkpoint (flush rows) or copy (non-flush rows) tile ``t + L2_AHEAD`` into L2; the
 interpreter takes ``tl.load`` and no hints. No autotune (the kernel writes the pool), no host
@@ -477,7 +469,6 @@ def mamba2_replay_verify_fma_kernel(
     PTX: tl.constexpr,
     N_CHUNKS: tl.constexpr,
     KQ_DOT: tl.constexpr,
-    ROWS: tl.constexpr = 0,
 ):
     # P_SPLIT programs share one (row, head), adjacent in launch order (the tensor-core kernel's
     # split): program i_s owns rows p0 .. p0 + NUM_PT·BLOCK_P - 1 (rows >= P masked) and
@@ -498,14 +489,6 @@ def mamba2_replay_verify_fma_kernel(
     do_flush = tl.load(flush_ptr + i_b)
     if slot < 0:
         return  # padding row: touches nothing, not even its output rows
-    # ROWS (the launch option ``flush_warps``): this launch takes only the flush rows (1) or only
-    # the others (2), and compiles only that path (the two tile loops below).
-    if ROWS == 1:
-        if not do_flush:
-            return
-    if ROWS == 2:
-        if do_flush:
-            return
     i_g = i_h // heads_per_group
     i_b64 = i_b.to(tl.int64)  # row offsets in 64 bits: batch × row stride may pass 2^31
 
@@ -618,100 +601,98 @@ def mamba2_replay_verify_fma_kernel(
                         0.0)
     d_g = tl.exp(A * (h_sum + b_cw))  # [BLOCK_T]
 
-    if ROWS != 2:  # flush rows (a static branch: ROWS 2 compiles none of it)
-        if do_flush:
-            if SR:  # fp16 checkpoint, stochastic rounding: this (seed, layer, slot)'s key
-                sr_k = sr_key(sr_seed_ptr, sr_layer, slot)
-            n_full = (length // FOLD_UNROLL) * FOLD_UNROLL
-            s0 = start % R  # record j's row is s0 + j, less R past the end: no % per record
-            p_rB = p_rB_grp + o_n * stride_rB_n
-            for t in range(NUM_PT):
-                if L2_AHEAD > 0:
-                    prefetch_l2_tile(p_s_head, p0, t + L2_AHEAD, P, stride_state_p, NUM_PT, BLOCK_P)
-                o_p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
-                m_p = o_p < P
-                if N_CHUNKS == 1:
-                    m_pn = m_p[:, None] & m_n[None, :]
-                    p_s = p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
-                    b_s = tl.load(p_s, mask=m_pn, other=0.0).to(tl.float32)
-                    b_s = _fold_tile(b_s, p_rx_head + o_p * stride_rx_p, p_rdt, p_rB, s0, n_full,
-                                     length, R, A, m_p, m_n, stride_rx_row, stride_rdt_row,
-                                     stride_rB_row, FOLD_UNROLL, PTX)
-                    if SR:
-                        b_st = sr_round_fp16(b_s, sr_k, (i_h * P + o_p[:, None]) * N + o_n[None, :])
-                    else:
-                        b_st = b_s.to(p_s.dtype.element_ty)
-                    tl.store(p_s, b_st, mask=m_pn)
-                    if HAS_READ:  # whole N rows: the fp8 row max is the tile's
-                        store_read_tile(b_st, p_r_head, p_rs_head, o_p, o_n, m_p, m_n,
-                                        stride_read_p, stride_read_n, stride_rs_p, READ_FP8)
-                    _tile_outputs(
-                        b_s, o_p, m_p, o_n, m_n, o_t, m_t, o_j, is_w, is_h, row_j, row_w, coef, d_g,
-                        T, p_x_row, p_rx_head, p_C_row, p_o_row, p_rs_head, D_ptr, z_ptr, i_b64,
-                        i_h, stride_x_T, stride_x_p, stride_rx_row, stride_rx_p, stride_C_T,
-                        stride_C_n, stride_out_T, stride_out_p, stride_rs_p, stride_D_head,
-                        stride_D_p, stride_z_batch, stride_z_T, stride_z_head, stride_z_p,
-                        False, HAS_D, HAS_Z, BLOCK_P, BLOCK_T)
-                else:  # the N-chunked tile: same fold per element, same stored bits
-                    p4 = o_p[None, :, None, None]
-                    m_p4 = m_p[None, :, None, None]
-                    m_pn4 = m_p4 & m_n4
-                    p_s = p_s_head + p4 * stride_state_p + n4 * stride_state_n
-                    b_s = tl.load(p_s, mask=m_pn4, other=0.0).to(tl.float32)
-                    b_s = _fold_tile4(b_s, p_rx_head + p4 * stride_rx_p, p_rdt, p_rB_grp, s0,
-                                      n_full, length, R, A, N, m_p4, stride_rx_row, stride_rdt_row,
-                                      stride_rB_row, stride_rB_n, FOLD_UNROLL, CQ, N_CHUNKS, VEC,
-                                      PTX)
-                    if SR:
-                        b_st = sr_round_fp16(b_s, sr_k, (i_h * P + p4) * N + n4)
-                    else:
-                        b_st = b_s.to(p_s.dtype.element_ty)
-                    tl.store(p_s, b_st, mask=m_pn4)
-                    if HAS_READ:
-                        _store_read_tile4(b_st, p_r_head, p_rs_head, o_p, m_p, p4, n4, m_pn4,
-                                          stride_read_p, stride_read_n, stride_rs_p, READ_FP8)
-                    _tile_outputs4(
-                        b_s, o_p, m_p, o_t, o_tc, coef, d_g, T, N, start, length, hist, R,
-                        p_x_row, p_rx_head, p_C_row, p_o_row, p_rs_head, D_ptr, z_ptr, i_b64, i_h,
-                        stride_x_T, stride_x_p, stride_rx_row, stride_rx_p, stride_C_T, stride_C_n,
-                        stride_out_T, stride_out_p, stride_rs_p, stride_D_head, stride_D_p,
-                        stride_z_batch, stride_z_T, stride_z_head, stride_z_p,
-                        False, HAS_D, HAS_Z, BLOCK_T, N_CHUNKS, JC, CQ, VEC, PTX)
-    if ROWS != 1:  # non-flush rows (static: ROWS 1 compiles none of it)
-        if not do_flush:
-            # Tile source: the read copy if there is one (the checkpoint is not read at all).
-            p_src_head = p_s_head
-            stride_src_p = stride_state_p
-            stride_src_n = stride_state_n
-            if HAS_READ:
-                p_src_head = p_r_head
-                stride_src_p = stride_read_p
-                stride_src_n = stride_read_n
-            for t in range(NUM_PT):
-                if L2_AHEAD > 0:
-                    prefetch_l2_tile(p_src_head, p0, t + L2_AHEAD, P, stride_src_p, NUM_PT, BLOCK_P)
-                o_p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
-                m_p = o_p < P
-                if N_CHUNKS == 1:
-                    b_s = tl.load(p_src_head + o_p[:, None] * stride_src_p
-                                  + o_n[None, :] * stride_src_n,
-                                  mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)
-                    _tile_outputs(
-                        b_s, o_p, m_p, o_n, m_n, o_t, m_t, o_j, is_w, is_h, row_j, row_w, coef, d_g,
-                        T, p_x_row, p_rx_head, p_C_row, p_o_row, p_rs_head, D_ptr, z_ptr, i_b64,
-                        i_h, stride_x_T, stride_x_p, stride_rx_row, stride_rx_p, stride_C_T,
-                        stride_C_n, stride_out_T, stride_out_p, stride_rs_p, stride_D_head,
-                        stride_D_p, stride_z_batch, stride_z_T, stride_z_head, stride_z_p,
-                        READ_FP8, HAS_D, HAS_Z, BLOCK_P, BLOCK_T)
+    if do_flush:
+        if SR:  # fp16 checkpoint, stochastic rounding: this (seed, layer, slot)'s key
+            sr_k = sr_key(sr_seed_ptr, sr_layer, slot)
+        n_full = (length // FOLD_UNROLL) * FOLD_UNROLL
+        s0 = start % R  # record j's row is s0 + j, less R past the end: no % per record
+        p_rB = p_rB_grp + o_n * stride_rB_n
+        for t in range(NUM_PT):
+            if L2_AHEAD > 0:
+                prefetch_l2_tile(p_s_head, p0, t + L2_AHEAD, P, stride_state_p, NUM_PT, BLOCK_P)
+            o_p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
+            m_p = o_p < P
+            if N_CHUNKS == 1:
+                m_pn = m_p[:, None] & m_n[None, :]
+                p_s = p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
+                b_s = tl.load(p_s, mask=m_pn, other=0.0).to(tl.float32)
+                b_s = _fold_tile(b_s, p_rx_head + o_p * stride_rx_p, p_rdt, p_rB, s0, n_full,
+                                 length, R, A, m_p, m_n, stride_rx_row, stride_rdt_row,
+                                 stride_rB_row, FOLD_UNROLL, PTX)
+                if SR:
+                    b_st = sr_round_fp16(b_s, sr_k, (i_h * P + o_p[:, None]) * N + o_n[None, :])
                 else:
-                    p4 = o_p[None, :, None, None]
-                    b_s = tl.load(p_src_head + p4 * stride_src_p + n4 * stride_src_n,
-                                  mask=m_p[None, :, None, None] & m_n4, other=0.0).to(tl.float32)
-                    _tile_outputs4(
-                        b_s, o_p, m_p, o_t, o_tc, coef, d_g, T, N, start, length, hist, R,
-                        p_x_row, p_rx_head, p_C_row, p_o_row, p_rs_head, D_ptr, z_ptr, i_b64, i_h,
-                        stride_x_T, stride_x_p, stride_rx_row, stride_rx_p, stride_C_T, stride_C_n,
-                        stride_out_T, stride_out_p, stride_rs_p, stride_D_head, stride_D_p,
-                        stride_z_batch, stride_z_T, stride_z_head, stride_z_p,
-                        READ_FP8, HAS_D, HAS_Z, BLOCK_T, N_CHUNKS, JC, CQ, VEC, PTX)
+                    b_st = b_s.to(p_s.dtype.element_ty)
+                tl.store(p_s, b_st, mask=m_pn)
+                if HAS_READ:  # whole N rows: the fp8 row max is the tile's
+                    store_read_tile(b_st, p_r_head, p_rs_head, o_p, o_n, m_p, m_n,
+                                    stride_read_p, stride_read_n, stride_rs_p, READ_FP8)
+                _tile_outputs(
+                    b_s, o_p, m_p, o_n, m_n, o_t, m_t, o_j, is_w, is_h, row_j, row_w, coef, d_g,
+                    T, p_x_row, p_rx_head, p_C_row, p_o_row, p_rs_head, D_ptr, z_ptr, i_b64,
+                    i_h, stride_x_T, stride_x_p, stride_rx_row, stride_rx_p, stride_C_T,
+                    stride_C_n, stride_out_T, stride_out_p, stride_rs_p, stride_D_head,
+                    stride_D_p, stride_z_batch, stride_z_T, stride_z_head, stride_z_p,
+                    False, HAS_D, HAS_Z, BLOCK_P, BLOCK_T)
+            else:  # the N-chunked tile: same fold per element, same stored bits
+                p4 = o_p[None, :, None, None]
+                m_p4 = m_p[None, :, None, None]
+                m_pn4 = m_p4 & m_n4
+                p_s = p_s_head + p4 * stride_state_p + n4 * stride_state_n
+                b_s = tl.load(p_s, mask=m_pn4, other=0.0).to(tl.float32)
+                b_s = _fold_tile4(b_s, p_rx_head + p4 * stride_rx_p, p_rdt, p_rB_grp, s0,
+                                  n_full, length, R, A, N, m_p4, stride_rx_row, stride_rdt_row,
+                                  stride_rB_row, stride_rB_n, FOLD_UNROLL, CQ, N_CHUNKS, VEC,
+                                  PTX)
+                if SR:
+                    b_st = sr_round_fp16(b_s, sr_k, (i_h * P + p4) * N + n4)
+                else:
+                    b_st = b_s.to(p_s.dtype.element_ty)
+                tl.store(p_s, b_st, mask=m_pn4)
+                if HAS_READ:
+                    _store_read_tile4(b_st, p_r_head, p_rs_head, o_p, m_p, p4, n4, m_pn4,
+                                      stride_read_p, stride_read_n, stride_rs_p, READ_FP8)
+                _tile_outputs4(
+                    b_s, o_p, m_p, o_t, o_tc, coef, d_g, T, N, start, length, hist, R,
+                    p_x_row, p_rx_head, p_C_row, p_o_row, p_rs_head, D_ptr, z_ptr, i_b64, i_h,
+                    stride_x_T, stride_x_p, stride_rx_row, stride_rx_p, stride_C_T, stride_C_n,
+                    stride_out_T, stride_out_p, stride_rs_p, stride_D_head, stride_D_p,
+                    stride_z_batch, stride_z_T, stride_z_head, stride_z_p,
+                    False, HAS_D, HAS_Z, BLOCK_T, N_CHUNKS, JC, CQ, VEC, PTX)
+    else:
+        # Tile source: the read copy if there is one (the checkpoint is not read at all).
+        p_src_head = p_s_head
+        stride_src_p = stride_state_p
+        stride_src_n = stride_state_n
+        if HAS_READ:
+            p_src_head = p_r_head
+            stride_src_p = stride_read_p
+            stride_src_n = stride_read_n
+        for t in range(NUM_PT):
+            if L2_AHEAD > 0:
+                prefetch_l2_tile(p_src_head, p0, t + L2_AHEAD, P, stride_src_p, NUM_PT, BLOCK_P)
+            o_p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
+            m_p = o_p < P
+            if N_CHUNKS == 1:
+                b_s = tl.load(p_src_head + o_p[:, None] * stride_src_p
+                              + o_n[None, :] * stride_src_n,
+                              mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+                _tile_outputs(
+                    b_s, o_p, m_p, o_n, m_n, o_t, m_t, o_j, is_w, is_h, row_j, row_w, coef, d_g,
+                    T, p_x_row, p_rx_head, p_C_row, p_o_row, p_rs_head, D_ptr, z_ptr, i_b64,
+                    i_h, stride_x_T, stride_x_p, stride_rx_row, stride_rx_p, stride_C_T,
+                    stride_C_n, stride_out_T, stride_out_p, stride_rs_p, stride_D_head,
+                    stride_D_p, stride_z_batch, stride_z_T, stride_z_head, stride_z_p,
+                    READ_FP8, HAS_D, HAS_Z, BLOCK_P, BLOCK_T)
+            else:
+                p4 = o_p[None, :, None, None]
+                b_s = tl.load(p_src_head + p4 * stride_src_p + n4 * stride_src_n,
+                              mask=m_p[None, :, None, None] & m_n4, other=0.0).to(tl.float32)
+                _tile_outputs4(
+                    b_s, o_p, m_p, o_t, o_tc, coef, d_g, T, N, start, length, hist, R,
+                    p_x_row, p_rx_head, p_C_row, p_o_row, p_rs_head, D_ptr, z_ptr, i_b64, i_h,
+                    stride_x_T, stride_x_p, stride_rx_row, stride_rx_p, stride_C_T, stride_C_n,
+                    stride_out_T, stride_out_p, stride_rs_p, stride_D_head, stride_D_p,
+                    stride_z_batch, stride_z_T, stride_z_head, stride_z_p,
+                    READ_FP8, HAS_D, HAS_Z, BLOCK_T, N_CHUNKS, JC, CQ, VEC, PTX)
     tl.store(p_rdt + row_w * stride_rdt_row, d_j, mask=is_w & (i_s == 0))  # Δ: first split

@@ -496,9 +496,6 @@ class LaunchConfig(NamedTuple):
     # Layout and output products only: the stored bits are the same for every value.
     n_chunks: int = 1
     kq_dot: int = 0
-    # "fma": 0, one launch for every row; k > 0: the flush rows in a second launch of k warps and
-    # no register cap (more tile rows per thread for the fold), the others in this configuration
-    flush_warps: int = 0
 
 
 #: The two implementations of one contract: ``"fma"`` (fp32 FMA reductions over whole-N tiles,
@@ -653,12 +650,9 @@ def mamba2_replay_verify_fwd(
     block_p = cfg.block_p if block_p is None else block_p
     if cfg.impl == "dot" and block_p < MIN_DOT:
         raise ValueError(f"block_p: expected >= {MIN_DOT} (tl.dot tile), got {block_p}")
-    if cfg.impl == "dot" and (cfg.n_chunks, cfg.kq_dot, cfg.flush_warps) != (1, 0, 0):
-        raise ValueError(f"n_chunks / kq_dot / flush_warps: FMA launch options, expected 1 / 0 / 0 "
-                         f"with impl='dot', got {cfg.n_chunks} / {cfg.kq_dot} / {cfg.flush_warps}")
-    if cfg.flush_warps not in (0, 1, 2, 4, 8):
-        raise ValueError(f"flush_warps: expected 0 (one launch) or 1, 2, 4, 8 warps, got "
-                         f"{cfg.flush_warps}")
+    if cfg.impl == "dot" and (cfg.n_chunks, cfg.kq_dot) != (1, 0):
+        raise ValueError(f"n_chunks / kq_dot: FMA launch options, expected 1 / 0 with "
+                         f"impl='dot', got {cfg.n_chunks} / {cfg.kq_dot}")
     fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
     z_strides = tuple(z.stride()) if z is not None else (0, 0, 0, 0)
     read_strides = read_state.stride() if read_state is not None else (0, 0, 0, 0)
@@ -739,19 +733,24 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
     if interpreting() or not l2_tile_prefetch_ok(state) or (
             read_state is not None and not l2_tile_prefetch_ok(read_state)):
         l2_ahead = 0
-    common = dict(BLOCK_P=block_p, BLOCK_N=block_n, BLOCK_T=cfg.block_t, NUM_PT=tiles,
-                  FOLD_UNROLL=fold_unroll, HAS_READ=read_state is not None, READ_FP8=read_fp8,
-                  SR=sr, P_SPLIT=p_split, L2_AHEAD=l2_ahead, PTX=not interpreting(), **layout)
-    if not cfg.flush_warps:
-        mamba2_replay_verify_fma_kernel[grid](*args, **flags, **common,
-                                              num_warps=cfg.num_warps, **extra)
-        return
-    # flush_warps: two launches over the same grid, each row's programs in one of them (rows
-    # disjoint: any order); the flush rows' launch has no register cap.
-    mamba2_replay_verify_fma_kernel[grid](*args, **flags, **common, ROWS=2,
-                                          num_warps=cfg.num_warps, **extra)
-    mamba2_replay_verify_fma_kernel[grid](*args, **flags, **common, ROWS=1,
-                                          num_warps=cfg.flush_warps)
+    mamba2_replay_verify_fma_kernel[grid](
+        *args,
+        **flags,
+        BLOCK_P=block_p,
+        BLOCK_N=block_n,
+        BLOCK_T=cfg.block_t,
+        NUM_PT=tiles,
+        FOLD_UNROLL=fold_unroll,
+        HAS_READ=read_state is not None,
+        READ_FP8=read_fp8,
+        SR=sr,
+        P_SPLIT=p_split,
+        L2_AHEAD=l2_ahead,
+        PTX=not interpreting(),
+        **layout,
+        num_warps=cfg.num_warps,
+        **extra,
+    )
 
 
 def mamba2_replay_verify(

@@ -13,8 +13,7 @@ itself is checked against float64 and SGLang by ``test_mamba2_verify.py``.
 
 What is checked (CPU: Triton interpreter; ``gpu``: the same driver at Nano-4B on the H200):
 
-- the default launch in lockstep with the whole-N tile, the other chunk counts and the
-  two-launch option ``flush_warps`` (flush rows in their own launch) on
+- the default launch in lockstep with the whole-N tile and with the other chunk counts on
   identical pools and inputs (``split_lockstep``): checkpoints (fp16 with stochastic rounding
   too), rings, read copies, fp8 scales and cursors bitwise after every step, outputs within
   ``LAYOUT_OUT_TOL``;
@@ -65,8 +64,7 @@ LAUNCHES = {"base4": dict(n_chunks=1, kq_dot=0), "base8": dict(n_chunks=1, kq_do
             "nc2": dict(n_chunks=2), "nc4": dict(n_chunks=4), "nc8": dict(n_chunks=8),
             "nc2kq": dict(n_chunks=2, kq_dot=1), "nc4kq": dict(n_chunks=4, kq_dot=1),
             "nc8kq": dict(n_chunks=8, kq_dot=1),
-            "nc4kqbp16": dict(n_chunks=4, kq_dot=1, block_p=16),
-            "fw1": dict(flush_warps=1), "fw4": dict(flush_warps=4)}
+            "nc4kqbp16": dict(n_chunks=4, kq_dot=1, block_p=16)}
 for _name, _fields in LAUNCHES.items():  # the drivers look implementations up by key
     tmv.VERIFY[_name] = _forced_launch(**_fields)
     tmv.DECODE[_name] = tmv.DECODE["kernel"]
@@ -89,8 +87,7 @@ SHAPE_L = Shape(H=2, G=1, P=80, N=48)
 # (partner launch, T) pairs in lockstep with the default launch: the whole-N tile at every
 # window form of the rule, the other chunk counts once each (P = 80: 0.5-2 min each under the
 # interpreter).
-LOCKSTEP_CASES = [("base4", 1), ("base4", 4), ("base8", 8), ("nc2", 4), ("nc8kq", 8),
-                  ("fw1", 4), ("fw4", 8)]
+LOCKSTEP_CASES = [("base4", 1), ("base4", 4), ("base8", 8), ("nc2", 4), ("nc8kq", 8)]
 
 
 @pytest.mark.parametrize("name,T", LOCKSTEP_CASES, ids=[f"{n}-T{t}" for n, t in LOCKSTEP_CASES])
@@ -110,9 +107,8 @@ def test_layout_bitwise_vs_default(name, T):
 @pytest.mark.parametrize("T,read_dtype,state_dtype,act_dtype,sr,base", [
     (4, torch.bfloat16, torch.float32, torch.bfloat16, False, "base4"),
     (2, None, torch.float16, torch.float32, True, "base4"),
-    (8, F8, torch.float16, torch.bfloat16, True, "base8"),
-    (4, F8, torch.float16, torch.bfloat16, True, "fw1")],
-    ids=["T4-bf16-copy", "T2-fp16-SR-act32", "T8-fp8-copy-fp16-SR", "T4-fp8-copy-fp16-SR-fw1"])
+    (8, F8, torch.float16, torch.bfloat16, True, "base8")],
+    ids=["T4-bf16-copy", "T2-fp16-SR-act32", "T8-fp8-copy-fp16-SR"])
 def test_layout_bitwise_vs_default_read_copy_and_sr(T, read_dtype, state_dtype, act_dtype, sr,
                                                     base):
     """Read copies (the fp8 row max is over all of N in either layout), their scales and SR
@@ -146,9 +142,10 @@ def test_kq_dot_value_error(n_chunks, kq_dot):
         k.fma_layout(cfg, 128)
 
 
-def _one_row_step():
-    """A one-row, T = 4 verify step's pool, parameters, tokens, output and ``i = [0]`` (slot
-    ``i + 1``, empty ring) at a tiny shape: the arguments of the launch-option refusals."""
+def test_options_refused_by_the_tensor_core_kernel():
+    """``impl="dot"`` with an FMA layout option raises instead of ignoring it."""
+    import replayssm_kernels.mamba2_verify.kernel as k
+
     gen = torch.Generator().manual_seed(0)
     shape = Shape(H=2, G=1, P=16, N=16)
     pool = tmv.make_pool(shape, 3, 12, torch.float32, torch.bfloat16, "layer", gen, DEVICE)
@@ -156,28 +153,10 @@ def _one_row_step():
     tok = tmv.make_tokens(shape, 1, 4, torch.bfloat16, gen, DEVICE, False)
     i = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     out = torch.empty(1, 4, shape.H, shape.P, dtype=torch.bfloat16, device=DEVICE)
-    return pool, prm, tok, out, i
-
-
-@pytest.mark.parametrize("flush_warps", [3, -1, 16])
-def test_flush_warps_value_error(flush_warps):
-    """``flush_warps`` other than 0 (one launch) or 1, 2, 4, 8 warps raises before any launch."""
-    pool, prm, tok, out, i = _one_row_step()
-    with pytest.raises(ValueError, match=r"flush_warps: expected 0 \(one launch\) or 1, 2, 4, 8"):
-        _forced_launch(flush_warps=flush_warps)(
-            pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
-            out, i + 1, i, i, i.bool(), dt_bias=prm.dt_bias, dt_softplus=True)
-
-
-def test_options_refused_by_the_tensor_core_kernel():
-    """``impl="dot"`` with an FMA layout option raises instead of ignoring it."""
-    import replayssm_kernels.mamba2_verify.kernel as k
-
-    pool, prm, tok, out, i = _one_row_step()
     orig = k.launch_config
     k.launch_config = lambda *a, **kk: orig(*a, **kk)._replace(n_chunks=4)
     try:
-        with pytest.raises(ValueError, match=r"n_chunks / kq_dot / flush_warps: FMA launch options"):
+        with pytest.raises(ValueError, match=r"n_chunks / kq_dot: FMA launch options"):
             k.mamba2_replay_verify_fwd(
                 pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B,
                 tok.C, out, i + 1, i, i, i.bool(), D=None, z=None, dt_bias=prm.dt_bias,
@@ -276,46 +255,13 @@ def test_layout_codegen_fold_and_reductions():
         assert bar[key] < bar["base"], bar
 
 
-def test_flush_warps_builds_compile_one_path_each():
-    """sm_90a, Nano-4B, T = 4, no copy: the ``flush_warps`` launches' builds (``ROWS`` 1: the
-    flush rows' launch at 1 warp, no register cap; ``ROWS`` 2: the others', the default
-    configuration) each compile only their own path: the fold's update sites (compiled as in the
-    one-launch build) only in the flush rows' build, the other build smaller than the one-launch
-    one and storing less (printed: registers, spills, PTX lines)."""
-    rows = tmv.offline_rows(
-        "{str(r): offline_sm90a(4, (1,), impl='fma', reads=(None,), keep_ptx=True, "
-        "num_warps=1 if r == 1 else None, maxnreg=0 if r == 1 else None, row_filter=r)[0] "
-        "for r in (0, 1, 2)}")
-    if isinstance(rows, str):
-        pytest.skip(rows)
-    lines = {r: len(row["ptx"].splitlines()) for r, row in rows.items()}
-    print("\n[mamba2-verify] sm_90a T=4 ROWS 0 / 1 (1 warp) / 2: " + ", ".join(
-        f"{r}: registers {row['regs']}, spill stores {row['spill_st']} B, PTX {lines[r]} lines"
-        for r, row in rows.items()))
-    import inspect
-
-    from test_mamba2_decode import _update_signatures
-
-    import replayssm_kernels.mamba2_verify.fma as f
-
-    with open(inspect.getsourcefile(f)) as fh:
-        src = fh.read().splitlines()
-    fold = {i + 1 for i, line in enumerate(src) if "tl.fma(b_s, dA, dB * b_xj.to(tl.float32))" in line}
-    sites = {r: _update_signatures(row["ptx"], "mamba2_verify/fma.py", fold) for r, row in rows.items()}
-    assert sites["1"] == sites["0"] and sites["0"] and not sites["2"], sites  # the fold: ROWS 1 only
-    assert lines["2"] < lines["0"] and rows["1"]["spill_st"] == 0
-    # the non-flush build stores no checkpoint: no stochastic-rounding or state-store path, so
-    # its PTX has fewer global stores than the one-launch build's
-    assert rows["2"]["ptx"].count("st.global") < rows["0"]["ptx"].count("st.global")
-
-
 # --------------------------------------------------------------------------------------------
 # GPU (H200): the same driver at the real shape
 # --------------------------------------------------------------------------------------------
 
 #: (partner launch, T) pairs in lockstep with the default launch on the H200.
 GPU_LOCKSTEP_CASES = [("base4", 2), ("base4", 4), ("base8", 8), ("nc2", 4), ("nc8", 4),
-                      ("nc4kq", 4), ("fw1", 4), ("fw1", 8)]
+                      ("nc4kq", 4)]
 
 
 @pytest.mark.gpu
