@@ -69,6 +69,10 @@ twelfth session; longer windows keep the whole-N ``[BLOCK_P, BLOCK_N]`` tile):
 - ``kq_dot = 1`` (``KQ_DOT``, with ``n_chunks > 1``): ``KᵀQ`` as one ``tl.dot`` per N-chunk
   (16-bit activations: exact products on the tensor cores, fp32 sums; T padded to 16) instead of
   ``BLOCK_T`` cross-lane sums per chunk; outputs only.
+- ``read_mma = 1`` (``READ_MMA``, with ``kq_dot = 1``, a bf16 or fp8 read copy and bf16
+  activations; off by default): a non-flush row's tiles take their outputs from the copy on tensor
+  cores (``mma_tile.py``: one exact bf16 ``S·C`` product and two tf32 products for the records'
+  term per tile) instead of this layout's FMAs; flush rows and every stored bit are unchanged.
 
 Compiled builds (``PTX``) load fold records with ``ld_rec`` and, with ``L2_AHEAD > 0``, bulk-
 prefetch checkpoint (flush rows) or copy (non-flush rows) tile ``t + L2_AHEAD`` into L2; the
@@ -91,6 +95,7 @@ import triton.language as tl
 from replayssm_kernels.mamba2_decode._fold import ld_rec, record_factors_lean
 from replayssm_kernels.mamba2_decode.read_copy import fp8_row_scale, store_read_tile
 from replayssm_kernels.mamba2_verify.kernel import _window_delta
+from replayssm_kernels.mamba2_verify.mma_tile import tile_outputs_mma
 from replayssm_kernels.prefetch import prefetch_l2_tile
 from replayssm_kernels.stochastic_round import sr_key, sr_round_fp16
 
@@ -469,6 +474,7 @@ def mamba2_replay_verify_fma_kernel(
     PTX: tl.constexpr,
     N_CHUNKS: tl.constexpr,
     KQ_DOT: tl.constexpr,
+    READ_MMA: tl.constexpr = 0,
 ):
     # P_SPLIT programs share one (row, head), adjacent in launch order (the tensor-core kernel's
     # split): program i_s owns rows p0 .. p0 + NUM_PT·BLOCK_P - 1 (rows >= P masked) and
@@ -668,12 +674,24 @@ def mamba2_replay_verify_fma_kernel(
             p_src_head = p_r_head
             stride_src_p = stride_read_p
             stride_src_n = stride_read_n
+        if READ_MMA:  # launch option read_mma (mma_tile.py): C's padded columns and Dg, once
+            b_ct = tl.load(p_C_row + o_tc[None, :] * stride_C_T + o_n[:, None] * stride_C_n,
+                           mask=m_n[:, None] & m_tc[None, :], other=0.0)
+            d_gc = tl.exp(A * (h_sum + b_cwc))  # [BLOCK_TC]
         for t in range(NUM_PT):
             if L2_AHEAD > 0:
                 prefetch_l2_tile(p_src_head, p0, t + L2_AHEAD, P, stride_src_p, NUM_PT, BLOCK_P)
             o_p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
             m_p = o_p < P
-            if N_CHUNKS == 1:
+            if READ_MMA:
+                tile_outputs_mma(
+                    p_src_head, stride_src_p, stride_src_n, o_p, m_p, o_n, m_n, b_ct, coef, d_gc,
+                    o_tc, m_tc, o_j, is_w, is_h, row_j, T, start, length, R, p_x_row, p_rx_head,
+                    p_o_row, p_rs_head, D_ptr, z_ptr, i_b64, i_h, stride_x_T, stride_x_p,
+                    stride_rx_row, stride_rx_p, stride_out_T, stride_out_p, stride_rs_p,
+                    stride_D_head, stride_D_p, stride_z_batch, stride_z_T, stride_z_head,
+                    stride_z_p, READ_FP8, HAS_D, HAS_Z, PTX)
+            elif N_CHUNKS == 1:
                 b_s = tl.load(p_src_head + o_p[:, None] * stride_src_p
                               + o_n[None, :] * stride_src_n,
                               mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)

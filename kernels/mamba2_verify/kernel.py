@@ -496,6 +496,9 @@ class LaunchConfig(NamedTuple):
     # Layout and output products only: the stored bits are the same for every value.
     n_chunks: int = 1
     kq_dot: int = 0
+    # "fma": 1 (needs kq_dot = 1, a bf16 or fp8 read copy and bf16 activations): non-flush rows'
+    # outputs from the copy on tensor cores (mma_tile.py); 0: this layout's FMAs. Outputs only.
+    read_mma: int = 0
 
 
 #: The two implementations of one contract: ``"fma"`` (fp32 FMA reductions over whole-N tiles,
@@ -650,9 +653,18 @@ def mamba2_replay_verify_fwd(
     block_p = cfg.block_p if block_p is None else block_p
     if cfg.impl == "dot" and block_p < MIN_DOT:
         raise ValueError(f"block_p: expected >= {MIN_DOT} (tl.dot tile), got {block_p}")
-    if cfg.impl == "dot" and (cfg.n_chunks, cfg.kq_dot) != (1, 0):
-        raise ValueError(f"n_chunks / kq_dot: FMA launch options, expected 1 / 0 with "
-                         f"impl='dot', got {cfg.n_chunks} / {cfg.kq_dot}")
+    if cfg.impl == "dot" and (cfg.n_chunks, cfg.kq_dot, cfg.read_mma) != (1, 0, 0):
+        raise ValueError(f"n_chunks / kq_dot / read_mma: FMA launch options, expected 1 / 0 / 0 "
+                         f"with impl='dot', got {cfg.n_chunks} / {cfg.kq_dot} / {cfg.read_mma}")
+    if cfg.read_mma not in (0, 1):
+        raise ValueError(f"read_mma: expected 0 or 1, got {cfg.read_mma}")
+    if cfg.read_mma and (not cfg.kq_dot or read_state is None
+                         or read_state.dtype not in (torch.bfloat16, torch.float8_e4m3fn)
+                         or C.dtype != torch.bfloat16):
+        raise ValueError(
+            f"read_mma=1: expected kq_dot=1, a bf16 or float8_e4m3fn read copy and bf16 "
+            f"activations (exact bf16 tensor-core operands), got kq_dot={cfg.kq_dot}, read copy "
+            f"{None if read_state is None else read_state.dtype}, activations {C.dtype}")
     fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
     z_strides = tuple(z.stride()) if z is not None else (0, 0, 0, 0)
     read_strides = read_state.stride() if read_state is not None else (0, 0, 0, 0)
@@ -743,6 +755,7 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
         FOLD_UNROLL=fold_unroll,
         HAS_READ=read_state is not None,
         READ_FP8=read_fp8,
+        READ_MMA=cfg.read_mma,
         SR=sr,
         P_SPLIT=p_split,
         L2_AHEAD=l2_ahead,

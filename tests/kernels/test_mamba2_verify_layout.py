@@ -64,7 +64,8 @@ LAUNCHES = {"base4": dict(n_chunks=1, kq_dot=0), "base8": dict(n_chunks=1, kq_do
             "nc2": dict(n_chunks=2), "nc4": dict(n_chunks=4), "nc8": dict(n_chunks=8),
             "nc2kq": dict(n_chunks=2, kq_dot=1), "nc4kq": dict(n_chunks=4, kq_dot=1),
             "nc8kq": dict(n_chunks=8, kq_dot=1),
-            "nc4kqbp16": dict(n_chunks=4, kq_dot=1, block_p=16)}
+            "nc4kqbp16": dict(n_chunks=4, kq_dot=1, block_p=16),
+            "rm4": dict(n_chunks=4, kq_dot=1, block_p=16, read_mma=1)}
 for _name, _fields in LAUNCHES.items():  # the drivers look implementations up by key
     tmv.VERIFY[_name] = _forced_launch(**_fields)
     tmv.DECODE[_name] = tmv.DECODE["kernel"]
@@ -107,8 +108,11 @@ def test_layout_bitwise_vs_default(name, T):
 @pytest.mark.parametrize("T,read_dtype,state_dtype,act_dtype,sr,base", [
     (4, torch.bfloat16, torch.float32, torch.bfloat16, False, "base4"),
     (2, None, torch.float16, torch.float32, True, "base4"),
-    (8, F8, torch.float16, torch.bfloat16, True, "base8")],
-    ids=["T4-bf16-copy", "T2-fp16-SR-act32", "T8-fp8-copy-fp16-SR"])
+    (8, F8, torch.float16, torch.bfloat16, True, "base8"),
+    (4, torch.bfloat16, torch.float32, torch.bfloat16, False, "rm4"),
+    (8, F8, torch.float16, torch.bfloat16, True, "rm4")],
+    ids=["T4-bf16-copy", "T2-fp16-SR-act32", "T8-fp8-copy-fp16-SR", "T4-bf16-copy-read_mma",
+         "T8-fp8-copy-fp16-SR-read_mma"])
 def test_layout_bitwise_vs_default_read_copy_and_sr(T, read_dtype, state_dtype, act_dtype, sr,
                                                     base):
     """Read copies (the fp8 row max is over all of N in either layout), their scales and SR
@@ -142,10 +146,9 @@ def test_kq_dot_value_error(n_chunks, kq_dot):
         k.fma_layout(cfg, 128)
 
 
-def test_options_refused_by_the_tensor_core_kernel():
-    """``impl="dot"`` with an FMA layout option raises instead of ignoring it."""
-    import replayssm_kernels.mamba2_verify.kernel as k
-
+def _one_row_step():
+    """A one-row, T = 4 verify step's pool, parameters, tokens, output and ``i = [0]`` (slot
+    ``i + 1``, empty ring) at a tiny shape: the arguments of the launch-option refusals."""
     gen = torch.Generator().manual_seed(0)
     shape = Shape(H=2, G=1, P=16, N=16)
     pool = tmv.make_pool(shape, 3, 12, torch.float32, torch.bfloat16, "layer", gen, DEVICE)
@@ -153,10 +156,36 @@ def test_options_refused_by_the_tensor_core_kernel():
     tok = tmv.make_tokens(shape, 1, 4, torch.bfloat16, gen, DEVICE, False)
     i = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     out = torch.empty(1, 4, shape.H, shape.P, dtype=torch.bfloat16, device=DEVICE)
+    return pool, prm, tok, out, i
+
+
+@pytest.mark.parametrize("fields,read", [
+    (dict(read_mma=1), torch.bfloat16), (dict(n_chunks=4, kq_dot=1, read_mma=1), None),
+    (dict(n_chunks=4, kq_dot=1, read_mma=1), torch.float16),
+    (dict(n_chunks=4, kq_dot=1, read_mma=2), torch.bfloat16)],
+    ids=["without-kq_dot", "without-copy", "fp16-copy", "value-2"])
+def test_read_mma_value_error(fields, read):
+    """``read_mma`` other than 0 / 1, or 1 without ``kq_dot``, without a read copy or with a
+    copy whose values are not exact bf16 operands, raises before any launch."""
+    pool, prm, tok, out, i = _one_row_step()
+    kw = {}
+    if read is not None:
+        kw["read_state"] = pool.state.to(read)
+    with pytest.raises(ValueError, match=r"read_mma"):
+        _forced_launch(**fields)(
+            pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
+            out, i + 1, i, i, i.bool(), dt_bias=prm.dt_bias, dt_softplus=True, **kw)
+
+
+def test_options_refused_by_the_tensor_core_kernel():
+    """``impl="dot"`` with an FMA layout option raises instead of ignoring it."""
+    import replayssm_kernels.mamba2_verify.kernel as k
+
+    pool, prm, tok, out, i = _one_row_step()
     orig = k.launch_config
     k.launch_config = lambda *a, **kk: orig(*a, **kk)._replace(n_chunks=4)
     try:
-        with pytest.raises(ValueError, match=r"n_chunks / kq_dot: FMA launch options"):
+        with pytest.raises(ValueError, match=r"n_chunks / kq_dot / read_mma: FMA launch options"):
             k.mamba2_replay_verify_fwd(
                 pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B,
                 tok.C, out, i + 1, i, i, i.bool(), D=None, z=None, dt_bias=prm.dt_bias,
@@ -284,3 +313,19 @@ def test_gpu_nano4b_layout_bitwise_vs_default_read_copy_and_sr(T, read_dtype, sr
                    read_dtype=read_dtype, sr=sr, active=24, pads=8, steps=12, seed=1020,
                    device="cuda", impls=["kernel", "base4" if T <= 4 else "base8"],
                    out_rtol=LAYOUT_OUT_TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,read_dtype", [(4, F8), (4, torch.bfloat16), (8, F8)],
+                         ids=["T4-fp8-copy", "T4-bf16-copy", "T8-fp8-copy"])
+def test_gpu_nano4b_read_mma_vs_default(T, read_dtype):
+    """``read_mma`` (non-flush outputs from the copy on tensor cores) in lockstep with the default
+    at Nano-4B: checkpoints, copies, scales, rings and cursors bitwise, outputs within
+    ``LAYOUT_OUT_TOL``."""
+    seen = split_lockstep(lambda s: None, [None, None], shape=NANO_4B, T=T, L=16,
+                          state_dtype=torch.float32, act_dtype=torch.bfloat16,
+                          read_dtype=read_dtype, active=24, pads=8, steps=12, seed=1040 + T,
+                          device="cuda", impls=["kernel", "rm4"],
+                          out_rtol=LAYOUT_OUT_TOL[torch.bfloat16])
+    print(f"\n[mamba2-verify] GPU read_mma vs default T={T} copy={str(read_dtype)[6:]}: outputs "
+          f"{seen['out_rel']:.2e}")
