@@ -509,9 +509,10 @@ IMPLS = ("dot", "fma")
 
 
 def launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
-                  impl: str = "fma") -> LaunchConfig:
+                  impl: str = "fma", read_dtype: torch.dtype | None = None) -> LaunchConfig:
     """Fixed launch parameters of implementation ``impl`` (``IMPLS``; ``"fma"``:
-    ``fma_launch_config``; otherwise ``ValueError``).
+    ``fma_launch_config``, which takes the read copy's dtype ``read_dtype``, ``None`` for none;
+    otherwise ``ValueError``).
 
     ``"dot"`` (no autotune: the kernel writes the pool), chosen offline from ptxas'
     register counts (sm_90a, Nano-4B shape, T = 8; see benchmarks/notes/verify.md):
@@ -529,7 +530,7 @@ def launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
     tf32x3. The flush fold into the checkpoint never goes through ``tl.dot``.
     """
     if impl == "fma":
-        return fma_launch_config(P, N, R, T, act_dtype)
+        return fma_launch_config(P, N, R, T, act_dtype, read_dtype)
     if impl != "dot":
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     block_k = max(MIN_DOT, min(BLOCK_K_MAX, triton.next_power_of_2(N)))
@@ -540,7 +541,8 @@ def launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
                         1, 128)
 
 
-def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype) -> LaunchConfig:
+def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
+                      read_dtype: torch.dtype | None = None) -> LaunchConfig:
     """Fixed launch parameters of the FMA implementation (``fma.py``; no autotune), chosen by H200
     launch sweeps at the Nano-4B shape without a read copy (benchmarks/RESULTS.md, eighth and
     twelfth sessions; offline ptxas counts in benchmarks/notes/verify.md, "FMA implementation").
@@ -561,6 +563,13 @@ def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype) ->
     - otherwise (longer windows, or fp32 activations at 8 tokens: not timed in this form) the
       decode kernel's whole-N tile in 8-row tiles, no cap (T = 8, eighth session: 1210.5 us
       against 1437.2 for 16-row tiles).
+
+    With a read copy (``read_dtype``) and bf16 activations, ``read_mma`` (non-flush rows' outputs
+    on tensor cores, ``mma_tile.py``) where it was timed faster (H100, thirty-ninth session,
+    batch 256, cycle means against the same launch without it): 8 tokens with a bf16 or fp8 copy
+    (738.2 vs 1079.6 us bf16, 904.7 vs 1076.8 fp8) and 4 tokens with a bf16 copy (461.1 vs
+    502.3, with ``kq_dot`` turned on for it); not at 4 tokens with an fp8 copy (469.5 vs 464.8)
+    nor below 4 tokens (not timed).
     """
     block_n = triton.next_power_of_2(N)
     block_t = triton.next_power_of_2(T)
@@ -570,9 +579,12 @@ def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype) ->
     maxnreg = FMA_MAXNREG_SHORT if block_t <= 4 else None
     n_chunks = min(FMA_N_CHUNKS, block_n) if chunked else 1
     kq_dot = int(chunked and block_t == 8 and n_chunks > 1)
+    read_mma = int(n_chunks > 1 and act_dtype == torch.bfloat16 and (
+        (block_t == 8 and read_dtype in (torch.bfloat16, torch.float8_e4m3fn))
+        or (block_t == 4 and read_dtype == torch.bfloat16)))
     return LaunchConfig(block_p, triton.next_power_of_2(R), block_t, min(BLOCK_K_MAX, block_n),
                         2, num_warps, False, 1, maxnreg, impl="fma", l2_ahead=1,
-                        n_chunks=n_chunks, kq_dot=kq_dot)
+                        n_chunks=n_chunks, kq_dot=max(kq_dot, read_mma), read_mma=read_mma)
 
 
 def fma_layout(cfg: LaunchConfig, N: int) -> dict[str, int]:
@@ -646,10 +658,11 @@ def mamba2_replay_verify_fwd(
     R = ring_x.shape[2]
     if batch == 0:
         return
+    read_dtype = None if read_state is None else read_state.dtype
     if impl is None:
-        cfg = launch_config(P, N, R, T, x.dtype)
+        cfg = launch_config(P, N, R, T, x.dtype, read_dtype=read_dtype)
     else:
-        cfg = launch_config(P, N, R, T, x.dtype, impl=impl)
+        cfg = launch_config(P, N, R, T, x.dtype, impl=impl, read_dtype=read_dtype)
     block_p = cfg.block_p if block_p is None else block_p
     if cfg.impl == "dot" and block_p < MIN_DOT:
         raise ValueError(f"block_p: expected >= {MIN_DOT} (tl.dot tile), got {block_p}")

@@ -221,6 +221,28 @@ def test_layout_rule():
         BLOCK_J=16, BLOCK_K=16, N_CHUNKS=2, KQ_DOT=1)
 
 
+def test_read_mma_rule():
+    """``read_mma`` (with ``kq_dot``) by default where it was timed faster: bf16 activations and a
+    bf16 or fp8 copy at 8 tokens, a bf16 copy at 4 (3) tokens; not with an fp8 copy at 4 tokens,
+    below 4 tokens, without a copy, with an fp16 copy or fp16 activations; the rest of the launch
+    as without a copy."""
+    import replayssm_kernels.mamba2_verify.kernel as k
+
+    bf, f8, f16 = torch.bfloat16, torch.float8_e4m3fn, torch.float16
+
+    def mma(T, read, act=bf):
+        c = k.launch_config(80, 128, 16 + T, T, act, read_dtype=read)
+        assert c._replace(read_mma=0, kq_dot=0) == k.launch_config(80, 128, 16 + T, T, act)._replace(
+            kq_dot=0)
+        assert c.kq_dot >= c.read_mma
+        return c.read_mma
+
+    assert mma(8, bf) == mma(8, f8) == mma(4, bf) == mma(3, bf) == 1
+    assert mma(4, f8) == mma(2, bf) == mma(1, f8) == mma(8, None) == mma(8, f16) == 0
+    assert mma(8, bf, f16) == mma(4, bf, torch.float32) == mma(16, bf) == 0
+    assert k.launch_config(80, 128, 20, 4, bf, read_dtype=bf).kq_dot == 1
+
+
 def test_bench_verify_selects_the_option():
     """``--mamba2-verify-launch n_chunks=4,kq_dot=1,block_p=16`` parses to the launch fields."""
     from benchmarks.bench_verify import parse_args
