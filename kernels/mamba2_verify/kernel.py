@@ -579,9 +579,9 @@ def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
     maxnreg = FMA_MAXNREG_SHORT if block_t <= 4 else None
     n_chunks = min(FMA_N_CHUNKS, block_n) if chunked else 1
     kq_dot = int(chunked and block_t == 8 and n_chunks > 1)
-    read_mma = int(n_chunks > 1 and act_dtype == torch.bfloat16 and (
-        (block_t == 8 and read_dtype in (torch.bfloat16, torch.float8_e4m3fn))
-        or (block_t == 4 and read_dtype == torch.bfloat16)))
+    read_mma = int(n_chunks > 1 and act_dtype == torch.bfloat16 and min(block_p, block_n) >= MIN_DOT
+                   and ((block_t == 8 and read_dtype in (torch.bfloat16, torch.float8_e4m3fn))
+                        or (block_t == 4 and read_dtype == torch.bfloat16)))
     return LaunchConfig(block_p, triton.next_power_of_2(R), block_t, min(BLOCK_K_MAX, block_n),
                         2, num_warps, False, 1, maxnreg, impl="fma", l2_ahead=1,
                         n_chunks=n_chunks, kq_dot=max(kq_dot, read_mma), read_mma=read_mma)
@@ -673,11 +673,14 @@ def mamba2_replay_verify_fwd(
         raise ValueError(f"read_mma: expected 0 or 1, got {cfg.read_mma}")
     if cfg.read_mma and (not cfg.kq_dot or read_state is None
                          or read_state.dtype not in (torch.bfloat16, torch.float8_e4m3fn)
-                         or C.dtype != torch.bfloat16):
+                         or C.dtype != torch.bfloat16
+                         or min(block_p, triton.next_power_of_2(N)) < MIN_DOT):
         raise ValueError(
-            f"read_mma=1: expected kq_dot=1, a bf16 or float8_e4m3fn read copy and bf16 "
-            f"activations (exact bf16 tensor-core operands), got kq_dot={cfg.kq_dot}, read copy "
-            f"{None if read_state is None else read_state.dtype}, activations {C.dtype}")
+            f"read_mma=1: expected kq_dot=1, a bf16 or float8_e4m3fn read copy, bf16 activations "
+            f"(exact bf16 tensor-core operands) and block_p, next_pow2(N) >= {MIN_DOT} (tl.dot "
+            f"tile), got kq_dot={cfg.kq_dot}, read copy "
+            f"{None if read_state is None else read_state.dtype}, activations {C.dtype}, "
+            f"block_p {block_p}, N {N}")
     fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
     z_strides = tuple(z.stride()) if z is not None else (0, 0, 0, 0)
     read_strides = read_state.stride() if read_state is not None else (0, 0, 0, 0)

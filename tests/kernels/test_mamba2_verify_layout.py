@@ -160,7 +160,8 @@ def _one_row_step():
 
 
 @pytest.mark.parametrize("fields,read", [
-    (dict(read_mma=1), torch.bfloat16), (dict(n_chunks=4, kq_dot=1, read_mma=1), None),
+    (dict(read_mma=1, kq_dot=0), torch.bfloat16),
+    (dict(n_chunks=4, kq_dot=1, read_mma=1), None),
     (dict(n_chunks=4, kq_dot=1, read_mma=1), torch.float16),
     (dict(n_chunks=4, kq_dot=1, read_mma=2), torch.bfloat16)],
     ids=["without-kq_dot", "without-copy", "fp16-copy", "value-2"])
@@ -241,6 +242,9 @@ def test_read_mma_rule():
     assert mma(4, f8) == mma(2, bf) == mma(1, f8) == mma(8, None) == mma(8, f16) == 0
     assert mma(8, bf, f16) == mma(4, bf, torch.float32) == mma(16, bf) == 0
     assert k.launch_config(80, 128, 20, 4, bf, read_dtype=bf).kq_dot == 1
+    # tl.dot's 16-row / 16-column minimum: not below 16 checkpoint rows or 16 columns of N
+    assert k.launch_config(8, 128, 24, 8, bf, read_dtype=bf).read_mma == 0
+    assert k.launch_config(80, 8, 24, 8, bf, read_dtype=bf).read_mma == 0
 
 
 def test_bench_verify_selects_the_option():
