@@ -58,9 +58,11 @@ def _forced_launch(**fields):
 
 
 #: The launches under test, by driver key: the whole-N tile as the default launch had it before
-#: (16-row tiles up to T = 4, ``base4``; 8-row tiles at T = 8, ``base8``), the N-chunked tile at 2,
-#: 4 and 8 chunks, with ``KᵀQ`` on tensor cores (``kq``), and 4 chunks with 16-row tiles.
-LAUNCHES = {"base4": dict(n_chunks=1, kq_dot=0), "base8": dict(n_chunks=1, kq_dot=0, block_p=8),
+#: (16-row tiles up to T = 4, ``base4``; 8-row tiles at T = 8, ``base8``; FMA outputs with a read
+#: copy too, ``read_mma=0``), the N-chunked tile at 2, 4 and 8 chunks, with ``KᵀQ`` on tensor cores
+#: (``kq``), 4 chunks with 16-row tiles, and the copy's outputs on tensor cores (``rm4``).
+LAUNCHES = {"base4": dict(n_chunks=1, kq_dot=0, read_mma=0),
+            "base8": dict(n_chunks=1, kq_dot=0, block_p=8, read_mma=0),
             "nc2": dict(n_chunks=2), "nc4": dict(n_chunks=4), "nc8": dict(n_chunks=8),
             "nc2kq": dict(n_chunks=2, kq_dot=1), "nc4kq": dict(n_chunks=4, kq_dot=1),
             "nc8kq": dict(n_chunks=8, kq_dot=1),
