@@ -568,8 +568,9 @@ def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
     on tensor cores, ``mma_tile.py``) where it was timed faster (H100, thirty-ninth session,
     batch 256, cycle means against the same launch without it): 8 tokens with a bf16 or fp8 copy
     (738.2 vs 1079.6 us bf16, 904.7 vs 1076.8 fp8) and 4 tokens with a bf16 copy (461.1 vs
-    502.3, with ``kq_dot`` turned on for it); not at 4 tokens with an fp8 copy (469.5 vs 464.8)
-    nor below 4 tokens (not timed).
+    502.3, with ``kq_dot`` turned on for it); not at 4 tokens with an fp8 copy (469.5 vs 464.8),
+    below 4 tokens (not timed), nor below ``tl.dot``'s 16 checkpoint rows per tile or 16 columns
+    of N.
     """
     block_n = triton.next_power_of_2(N)
     block_t = triton.next_power_of_2(T)
