@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The kernel tables that issues 3 (decode) and 5 (verify) ask for, at this checkout's kernels, with
-# SGLang's kernels timed in the same process, in one device call per part (step limits add up to
-# 520 / 530 / 500 s, inside one call's 600 s), so a session spends one warm call per part instead of
-# writing its own script. The limits are estimates: a step that runs past its own loses only itself.
+# SGLang's kernels timed in the same process (but `mma`, ours only), in one device call per part
+# (step limits add up to at most 530 s, inside one call's 600 s), so a session spends one warm
+# call per part instead of writing its own script. The limits are estimates: a step that runs past
+# its own loses only itself.
 #
 #   usage (from the repository root, on the device under on_device.sh):
-#     bash benchmarks/device/issue_tables.sh decode|verify|late|targets COMMIT
+#     bash benchmarks/device/issue_tables.sh decode|verify|late|targets|mma COMMIT
 #
 #   decode  bench_decode --refcheck: GDN and Mamba-2 at batch 1, 8, 64, 256, 512 (peers), then GDN
 #           with a bf16 read copy at 64, 256, 512 (peers) and with an fp8 one (ours only)
@@ -19,6 +20,10 @@
 #   targets issue 5's three target rows first, at the served (late) rule with SGLang's peers in the
 #           same process, batch 256: GDN T = 4, 8 and Mamba-2 T = 4 with an fp8 read copy, then the
 #           same with a bf16 copy (GDN) and no copy (Mamba-2)
+#   mma     the Mamba-2 verify's read_mma (non-flush outputs from the read copy on tensor cores)
+#           against the FMA outputs, batch 256, ours only: per copy (bf16, fp8) the default launch
+#           at T = 4, 8, then each T with the other choice (bf16: read_mma off at T = 4 (kq_dot
+#           off too) and 8; fp8: off at 8, on at 4 (with kq_dot)); benchmarks/notes/verify.md
 #
 # Each step has its own time limit and is followed by a tarball of everything so far
 # ($OUT/PART.tgz: each run's results.md / .json / .png), so a step that runs long loses only itself;
@@ -27,8 +32,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [ $# -ne 2 ] || { [ "$1" != decode ] && [ "$1" != verify ] && [ "$1" != late ] &&
-  [ "$1" != targets ]; }; then
-  echo "usage: issue_tables.sh decode|verify|late|targets COMMIT" >&2
+  [ "$1" != targets ] && [ "$1" != mma ]; }; then
+  echo "usage: issue_tables.sh decode|verify|late|targets|mma COMMIT" >&2
   exit 2
 fi
 part=$1
@@ -63,6 +68,14 @@ elif [ "$part" = targets ]; then
   step mamba2_fp8 120 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck --read-dtype fp8
   step gdn_bf16 120 benchmarks.bench_verify --family gdn --T 4,8 --batch 256 --refcheck --read-dtype bf16
   step mamba2 120 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck
+elif [ "$part" = mma ]; then
+  m2="benchmarks.bench_verify --family mamba2 --batch 256 --refcheck --skip-peers"
+  step mamba2_bf16 70 $m2 --T 4,8 --read-dtype bf16
+  step mamba2_bf16_t4_fma 50 $m2 --T 4 --read-dtype bf16 --mamba2-verify-launch read_mma=0,kq_dot=0
+  step mamba2_bf16_t8_fma 50 $m2 --T 8 --read-dtype bf16 --mamba2-verify-launch read_mma=0
+  step mamba2_fp8 70 $m2 --T 4,8 --read-dtype fp8
+  step mamba2_fp8_t8_fma 50 $m2 --T 8 --read-dtype fp8 --mamba2-verify-launch read_mma=0
+  step mamba2_fp8_t4_mma 50 $m2 --T 4 --read-dtype fp8 --mamba2-verify-launch read_mma=1,kq_dot=1
 else
   step gdn 190 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck
   step mamba2 190 benchmarks.bench_verify --family mamba2 --T 4,8 --batch 64,256,512 --refcheck
