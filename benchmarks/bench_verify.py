@@ -936,7 +936,8 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
     """Compile the Mamba-2 verify kernel of ``impl`` (``"dot"``:
     ``_mamba2_replay_verify_fwd_kernel``, ``"fma"``: ``fma.py``'s) for sm_90a (no GPU) as the launcher would at the Nano-4B shape
     (L = 16, fp32 state, bf16 activations with the mixer's strides, no z), for each ``P_SPLIT``
-    and read copy in ``reads`` (``None`` / ``"bf16"`` / ``"fp8"``), and print ``ptxas -v``'s
+    and read copy in ``reads`` (``None`` / ``"bf16"`` / ``"fp8"``; the launch as chosen for that
+    copy), and print ``ptxas -v``'s
     registers and spills (``sweep_mamba2.compile_sm90a`` / ``ptxas_stats``). ``num_warps`` /
     ``maxnreg`` (``0``: no cap) and ``launch`` (``{field: value}``, as ``--mamba2-verify-launch``;
     e.g. ``{"n_chunks": 4}``) override the launch configuration (offline sweeps); ``keep_ptx``
@@ -949,13 +950,7 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
 
     H, P, N, G, L = 96, 80, 128, 8, 16
     R = max(L, T) + T
-    cfg = k.launch_config(P, N, R, T, torch.bfloat16, impl=impl)
-    if num_warps is not None:
-        cfg = cfg._replace(num_warps=num_warps)
-    if maxnreg is not None:
-        cfg = cfg._replace(maxnreg=maxnreg or None)
-    if launch:
-        cfg = cfg._replace(**launch)
+    read_dtypes = {None: None, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
     if impl == "fma":
         from replayssm_kernels.mamba2_verify.fma import mamba2_replay_verify_fma_kernel as kern
     else:
@@ -963,6 +958,14 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
     xbc = H * P + 2 * G * N
     rows = []
     for read in reads:
+        # as the launcher chooses it for this copy (read_mma), then the overrides
+        cfg = k.launch_config(P, N, R, T, torch.bfloat16, impl=impl, read_dtype=read_dtypes[read])
+        if num_warps is not None:
+            cfg = cfg._replace(num_warps=num_warps)
+        if maxnreg is not None:
+            cfg = cfg._replace(maxnreg=maxnreg or None)
+        if launch:
+            cfg = cfg._replace(**launch)
         for ps in p_splits:
             tiles = -(-(-(-P // cfg.block_p)) // ps)
             rd, f8 = read is not None, read == "fp8"
@@ -1006,13 +1009,14 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
             st = ptxas_stats(ck.asm["ptx"])
             row = dict(T=T, impl=impl, read=read, p_split=ps, num_warps=cfg.num_warps,
                        maxnreg=cfg.maxnreg, block_p=cfg.block_p, n_chunks=cfg.n_chunks,
-                       kq_dot=cfg.kq_dot, shared=ck.metadata.shared,
+                       kq_dot=cfg.kq_dot, read_mma=cfg.read_mma, shared=ck.metadata.shared,
                        ctas=ctas_per_sm(st["regs"], cfg.num_warps, ck.metadata.shared), **st)
             if keep_ptx:
                 row["ptx"] = ck.asm["ptx"]
             rows.append(row)
             print(f"{impl} T={T} read={str(read):4} P_SPLIT={ps} block_p {cfg.block_p} "
-                  f"n_chunks {cfg.n_chunks} kq_dot {cfg.kq_dot} warps {cfg.num_warps} cap "
+                  f"n_chunks {cfg.n_chunks} kq_dot {cfg.kq_dot} read_mma {cfg.read_mma} "
+                  f"warps {cfg.num_warps} cap "
                   f"{cfg.maxnreg}: regs {st['regs']} stack {st['stack']} spill st/ld "
                   f"{st['spill_st']}/{st['spill_ld']} shared {row['shared']} B, "
                   f"CTAs/SM {row['ctas']}", flush=True)

@@ -60,14 +60,16 @@ def _forced_launch(**fields):
 #: The launches under test, by driver key: the whole-N tile as the default launch had it before
 #: (16-row tiles up to T = 4, ``base4``; 8-row tiles at T = 8, ``base8``; FMA outputs with a read
 #: copy too, ``read_mma=0``), the N-chunked tile at 2, 4 and 8 chunks, with ``KᵀQ`` on tensor cores
-#: (``kq``), 4 chunks with 16-row tiles, and the copy's outputs on tensor cores (``rm4``).
+#: (``kq``), 4 chunks with 16-row tiles, and that launch with the copy's outputs on tensor cores
+#: (``rm4``) or in FMAs (``fm4``): the partner of a default that takes ``read_mma`` or not.
 LAUNCHES = {"base4": dict(n_chunks=1, kq_dot=0, read_mma=0),
             "base8": dict(n_chunks=1, kq_dot=0, block_p=8, read_mma=0),
             "nc2": dict(n_chunks=2), "nc4": dict(n_chunks=4), "nc8": dict(n_chunks=8),
             "nc2kq": dict(n_chunks=2, kq_dot=1), "nc4kq": dict(n_chunks=4, kq_dot=1),
             "nc8kq": dict(n_chunks=8, kq_dot=1),
             "nc4kqbp16": dict(n_chunks=4, kq_dot=1, block_p=16),
-            "rm4": dict(n_chunks=4, kq_dot=1, block_p=16, read_mma=1)}
+            "rm4": dict(n_chunks=4, kq_dot=1, block_p=16, read_mma=1),
+            "fm4": dict(n_chunks=4, kq_dot=1, block_p=16, read_mma=0)}
 for _name, _fields in LAUNCHES.items():  # the drivers look implementations up by key
     tmv.VERIFY[_name] = _forced_launch(**_fields)
     tmv.DECODE[_name] = tmv.DECODE["kernel"]
@@ -111,10 +113,10 @@ def test_layout_bitwise_vs_default(name, T):
     (4, torch.bfloat16, torch.float32, torch.bfloat16, False, "base4"),
     (2, None, torch.float16, torch.float32, True, "base4"),
     (8, F8, torch.float16, torch.bfloat16, True, "base8"),
-    (4, torch.bfloat16, torch.float32, torch.bfloat16, False, "rm4"),
-    (8, F8, torch.float16, torch.bfloat16, True, "rm4")],
-    ids=["T4-bf16-copy", "T2-fp16-SR-act32", "T8-fp8-copy-fp16-SR", "T4-bf16-copy-read_mma",
-         "T8-fp8-copy-fp16-SR-read_mma"])
+    (4, torch.bfloat16, torch.float32, torch.bfloat16, False, "fm4"),
+    (4, F8, torch.float16, torch.bfloat16, True, "rm4")],
+    ids=["T4-bf16-copy", "T2-fp16-SR-act32", "T8-fp8-copy-fp16-SR", "T4-bf16-copy-fma-outputs",
+         "T4-fp8-copy-fp16-SR-read_mma"])
 def test_layout_bitwise_vs_default_read_copy_and_sr(T, read_dtype, state_dtype, act_dtype, sr,
                                                     base):
     """Read copies (the fp8 row max is over all of N in either layout), their scales and SR
@@ -312,6 +314,28 @@ def test_layout_codegen_fold_and_reductions():
         assert bar[key] < bar["base"], bar
 
 
+def test_read_mma_codegen():
+    """sm_90a, Nano-4B, fp8 copy: the default launch at T = 8 (``read_mma`` by the rule) and T = 4
+    with ``read_mma`` forced compile the copy's ``S·C`` to bf16 tensor-core products (``mma.sync``
+    with bf16 operands, the exact form the interpreter cannot run); the default T = 4 launch (no
+    ``read_mma``, no ``kq_dot``) has no tensor-core product; the ``read_mma`` builds spill at most
+    8 B (the default T = 4 build: 12 B)."""
+    rows = tmv.offline_rows(
+        "[offline_sm90a(8, (1,), impl='fma', reads=('fp8',), keep_ptx=True)[0], "
+        "offline_sm90a(4, (1,), impl='fma', reads=('fp8',), keep_ptx=True, "
+        "launch={'kq_dot': 1, 'read_mma': 1})[0], "
+        "offline_sm90a(4, (1,), impl='fma', reads=('fp8',), keep_ptx=True)[0]]")
+    if isinstance(rows, str):
+        pytest.skip(rows)
+    bf16_mma = [row["ptx"].count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
+                for row in rows]
+    print(f"\n[mamba2-verify] sm_90a fp8 copy, bf16 mma.sync (T8 default / T4 read_mma / T4 "
+          f"default): {bf16_mma}; spill stores {[row['spill_st'] for row in rows]} B")
+    assert [row["read_mma"] for row in rows] == [1, 1, 0]
+    assert bf16_mma[0] > 0 and bf16_mma[1] > 0 and "mma.sync" not in rows[2]["ptx"]
+    assert rows[0]["spill_st"] <= 8 and rows[1]["spill_st"] <= 8
+
+
 # --------------------------------------------------------------------------------------------
 # GPU (H200): the same driver at the real shape
 # --------------------------------------------------------------------------------------------
@@ -344,16 +368,18 @@ def test_gpu_nano4b_layout_bitwise_vs_default_read_copy_and_sr(T, read_dtype, sr
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,read_dtype", [(4, F8), (4, torch.bfloat16), (8, F8)],
-                         ids=["T4-fp8-copy", "T4-bf16-copy", "T8-fp8-copy"])
-def test_gpu_nano4b_read_mma_vs_default(T, read_dtype):
-    """``read_mma`` (non-flush outputs from the copy on tensor cores) in lockstep with the default
-    at Nano-4B: checkpoints, copies, scales, rings and cursors bitwise, outputs within
+@pytest.mark.parametrize("T,read_dtype,partner", [(4, F8, "rm4"), (4, torch.bfloat16, "fm4"),
+                                                  (8, F8, "fm4"), (8, torch.bfloat16, "fm4")],
+                         ids=["T4-fp8-copy", "T4-bf16-copy", "T8-fp8-copy", "T8-bf16-copy"])
+def test_gpu_nano4b_read_mma_vs_default(T, read_dtype, partner):
+    """The copy's non-flush outputs on tensor cores against the same launch's FMA outputs at
+    Nano-4B, in lockstep with the default (``read_mma`` where the default takes it, so the partner
+    is the other choice): checkpoints, copies, scales, rings and cursors bitwise, outputs within
     ``LAYOUT_OUT_TOL``."""
     seen = split_lockstep(lambda s: None, [None, None], shape=NANO_4B, T=T, L=16,
                           state_dtype=torch.float32, act_dtype=torch.bfloat16,
                           read_dtype=read_dtype, active=24, pads=8, steps=12, seed=1040 + T,
-                          device="cuda", impls=["kernel", "rm4"],
+                          device="cuda", impls=["kernel", partner],
                           out_rtol=LAYOUT_OUT_TOL[torch.bfloat16])
-    print(f"\n[mamba2-verify] GPU read_mma vs default T={T} copy={str(read_dtype)[6:]}: outputs "
+    print(f"\n[mamba2-verify] GPU default vs {partner} T={T} copy={str(read_dtype)[6:]}: outputs "
           f"{seen['out_rel']:.2e}")
