@@ -22,8 +22,8 @@
 #           same with a bf16 copy (GDN) and no copy (Mamba-2)
 #   mma     the Mamba-2 verify's read_mma (non-flush outputs from the read copy on tensor cores)
 #           against the FMA outputs, batch 256, ours only: per copy (bf16, fp8) the default launch
-#           at T = 4, 8, then each T with the other choice (bf16: read_mma off at T = 4 (kq_dot
-#           off too) and 8; fp8: off at 8, on at 4 (with kq_dot)); benchmarks/notes/verify.md
+#           at T = 4, 8 (read_mma by the rule), then each T with read_mma off (at T = 4 kq_dot off
+#           too: the launch without a copy); benchmarks/notes/verify.md
 #
 # Each step has its own time limit and is followed by a tarball of everything so far
 # ($OUT/PART.tgz: each run's results.md / .json / .png), so a step that runs long loses only itself;
@@ -75,7 +75,7 @@ elif [ "$part" = mma ]; then
   step mamba2_bf16_t8_fma 50 $m2 --T 8 --read-dtype bf16 --mamba2-verify-launch read_mma=0
   step mamba2_fp8 70 $m2 --T 4,8 --read-dtype fp8
   step mamba2_fp8_t8_fma 50 $m2 --T 8 --read-dtype fp8 --mamba2-verify-launch read_mma=0
-  step mamba2_fp8_t4_mma 50 $m2 --T 4 --read-dtype fp8 --mamba2-verify-launch read_mma=1,kq_dot=1
+  step mamba2_fp8_t4_fma 50 $m2 --T 4 --read-dtype fp8 --mamba2-verify-launch read_mma=0,kq_dot=0
 else
   step gdn 190 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck
   step mamba2 190 benchmarks.bench_verify --family mamba2 --T 4,8 --batch 64,256,512 --refcheck

@@ -73,8 +73,8 @@ twelfth session; longer windows keep the whole-N ``[BLOCK_P, BLOCK_N]`` tile):
   activations): a non-flush row's tiles take their outputs from the copy on tensor cores
   (``mma_tile.py``: one exact bf16 ``S·C`` product and two tf32 products for the records' term per
   tile) instead of this layout's FMAs; flush rows and every stored bit are unchanged. The default
-  launch takes it at 8 tokens with a bf16 / fp8 copy and at 4 with a bf16 copy (timed on an H100,
-  thirty-ninth session: T = 8 cycle −32% / −16%, T = 4 bf16 −8%; ``kernel.fma_launch_config``).
+  launch takes it at 4 and 8 tokens with a bf16 / fp8 copy (timed on an H100: T = 8 cycle −32% /
+  −16%, T = 4 bf16 −8%, T = 4 fp8 mixed launch −3% / −7%; ``kernel.fma_launch_config``).
 
 Compiled builds (``PTX``) load fold records with ``ld_rec`` and, with ``L2_AHEAD > 0``, bulk-
 prefetch checkpoint (flush rows) or copy (non-flush rows) tile ``t + L2_AHEAD`` into L2; the

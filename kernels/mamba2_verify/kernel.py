@@ -564,13 +564,15 @@ def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
       decode kernel's whole-N tile in 8-row tiles, no cap (T = 8, eighth session: 1210.5 us
       against 1437.2 for 16-row tiles).
 
-    With a read copy (``read_dtype``) and bf16 activations, ``read_mma`` (non-flush rows' outputs
-    on tensor cores, ``mma_tile.py``) where it was timed faster (H100, thirty-ninth session,
-    batch 256, cycle means against the same launch without it): 8 tokens with a bf16 or fp8 copy
-    (738.2 vs 1079.6 us bf16, 904.7 vs 1076.8 fp8) and 4 tokens with a bf16 copy (461.1 vs
-    502.3, with ``kq_dot`` turned on for it); not at 4 tokens with an fp8 copy (469.5 vs 464.8),
-    below 4 tokens (not timed), nor below ``tl.dot``'s 16 checkpoint rows per tile or 16 columns
-    of N.
+    With a bf16 or fp8 read copy (``read_dtype``) and bf16 activations, ``read_mma`` (non-flush
+    rows' outputs on tensor cores, ``mma_tile.py``; ``kq_dot`` turned on for it) at 4 (3) and 8
+    tokens, where it was timed faster (H100, batch 256, against the same launch without it):
+    T = 8 cycle means 738.2 vs 1079.6 us (bf16 copy), 904.7 vs 1076.8 (fp8); T = 4 bf16 461.1 vs
+    502.3 (thirty-ninth session); T = 4 fp8 by the mixed launch, the served form (rows spread
+    over their cycles): 491.4 vs 504.7 and 470.7 vs 504.1 (thirty-ninth / fortieth session),
+    while its cycle mean, every row in one phase, is 1% slower (469.5 vs 464.8, 468.6 vs 464.6:
+    ``kq_dot``'s flush step). Not below 4 tokens (not timed), nor below ``tl.dot``'s 16
+    checkpoint rows per tile or 16 columns of N.
     """
     block_n = triton.next_power_of_2(N)
     block_t = triton.next_power_of_2(T)
@@ -581,8 +583,7 @@ def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
     n_chunks = min(FMA_N_CHUNKS, block_n) if chunked else 1
     kq_dot = int(chunked and block_t == 8 and n_chunks > 1)
     read_mma = int(n_chunks > 1 and act_dtype == torch.bfloat16 and min(block_p, block_n) >= MIN_DOT
-                   and ((block_t == 8 and read_dtype in (torch.bfloat16, torch.float8_e4m3fn))
-                        or (block_t == 4 and read_dtype == torch.bfloat16)))
+                   and block_t in (4, 8) and read_dtype in (torch.bfloat16, torch.float8_e4m3fn))
     return LaunchConfig(block_p, triton.next_power_of_2(R), block_t, min(BLOCK_K_MAX, block_n),
                         2, num_warps, False, 1, maxnreg, impl="fma", l2_ahead=1,
                         n_chunks=n_chunks, kq_dot=max(kq_dot, read_mma), read_mma=read_mma)

@@ -91,13 +91,13 @@ def test_targets_part(tmp_path):
 
 def test_mma_part(tmp_path):
     """``mma``: the Mamba-2 verify with a bf16 then an fp8 copy, batch 256, ours only: the default
-    at T = 4, 8, then each T with the other read_mma choice (the stand-in fails every Mamba-2
+    at T = 4, 8 (read_mma by the rule), then each T without it (the stand-in fails every Mamba-2
     step: each runs anyway, the status says so)."""
     r = _run(tmp_path, "mma", "abc1234")
     assert r.returncode == 1, (r.stdout, r.stderr)
     steps = [line.split(": ")[1] for line in r.stderr.splitlines() if line.startswith("=== issue_tables")]
     assert steps == ["mamba2_bf16", "mamba2_bf16_t4_fma", "mamba2_bf16_t8_fma", "mamba2_fp8",
-                     "mamba2_fp8_t8_fma", "mamba2_fp8_t4_mma"]
+                     "mamba2_fp8_t8_fma", "mamba2_fp8_t4_fma"]
     calls = [line[5:] for line in r.stderr.splitlines() if line.startswith("FAKE ")]
     assert len(calls) == 6
     assert all("-m benchmarks.bench_verify --family mamba2 --batch 256 --refcheck --skip-peers" in c
@@ -105,7 +105,7 @@ def test_mma_part(tmp_path):
     launch = [c.split("--mamba2-verify-launch ")[1].split()[0] if "launch" in c else None
               for c in calls]
     assert launch == [None, "read_mma=0,kq_dot=0", "read_mma=0", None, "read_mma=0",
-                      "read_mma=1,kq_dot=1"]
+                      "read_mma=0,kq_dot=0"]
     assert ["--read-dtype bf16" in c for c in calls] == [True] * 3 + [False] * 3
     assert ["--T 4,8" in c for c in calls] == [True, False, False, True, False, False]
 

@@ -1238,7 +1238,7 @@ def _fma_codegen() -> list[dict] | str:
 def test_fma_codegen_fold_and_registers():
     """sm_90a, Nano-4B, T = 4 (no copy, bf16, fp8 copy): every fold site of ``fma.py`` compiles
     to SGLang's update (``fma(state, ex2(·), (Δ·B)·x)``, as the decode test pins it), an
-    ``mma`` instruction only where the launch takes ``read_mma`` (the bf16 copy: outputs only), at
+    ``mma`` instruction only where the launch takes ``read_mma`` (the copies: outputs only), at
     most 16 B of spill stores at the chosen launch (``fma_launch_config``: 128 registers, 8 CTAs
     per SM)."""
     import inspect

@@ -60,15 +60,15 @@ def _forced_launch(**fields):
 #: The launches under test, by driver key: the whole-N tile as the default launch had it before
 #: (16-row tiles up to T = 4, ``base4``; 8-row tiles at T = 8, ``base8``; FMA outputs with a read
 #: copy too, ``read_mma=0``), the N-chunked tile at 2, 4 and 8 chunks, with ``KᵀQ`` on tensor cores
-#: (``kq``), 4 chunks with 16-row tiles, and that launch with the copy's outputs on tensor cores
-#: (``rm4``) or in FMAs (``fm4``): the partner of a default that takes ``read_mma`` or not.
+#: (``kq``), 4 chunks with 16-row tiles, and that launch with the copy's outputs in FMAs
+#: (``fm4``): the partner of a default that takes ``read_mma`` (every bf16 / fp8 copy at 4 and 8
+#: tokens).
 LAUNCHES = {"base4": dict(n_chunks=1, kq_dot=0, read_mma=0),
             "base8": dict(n_chunks=1, kq_dot=0, block_p=8, read_mma=0),
             "nc2": dict(n_chunks=2), "nc4": dict(n_chunks=4), "nc8": dict(n_chunks=8),
             "nc2kq": dict(n_chunks=2, kq_dot=1), "nc4kq": dict(n_chunks=4, kq_dot=1),
             "nc8kq": dict(n_chunks=8, kq_dot=1),
             "nc4kqbp16": dict(n_chunks=4, kq_dot=1, block_p=16),
-            "rm4": dict(n_chunks=4, kq_dot=1, block_p=16, read_mma=1),
             "fm4": dict(n_chunks=4, kq_dot=1, block_p=16, read_mma=0)}
 for _name, _fields in LAUNCHES.items():  # the drivers look implementations up by key
     tmv.VERIFY[_name] = _forced_launch(**_fields)
@@ -114,9 +114,9 @@ def test_layout_bitwise_vs_default(name, T):
     (2, None, torch.float16, torch.float32, True, "base4"),
     (8, F8, torch.float16, torch.bfloat16, True, "base8"),
     (4, torch.bfloat16, torch.float32, torch.bfloat16, False, "fm4"),
-    (4, F8, torch.float16, torch.bfloat16, True, "rm4")],
+    (4, F8, torch.float16, torch.bfloat16, True, "fm4")],
     ids=["T4-bf16-copy", "T2-fp16-SR-act32", "T8-fp8-copy-fp16-SR", "T4-bf16-copy-fma-outputs",
-         "T4-fp8-copy-fp16-SR-read_mma"])
+         "T4-fp8-copy-fp16-SR-fma-outputs"])
 def test_layout_bitwise_vs_default_read_copy_and_sr(T, read_dtype, state_dtype, act_dtype, sr,
                                                     base):
     """Read copies (the fp8 row max is over all of N in either layout), their scales and SR
@@ -228,9 +228,8 @@ def test_layout_rule():
 
 def test_read_mma_rule():
     """``read_mma`` (with ``kq_dot``) by default where it was timed faster: bf16 activations and a
-    bf16 or fp8 copy at 8 tokens, a bf16 copy at 4 (3) tokens; not with an fp8 copy at 4 tokens,
-    below 4 tokens, without a copy, with an fp16 copy or fp16 activations; the rest of the launch
-    as without a copy."""
+    bf16 or fp8 copy at 4 (3) and 8 tokens; not below 4 tokens, without a copy, with an fp16 copy
+    or fp16 activations; the rest of the launch as without a copy."""
     import replayssm_kernels.mamba2_verify.kernel as k
 
     bf, f8, f16 = torch.bfloat16, torch.float8_e4m3fn, torch.float16
@@ -242,10 +241,11 @@ def test_read_mma_rule():
         assert c.kq_dot >= c.read_mma
         return c.read_mma
 
-    assert mma(8, bf) == mma(8, f8) == mma(4, bf) == mma(3, bf) == 1
-    assert mma(4, f8) == mma(2, bf) == mma(1, f8) == mma(8, None) == mma(8, f16) == 0
+    assert mma(8, bf) == mma(8, f8) == mma(4, bf) == mma(4, f8) == mma(3, bf) == 1
+    assert mma(2, bf) == mma(1, f8) == mma(4, None) == mma(8, None) == mma(8, f16) == 0
     assert mma(8, bf, f16) == mma(4, bf, torch.float32) == mma(16, bf) == 0
     assert k.launch_config(80, 128, 20, 4, bf, read_dtype=bf).kq_dot == 1
+    assert k.launch_config(80, 128, 20, 4, bf, read_dtype=f8).kq_dot == 1
     # tl.dot's 16-row / 16-column minimum: not below 16 checkpoint rows or 16 columns of N
     assert k.launch_config(8, 128, 24, 8, bf, read_dtype=bf).read_mma == 0
     assert k.launch_config(80, 8, 24, 8, bf, read_dtype=bf).read_mma == 0
@@ -315,22 +315,22 @@ def test_layout_codegen_fold_and_reductions():
 
 
 def test_read_mma_codegen():
-    """sm_90a, Nano-4B, fp8 copy: the default launch at T = 8 (``read_mma`` by the rule) and T = 4
-    with ``read_mma`` forced compile the copy's ``S·C`` to bf16 tensor-core products (``mma.sync``
-    with bf16 operands, the exact form the interpreter cannot run); the default T = 4 launch (no
-    ``read_mma``, no ``kq_dot``) has no tensor-core product; the ``read_mma`` builds spill at most
-    8 B (the default T = 4 build: 12 B)."""
+    """sm_90a, Nano-4B, fp8 copy: the default launches at T = 8 and T = 4 (``read_mma`` by the
+    rule) compile the copy's ``S·C`` to bf16 tensor-core products (``mma.sync`` with bf16
+    operands, the exact form the interpreter cannot run); the T = 4 launch with ``read_mma`` and
+    ``kq_dot`` off (FMA outputs) has no tensor-core product; the ``read_mma`` builds spill at
+    most 8 B (the FMA-output T = 4 build: 12 B)."""
     rows = tmv.offline_rows(
         "[offline_sm90a(8, (1,), impl='fma', reads=('fp8',), keep_ptx=True)[0], "
+        "offline_sm90a(4, (1,), impl='fma', reads=('fp8',), keep_ptx=True)[0], "
         "offline_sm90a(4, (1,), impl='fma', reads=('fp8',), keep_ptx=True, "
-        "launch={'kq_dot': 1, 'read_mma': 1})[0], "
-        "offline_sm90a(4, (1,), impl='fma', reads=('fp8',), keep_ptx=True)[0]]")
+        "launch={'kq_dot': 0, 'read_mma': 0})[0]]")
     if isinstance(rows, str):
         pytest.skip(rows)
     bf16_mma = [row["ptx"].count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
                 for row in rows]
-    print(f"\n[mamba2-verify] sm_90a fp8 copy, bf16 mma.sync (T8 default / T4 read_mma / T4 "
-          f"default): {bf16_mma}; spill stores {[row['spill_st'] for row in rows]} B")
+    print(f"\n[mamba2-verify] sm_90a fp8 copy, bf16 mma.sync (T8 default / T4 default / T4 "
+          f"FMA outputs): {bf16_mma}; spill stores {[row['spill_st'] for row in rows]} B")
     assert [row["read_mma"] for row in rows] == [1, 1, 0]
     assert bf16_mma[0] > 0 and bf16_mma[1] > 0 and "mma.sync" not in rows[2]["ptx"]
     assert rows[0]["spill_st"] <= 8 and rows[1]["spill_st"] <= 8
@@ -368,7 +368,7 @@ def test_gpu_nano4b_layout_bitwise_vs_default_read_copy_and_sr(T, read_dtype, sr
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,read_dtype,partner", [(4, F8, "rm4"), (4, torch.bfloat16, "fm4"),
+@pytest.mark.parametrize("T,read_dtype,partner", [(4, F8, "fm4"), (4, torch.bfloat16, "fm4"),
                                                   (8, F8, "fm4"), (8, torch.bfloat16, "fm4")],
                          ids=["T4-fp8-copy", "T4-bf16-copy", "T8-fp8-copy", "T8-bf16-copy"])
 def test_gpu_nano4b_read_mma_vs_default(T, read_dtype, partner):
