@@ -541,6 +541,15 @@ def launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
                         1, 128)
 
 
+def _read_mma_operands_ok(read_dtype: torch.dtype | None, act_dtype: torch.dtype, block_p: int,
+                         N: int) -> bool:
+    """Whether ``read_mma``'s tensor-core ``S·C`` applies: exact bf16 operands (a bf16 or e4m3
+    read copy, bf16 activations) and ``tl.dot``'s tile (``block_p`` and ``next_pow2(N)`` at least
+    ``MIN_DOT``)."""
+    return (read_dtype in (torch.bfloat16, torch.float8_e4m3fn) and act_dtype == torch.bfloat16
+            and min(block_p, triton.next_power_of_2(N)) >= MIN_DOT)
+
+
 def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
                       read_dtype: torch.dtype | None = None) -> LaunchConfig:
     """Fixed launch parameters of the FMA implementation (``fma.py``; no autotune), chosen by H200
@@ -582,8 +591,8 @@ def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
     maxnreg = FMA_MAXNREG_SHORT if block_t <= 4 else None
     n_chunks = min(FMA_N_CHUNKS, block_n) if chunked else 1
     kq_dot = int(chunked and block_t == 8 and n_chunks > 1)
-    read_mma = int(n_chunks > 1 and act_dtype == torch.bfloat16 and min(block_p, block_n) >= MIN_DOT
-                   and block_t in (4, 8) and read_dtype in (torch.bfloat16, torch.float8_e4m3fn))
+    read_mma = int(n_chunks > 1 and block_t in (4, 8)
+                   and _read_mma_operands_ok(read_dtype, act_dtype, block_p, N))
     return LaunchConfig(block_p, triton.next_power_of_2(R), block_t, min(BLOCK_K_MAX, block_n),
                         2, num_warps, False, 1, maxnreg, impl="fma", l2_ahead=1,
                         n_chunks=n_chunks, kq_dot=max(kq_dot, read_mma), read_mma=read_mma)
@@ -673,15 +682,12 @@ def mamba2_replay_verify_fwd(
                          f"with impl='dot', got {cfg.n_chunks} / {cfg.kq_dot} / {cfg.read_mma}")
     if cfg.read_mma not in (0, 1):
         raise ValueError(f"read_mma: expected 0 or 1, got {cfg.read_mma}")
-    if cfg.read_mma and (not cfg.kq_dot or read_state is None
-                         or read_state.dtype not in (torch.bfloat16, torch.float8_e4m3fn)
-                         or C.dtype != torch.bfloat16
-                         or min(block_p, triton.next_power_of_2(N)) < MIN_DOT):
+    if cfg.read_mma and (not cfg.kq_dot
+                         or not _read_mma_operands_ok(read_dtype, C.dtype, block_p, N)):
         raise ValueError(
             f"read_mma=1: expected kq_dot=1, a bf16 or float8_e4m3fn read copy, bf16 activations "
             f"(exact bf16 tensor-core operands) and block_p, next_pow2(N) >= {MIN_DOT} (tl.dot "
-            f"tile), got kq_dot={cfg.kq_dot}, read copy "
-            f"{None if read_state is None else read_state.dtype}, activations {C.dtype}, "
+            f"tile), got kq_dot={cfg.kq_dot}, read copy {read_dtype}, activations {C.dtype}, "
             f"block_p {block_p}, N {N}")
     fold_unroll = cfg.fold_unroll if fold_unroll is None else fold_unroll
     z_strides = tuple(z.stride()) if z is not None else (0, 0, 0, 0)
