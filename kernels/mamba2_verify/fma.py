@@ -477,6 +477,7 @@ def mamba2_replay_verify_fma_kernel(
     N_CHUNKS: tl.constexpr,
     KQ_DOT: tl.constexpr,
     READ_MMA: tl.constexpr = 0,
+    TILE_CACHE: tl.constexpr = "",
 ):
     # P_SPLIT programs share one (row, head), adjacent in launch order (the tensor-core kernel's
     # split): program i_s owns rows p0 .. p0 + NUM_PT·BLOCK_P - 1 (rows >= P masked) and
@@ -623,7 +624,7 @@ def mamba2_replay_verify_fma_kernel(
             if N_CHUNKS == 1:
                 m_pn = m_p[:, None] & m_n[None, :]
                 p_s = p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
-                b_s = tl.load(p_s, mask=m_pn, other=0.0).to(tl.float32)
+                b_s = tl.load(p_s, mask=m_pn, other=0.0, cache_modifier=TILE_CACHE).to(tl.float32)
                 b_s = _fold_tile(b_s, p_rx_head + o_p * stride_rx_p, p_rdt, p_rB, s0, n_full,
                                  length, R, A, m_p, m_n, stride_rx_row, stride_rdt_row,
                                  stride_rB_row, FOLD_UNROLL, PTX)
@@ -647,7 +648,8 @@ def mamba2_replay_verify_fma_kernel(
                 m_p4 = m_p[None, :, None, None]
                 m_pn4 = m_p4 & m_n4
                 p_s = p_s_head + p4 * stride_state_p + n4 * stride_state_n
-                b_s = tl.load(p_s, mask=m_pn4, other=0.0).to(tl.float32)
+                b_s = tl.load(p_s, mask=m_pn4, other=0.0,
+                              cache_modifier=TILE_CACHE).to(tl.float32)
                 b_s = _fold_tile4(b_s, p_rx_head + p4 * stride_rx_p, p_rdt, p_rB_grp, s0,
                                   n_full, length, R, A, N, m_p4, stride_rx_row, stride_rdt_row,
                                   stride_rB_row, stride_rB_n, FOLD_UNROLL, CQ, N_CHUNKS, VEC,
@@ -692,11 +694,12 @@ def mamba2_replay_verify_fma_kernel(
                     p_o_row, p_rs_head, D_ptr, z_ptr, i_b64, i_h, stride_x_T, stride_x_p,
                     stride_rx_row, stride_rx_p, stride_out_T, stride_out_p, stride_rs_p,
                     stride_D_head, stride_D_p, stride_z_batch, stride_z_T, stride_z_head,
-                    stride_z_p, READ_FP8, HAS_D, HAS_Z, PTX)
+                    stride_z_p, READ_FP8, HAS_D, HAS_Z, PTX, TILE_CACHE)
             elif N_CHUNKS == 1:
                 b_s = tl.load(p_src_head + o_p[:, None] * stride_src_p
                               + o_n[None, :] * stride_src_n,
-                              mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)
+                              mask=m_p[:, None] & m_n[None, :], other=0.0,
+                              cache_modifier=TILE_CACHE).to(tl.float32)
                 _tile_outputs(
                     b_s, o_p, m_p, o_n, m_n, o_t, m_t, o_j, is_w, is_h, row_j, row_w, coef, d_g,
                     T, p_x_row, p_rx_head, p_C_row, p_o_row, p_rs_head, D_ptr, z_ptr, i_b64,
@@ -707,7 +710,8 @@ def mamba2_replay_verify_fma_kernel(
             else:
                 p4 = o_p[None, :, None, None]
                 b_s = tl.load(p_src_head + p4 * stride_src_p + n4 * stride_src_n,
-                              mask=m_p[None, :, None, None] & m_n4, other=0.0).to(tl.float32)
+                              mask=m_p[None, :, None, None] & m_n4, other=0.0,
+                              cache_modifier=TILE_CACHE).to(tl.float32)
                 _tile_outputs4(
                     b_s, o_p, m_p, o_t, o_tc, coef, d_g, T, N, start, length, hist, R,
                     p_x_row, p_rx_head, p_C_row, p_o_row, p_rs_head, D_ptr, z_ptr, i_b64, i_h,

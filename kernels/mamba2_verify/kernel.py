@@ -499,6 +499,9 @@ class LaunchConfig(NamedTuple):
     # "fma": 1 (needs kq_dot = 1, a bf16 or fp8 read copy and bf16 activations): non-flush rows'
     # outputs from the copy on tensor cores (mma_tile.py); 0: this layout's FMAs. Outputs only.
     read_mma: int = 0
+    # "fma": 1: the checkpoint / read-copy tiles loaded with ld.global.cg (L2 only, not into L1,
+    # which keeps the ring records' reuse). Caching only: the same bits.
+    tile_cg: int = 0
 
 
 #: The two implementations of one contract: ``"fma"`` (fp32 FMA reductions over whole-N tiles,
@@ -780,6 +783,7 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
         HAS_READ=read_state is not None,
         READ_FP8=read_fp8,
         READ_MMA=cfg.read_mma,
+        TILE_CACHE=".cg" if cfg.tile_cg else "",
         SR=sr,
         P_SPLIT=p_split,
         L2_AHEAD=l2_ahead,
