@@ -478,6 +478,7 @@ def mamba2_replay_verify_fma_kernel(
     KQ_DOT: tl.constexpr,
     READ_MMA: tl.constexpr = 0,
     TILE_CACHE: tl.constexpr = "",
+    ROWS: tl.constexpr = 0,
 ):
     # P_SPLIT programs share one (row, head), adjacent in launch order (the tensor-core kernel's
     # split): program i_s owns rows p0 .. p0 + NUM_PT·BLOCK_P - 1 (rows >= P masked) and
@@ -498,6 +499,12 @@ def mamba2_replay_verify_fma_kernel(
     do_flush = tl.load(flush_ptr + i_b)
     if slot < 0:
         return  # padding row: touches nothing, not even its output rows
+    if ROWS == 1:  # launch option flush_split: this launch takes the flush rows only
+        if do_flush == 0:
+            return
+    if ROWS == 2:  # ... and this one the non-flush rows
+        if do_flush != 0:
+            return
     i_g = i_h // heads_per_group
     i_b64 = i_b.to(tl.int64)  # row offsets in 64 bits: batch × row stride may pass 2^31
 

@@ -502,6 +502,10 @@ class LaunchConfig(NamedTuple):
     # "fma": 1: the checkpoint / read-copy tiles loaded with ld.global.cg (L2 only, not into L1,
     # which keeps the ring records' reuse). Caching only: the same bits.
     tile_cg: int = 0
+    # "fma" with read_mma = 1: the flush rows in a launch of their own, built without read_mma /
+    # kq_dot (no shared-memory carveout taken from L1 for the fold), the non-flush rows in the
+    # read_mma launch; each launch's other rows return at once. Flush outputs: FMA order.
+    flush_split: int = 0
 
 
 #: The two implementations of one contract: ``"fma"`` (fp32 FMA reductions over whole-N tiles,
@@ -765,6 +769,14 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
     from replayssm_kernels.mamba2_verify.fma import mamba2_replay_verify_fma_kernel
 
     block_n = triton.next_power_of_2(N)
+    if cfg.flush_split:
+        if not cfg.read_mma:
+            raise ValueError("flush_split=1: expected read_mma=1 (it splits off the flush rows of a "
+                             "read_mma launch)")
+        flush_cfg = cfg._replace(read_mma=0, kq_dot=0, flush_split=0)
+        _launch_fma(flush_cfg, args, flags, grid, state, read_state, N, block_p, tiles,
+                    fold_unroll, read_fp8, sr, p_split, {**extra, "ROWS": 1})
+        extra = {**extra, "ROWS": 2}
     layout = fma_layout(cfg, N)
     # The L2 prefetch (compiled only) needs whole contiguous tiles of the checkpoint and, if
     # there is one, of the read copy (flush rows prefetch the checkpoint, non-flush the copy).

@@ -69,7 +69,8 @@ LAUNCHES = {"base4": dict(n_chunks=1, kq_dot=0, read_mma=0),
             "nc2kq": dict(n_chunks=2, kq_dot=1), "nc4kq": dict(n_chunks=4, kq_dot=1),
             "nc8kq": dict(n_chunks=8, kq_dot=1),
             "nc4kqbp16": dict(n_chunks=4, kq_dot=1, block_p=16),
-            "fm4": dict(n_chunks=4, kq_dot=1, block_p=16, read_mma=0)}
+            "fm4": dict(n_chunks=4, kq_dot=1, block_p=16, read_mma=0),
+            "split4": dict(n_chunks=4, kq_dot=1, block_p=16, read_mma=1, flush_split=1)}
 for _name, _fields in LAUNCHES.items():  # the drivers look implementations up by key
     tmv.VERIFY[_name] = _forced_launch(**_fields)
     tmv.DECODE[_name] = tmv.DECODE["kernel"]
@@ -114,9 +115,10 @@ def test_layout_bitwise_vs_default(name, T):
     (2, None, torch.float16, torch.float32, True, "base4"),
     (8, F8, torch.float16, torch.bfloat16, True, "base8"),
     (4, torch.bfloat16, torch.float32, torch.bfloat16, False, "fm4"),
-    (4, F8, torch.float16, torch.bfloat16, True, "fm4")],
+    (4, F8, torch.float16, torch.bfloat16, True, "fm4"),
+    (4, F8, torch.float32, torch.bfloat16, False, "split4")],
     ids=["T4-bf16-copy", "T2-fp16-SR-act32", "T8-fp8-copy-fp16-SR", "T4-bf16-copy-fma-outputs",
-         "T4-fp8-copy-fp16-SR-fma-outputs"])
+         "T4-fp8-copy-fp16-SR-fma-outputs", "T4-fp8-copy-flush-split"])
 def test_layout_bitwise_vs_default_read_copy_and_sr(T, read_dtype, state_dtype, act_dtype, sr,
                                                     base):
     """Read copies (the fp8 row max is over all of N in either layout), their scales and SR
@@ -180,6 +182,17 @@ def test_read_mma_value_error(fields, read):
         _forced_launch(**fields)(
             pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
             out, i + 1, i, i, i.bool(), dt_bias=prm.dt_bias, dt_softplus=True, **kw)
+
+
+def test_flush_split_without_read_mma_value_error():
+    """``flush_split`` splits the flush rows off a ``read_mma`` launch: without ``read_mma`` it
+    raises before any launch."""
+    pool, prm, tok, out, i = _one_row_step()
+    with pytest.raises(ValueError, match=r"flush_split=1: expected read_mma=1"):
+        _forced_launch(n_chunks=4, kq_dot=1, read_mma=0, flush_split=1)(
+            pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
+            out, i + 1, i, i, i.bool(), dt_bias=prm.dt_bias, dt_softplus=True,
+            read_state=pool.state.to(torch.bfloat16))
 
 
 def test_options_refused_by_the_tensor_core_kernel():
@@ -369,8 +382,10 @@ def test_gpu_nano4b_layout_bitwise_vs_default_read_copy_and_sr(T, read_dtype, sr
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,read_dtype,partner", [(4, F8, "fm4"), (4, torch.bfloat16, "fm4"),
-                                                  (8, F8, "fm4"), (8, torch.bfloat16, "fm4")],
-                         ids=["T4-fp8-copy", "T4-bf16-copy", "T8-fp8-copy", "T8-bf16-copy"])
+                                                  (8, F8, "fm4"), (8, torch.bfloat16, "fm4"),
+                                                  (4, F8, "split4")],
+                         ids=["T4-fp8-copy", "T4-bf16-copy", "T8-fp8-copy", "T8-bf16-copy",
+                              "T4-fp8-copy-flush-split"])
 def test_gpu_nano4b_read_mma_vs_default(T, read_dtype, partner):
     """The copy's non-flush outputs on tensor cores against the same launch's FMA outputs at
     Nano-4B, in lockstep with the default (``read_mma`` where the default takes it, so the partner
