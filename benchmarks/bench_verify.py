@@ -999,7 +999,7 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
                          HAS_READ=rd, READ_FP8=f8, SR=False, P_SPLIT=ps)
             if impl == "fma":
                 const.update(BLOCK_N=1 << (N - 1).bit_length(), L2_AHEAD=cfg.l2_ahead, PTX=True,
-                             READ_MMA=cfg.read_mma, TILE_CACHE=".cg" if cfg.tile_cg else "",
+                             READ_MMA=cfg.read_mma, TILE_CACHE=".cg" if cfg.tile_cg else "", ROWS=0,
                              **k.fma_layout(cfg, N))
             else:
                 const.update(NUM_NK=-(-N // cfg.block_k), ACT_TF32_EXACT=cfg.act_tf32_exact)
