@@ -76,6 +76,14 @@ twelfth session; longer windows keep the whole-N ``[BLOCK_P, BLOCK_N]`` tile):
   launch takes it at 4 and 8 tokens with a bf16 / fp8 copy (timed on an H100: T = 8 cycle −32% /
   −16%, T = 4 bf16 −8%, T = 4 fp8 mixed launch −3% / −7%; ``kernel.fma_launch_config``).
 
+- ``flush_split = 1`` (with ``read_mma = 1``; untimed): the flush rows in a launch of their own
+  built without ``read_mma`` / ``kq_dot`` (``ROWS = 1``), the non-flush rows in the ``read_mma``
+  launch (``ROWS = 2``); each launch's other rows return at once. ``read_mma``'s operand staging
+  makes the driver take a large shared-memory carveout for the whole kernel, which costs the fold
+  L1 (ncu, benchmarks/notes/verify.md); the stored bits are the default's.
+- ``tile_cg = 1`` (``TILE_CACHE = ".cg"``; untimed): checkpoint and copy tiles loaded L2-only,
+  leaving L1 to the ring records. Caching only.
+
 Compiled builds (``PTX``) load fold records with ``ld_rec`` and, with ``L2_AHEAD > 0``, bulk-
 prefetch checkpoint (flush rows) or copy (non-flush rows) tile ``t + L2_AHEAD`` into L2; the
 interpreter takes ``tl.load`` and no hints. No autotune (the kernel writes the pool), no host

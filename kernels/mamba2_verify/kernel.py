@@ -769,6 +769,9 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
     from replayssm_kernels.mamba2_verify.fma import mamba2_replay_verify_fma_kernel
 
     block_n = triton.next_power_of_2(N)
+    if cfg.tile_cg not in (0, 1) or cfg.flush_split not in (0, 1):
+        raise ValueError(f"tile_cg / flush_split: expected 0 or 1, got {cfg.tile_cg} / "
+                         f"{cfg.flush_split}")
     if cfg.flush_split:
         if not cfg.read_mma:
             raise ValueError("flush_split=1: expected read_mma=1 (it splits off the flush rows of a "

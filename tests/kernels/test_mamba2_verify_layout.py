@@ -195,6 +195,31 @@ def test_flush_split_without_read_mma_value_error():
             read_state=pool.state.to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("fields", [dict(tile_cg=2), dict(flush_split=-1)],
+                         ids=["tile_cg-2", "flush_split-minus-1"])
+def test_tile_cg_and_flush_split_value_error(fields):
+    """``tile_cg`` / ``flush_split`` other than 0 / 1 raise before any launch."""
+    pool, prm, tok, out, i = _one_row_step()
+    with pytest.raises(ValueError, match=r"tile_cg / flush_split: expected 0 or 1"):
+        _forced_launch(**fields)(
+            pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
+            out, i + 1, i, i, i.bool(), dt_bias=prm.dt_bias, dt_softplus=True)
+
+
+def test_tile_cg_codegen():
+    """sm_90a, Nano-4B, T = 4, fp8 copy: ``tile_cg = 1`` compiles the checkpoint / copy tile
+    loads to ``ld.global.cg``; the default launch has none."""
+    rows = tmv.offline_rows(
+        "[offline_sm90a(4, (1,), impl='fma', reads=('fp8',), keep_ptx=True)[0], "
+        "offline_sm90a(4, (1,), impl='fma', reads=('fp8',), keep_ptx=True, "
+        "launch={'tile_cg': 1})[0]]")
+    if isinstance(rows, str):
+        pytest.skip(rows)
+    counts = [row["ptx"].count("ld.global.cg") for row in rows]
+    print(f"\n[mamba2-verify] sm_90a ld.global.cg (default / tile_cg): {counts}")
+    assert counts[0] == 0 and counts[1] > 0
+
+
 def test_options_refused_by_the_tensor_core_kernel():
     """``impl="dot"`` with an FMA layout option raises instead of ignoring it."""
     import replayssm_kernels.mamba2_verify.kernel as k
