@@ -80,7 +80,8 @@ twelfth session; longer windows keep the whole-N ``[BLOCK_P, BLOCK_N]`` tile):
   built without ``read_mma`` / ``kq_dot`` (``ROWS = 1``), the non-flush rows in the ``read_mma``
   launch (``ROWS = 2``); each launch's other rows return at once. ``read_mma``'s operand staging
   makes the driver take a large shared-memory carveout for the whole kernel, which costs the fold
-  L1 (ncu, benchmarks/notes/verify.md); the stored bits are the default's.
+  L1 (ncu, benchmarks/notes/verify.md); the stored bits are the default's (CPU lockstep; not
+  yet run on a GPU).
 - ``tile_cg = 1`` (``TILE_CACHE = ".cg"``; untimed): checkpoint and copy tiles loaded L2-only,
   leaving L1 to the ring records. Caching only.
 

@@ -41,7 +41,8 @@ def tile_outputs_mma(
     """Outputs ``[BLOCK_P, T]`` of one non-flush tile (rows ``o_p``) from the read copy at
     ``p_src_head`` (strides ``stride_src_*``), and the append of the window's x records.
     ``b_ct [BLOCK_N, BLOCK_TC]`` bf16 (interpreter: any float), ``coef [BLOCK_J, BLOCK_TC]`` and
-    ``d_gc [BLOCK_TC]`` fp32, tokens ``>= T`` zero or masked."""
+    ``d_gc [BLOCK_TC]`` fp32, tokens ``>= T`` zero or masked. ``TILE_CACHE``: the copy tile's load
+    cache modifier (``""``, or ``".cg"`` with the launch option ``tile_cg``)."""
     b_r = tl.load(p_src_head + o_p[:, None] * stride_src_p + o_n[None, :] * stride_src_n,
                   mask=m_p[:, None] & m_n[None, :], other=0.0, cache_modifier=TILE_CACHE)
     if PTX:  # bf16 / e4m3 values and bf16 C: exact bf16 operands, fp32 accumulation
