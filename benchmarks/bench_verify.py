@@ -937,7 +937,9 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
     ``_mamba2_replay_verify_fwd_kernel``, ``"fma"``: ``fma.py``'s) for sm_90a (no GPU) as the launcher would at the Nano-4B shape
     (L = 16, fp32 state, bf16 activations with the mixer's strides, no z), for each ``P_SPLIT``
     and read copy in ``reads`` (``None`` / ``"bf16"`` / ``"fp8"``; the launch as chosen for that
-    copy), and print ``ptxas -v``'s
+    copy; with ``flush_split`` its two builds, the non-flush rows' ``read_mma`` build first
+    (``ROWS = 2``), then the flush rows' (``ROWS = 1``; a row's ``"rows"``, 0 without the split),
+    and print ``ptxas -v``'s
     registers and spills (``sweep_mamba2.compile_sm90a`` / ``ptxas_stats``). ``num_warps`` /
     ``maxnreg`` (``0``: no cap) and ``launch`` (``{field: value}``, as ``--mamba2-verify-launch``;
     e.g. ``{"n_chunks": 4}``) override the launch configuration (offline sweeps); ``keep_ptx``
@@ -993,34 +995,38 @@ def offline_sm90a(T: int = 4, p_splits: Sequence[int] = (1, 2, 3, 5), impl: str 
                 stride_read_head=P * N if rd else 0, stride_read_p=N if rd else 0,
                 stride_read_n=1 if rd else 0, stride_rs_slot=H * P if f8 else 0,
                 stride_rs_head=P if f8 else 0, stride_rs_p=1 if f8 else 0)
-            const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False,
-                         BLOCK_P=cfg.block_p, BLOCK_K=cfg.block_k, BLOCK_J=cfg.block_j,
-                         BLOCK_T=cfg.block_t, NUM_PT=tiles, FOLD_UNROLL=cfg.fold_unroll,
-                         HAS_READ=rd, READ_FP8=f8, SR=False, P_SPLIT=ps)
-            if impl == "fma":
-                const.update(BLOCK_N=1 << (N - 1).bit_length(), L2_AHEAD=cfg.l2_ahead, PTX=True,
-                             READ_MMA=cfg.read_mma, TILE_CACHE=".cg" if cfg.tile_cg else "", ROWS=0,
-                             **k.fma_layout(cfg, N))
-            else:
-                const.update(NUM_NK=-(-N // cfg.block_k), ACT_TF32_EXACT=cfg.act_tf32_exact)
-            opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-            if cfg.maxnreg:
-                opts["maxnreg"] = cfg.maxnreg
-            ck = compile_sm90a(kern, ptrs, ints, const, opts)
-            st = ptxas_stats(ck.asm["ptx"])
-            row = dict(T=T, impl=impl, read=read, p_split=ps, num_warps=cfg.num_warps,
-                       maxnreg=cfg.maxnreg, block_p=cfg.block_p, n_chunks=cfg.n_chunks,
-                       kq_dot=cfg.kq_dot, read_mma=cfg.read_mma, shared=ck.metadata.shared,
-                       ctas=ctas_per_sm(st["regs"], cfg.num_warps, ck.metadata.shared), **st)
-            if keep_ptx:
-                row["ptx"] = ck.asm["ptx"]
-            rows.append(row)
-            print(f"{impl} T={T} read={str(read):4} P_SPLIT={ps} block_p {cfg.block_p} "
-                  f"n_chunks {cfg.n_chunks} kq_dot {cfg.kq_dot} read_mma {cfg.read_mma} "
-                  f"warps {cfg.num_warps} cap "
-                  f"{cfg.maxnreg}: regs {st['regs']} stack {st['stack']} spill st/ld "
-                  f"{st['spill_st']}/{st['spill_ld']} shared {row['shared']} B, "
-                  f"CTAs/SM {row['ctas']}", flush=True)
+            # with flush_split, the launcher's two builds: non-flush rows (ROWS = 2), flush rows
+            builds = [(cfg, 0)]
+            if impl == "fma" and cfg.flush_split:
+                builds = [(cfg, 2), (k.flush_launch_config(cfg), 1)]
+            for b, part in builds:
+                const = dict(DT_SOFTPLUS=True, HAS_DT_BIAS=True, HAS_D=True, HAS_Z=False,
+                             BLOCK_P=b.block_p, BLOCK_K=b.block_k, BLOCK_J=b.block_j,
+                             BLOCK_T=b.block_t, NUM_PT=tiles, FOLD_UNROLL=b.fold_unroll,
+                             HAS_READ=rd, READ_FP8=f8, SR=False, P_SPLIT=ps)
+                if impl == "fma":
+                    const.update(BLOCK_N=1 << (N - 1).bit_length(), L2_AHEAD=b.l2_ahead,
+                                 PTX=True, READ_MMA=b.read_mma, ROWS=part, **k.fma_layout(b, N))
+                else:
+                    const.update(NUM_NK=-(-N // b.block_k), ACT_TF32_EXACT=b.act_tf32_exact)
+                opts = dict(num_warps=b.num_warps, num_stages=b.num_stages)
+                if b.maxnreg:
+                    opts["maxnreg"] = b.maxnreg
+                ck = compile_sm90a(kern, ptrs, ints, const, opts)
+                st = ptxas_stats(ck.asm["ptx"])
+                row = dict(T=T, impl=impl, read=read, p_split=ps, num_warps=b.num_warps,
+                           maxnreg=b.maxnreg, block_p=b.block_p, n_chunks=b.n_chunks,
+                           kq_dot=b.kq_dot, read_mma=b.read_mma, rows=part,
+                           shared=ck.metadata.shared,
+                           ctas=ctas_per_sm(st["regs"], b.num_warps, ck.metadata.shared), **st)
+                if keep_ptx:
+                    row["ptx"] = ck.asm["ptx"]
+                rows.append(row)
+                print(f"{impl} T={T} read={str(read):4} P_SPLIT={ps} block_p {b.block_p} "
+                      f"n_chunks {b.n_chunks} kq_dot {b.kq_dot} read_mma {b.read_mma} rows "
+                      f"{part} warps {b.num_warps} cap {b.maxnreg}: regs {st['regs']} stack "
+                      f"{st['stack']} spill st/ld {st['spill_st']}/{st['spill_ld']} shared "
+                      f"{row['shared']} B, CTAs/SM {row['ctas']}", flush=True)
     return rows
 
 

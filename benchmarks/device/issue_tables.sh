@@ -22,8 +22,9 @@
 #           same with a bf16 copy (GDN) and no copy (Mamba-2)
 #   mma     the Mamba-2 verify's read_mma (non-flush outputs from the read copy on tensor cores)
 #           against the FMA outputs, batch 256, ours only: per copy (bf16, fp8) the default launch
-#           at T = 4, 8 (read_mma by the rule), then each T with read_mma off (at T = 4 kq_dot off
-#           too: the launch without a copy); benchmarks/notes/verify.md
+#           at T = 4, 8 (read_mma and flush_split by the rule), then each T with read_mma off,
+#           in one launch (at T = 4 kq_dot off too: the launch without a copy);
+#           benchmarks/notes/verify.md
 #
 # Each step has its own time limit and is followed by a tarball of everything so far
 # ($OUT/PART.tgz: each run's results.md / .json / .png), so a step that runs long loses only itself;
@@ -70,12 +71,13 @@ elif [ "$part" = targets ]; then
   step mamba2 120 benchmarks.bench_verify --family mamba2 --T 4 --batch 256 --refcheck
 elif [ "$part" = mma ]; then
   m2="benchmarks.bench_verify --family mamba2 --batch 256 --refcheck --skip-peers"
+  one=flush_split=0,flush_kq_dot=0  # one launch: without read_mma there is no flush split
   step mamba2_bf16 70 $m2 --T 4,8 --read-dtype bf16
-  step mamba2_bf16_t4_fma 50 $m2 --T 4 --read-dtype bf16 --mamba2-verify-launch read_mma=0,kq_dot=0
-  step mamba2_bf16_t8_fma 50 $m2 --T 8 --read-dtype bf16 --mamba2-verify-launch read_mma=0
+  step mamba2_bf16_t4_fma 50 $m2 --T 4 --read-dtype bf16 --mamba2-verify-launch read_mma=0,kq_dot=0,$one
+  step mamba2_bf16_t8_fma 50 $m2 --T 8 --read-dtype bf16 --mamba2-verify-launch read_mma=0,$one
   step mamba2_fp8 70 $m2 --T 4,8 --read-dtype fp8
-  step mamba2_fp8_t8_fma 50 $m2 --T 8 --read-dtype fp8 --mamba2-verify-launch read_mma=0
-  step mamba2_fp8_t4_fma 50 $m2 --T 4 --read-dtype fp8 --mamba2-verify-launch read_mma=0,kq_dot=0
+  step mamba2_fp8_t8_fma 50 $m2 --T 8 --read-dtype fp8 --mamba2-verify-launch read_mma=0,$one
+  step mamba2_fp8_t4_fma 50 $m2 --T 4 --read-dtype fp8 --mamba2-verify-launch read_mma=0,kq_dot=0,$one
 else
   step gdn 190 benchmarks.bench_verify --family gdn --T 4,8 --batch 64,256,512 --refcheck
   step mamba2 190 benchmarks.bench_verify --family mamba2 --T 4,8 --batch 64,256,512 --refcheck

@@ -76,14 +76,14 @@ twelfth session; longer windows keep the whole-N ``[BLOCK_P, BLOCK_N]`` tile):
   launch takes it at 4 and 8 tokens with a bf16 / fp8 copy (timed on an H100: T = 8 cycle −32% /
   −16%, T = 4 bf16 −8%, T = 4 fp8 mixed launch −3% / −7%; ``kernel.fma_launch_config``).
 
-- ``flush_split = 1`` (with ``read_mma = 1``; untimed): the flush rows in a launch of their own
-  built without ``read_mma`` / ``kq_dot`` (``ROWS = 1``), the non-flush rows in the ``read_mma``
-  launch (``ROWS = 2``); each launch's other rows return at once. ``read_mma``'s operand staging
-  makes the driver take a large shared-memory carveout for the whole kernel, which costs the fold
-  L1 (ncu, benchmarks/notes/verify.md); the stored bits are the default's (CPU lockstep; not
-  yet run on a GPU).
-- ``tile_cg = 1`` (``TILE_CACHE = ".cg"``; untimed): checkpoint and copy tiles loaded L2-only,
-  leaving L1 to the ring records. Caching only.
+- ``flush_split = 1`` (with ``read_mma = 1``): the flush rows in a launch of their own built
+  without ``read_mma`` and with ``kq_dot = flush_kq_dot`` (``ROWS = 1``), the non-flush rows in a
+  ``read_mma`` launch compiled for them alone (``ROWS = 2``); each launch's other rows return at
+  once. The flush rows fold without ``read_mma``'s shared-memory carveout (its operand staging
+  takes L1 from the whole kernel: ncu, benchmarks/notes/verify.md), and the non-flush build
+  carries no fold code. The default launch takes it at 8 tokens and with an fp8 copy at 4 (H100:
+  T = 8 cycle −7% bf16 / −26% fp8, T = 4 fp8 −4.5%; ``kernel.fma_launch_config``); the stored
+  bits are the one launch's (CPU lockstep; on a GPU at T = 4 with an fp8 copy).
 
 Compiled builds (``PTX``) load fold records with ``ld_rec`` and, with ``L2_AHEAD > 0``, bulk-
 prefetch checkpoint (flush rows) or copy (non-flush rows) tile ``t + L2_AHEAD`` into L2; the
@@ -486,7 +486,6 @@ def mamba2_replay_verify_fma_kernel(
     N_CHUNKS: tl.constexpr,
     KQ_DOT: tl.constexpr,
     READ_MMA: tl.constexpr = 0,
-    TILE_CACHE: tl.constexpr = "",
     ROWS: tl.constexpr = 0,
 ):
     # P_SPLIT programs share one (row, head), adjacent in launch order (the tensor-core kernel's
@@ -640,7 +639,7 @@ def mamba2_replay_verify_fma_kernel(
             if N_CHUNKS == 1:
                 m_pn = m_p[:, None] & m_n[None, :]
                 p_s = p_s_head + o_p[:, None] * stride_state_p + o_n[None, :] * stride_state_n
-                b_s = tl.load(p_s, mask=m_pn, other=0.0, cache_modifier=TILE_CACHE).to(tl.float32)
+                b_s = tl.load(p_s, mask=m_pn, other=0.0).to(tl.float32)
                 b_s = _fold_tile(b_s, p_rx_head + o_p * stride_rx_p, p_rdt, p_rB, s0, n_full,
                                  length, R, A, m_p, m_n, stride_rx_row, stride_rdt_row,
                                  stride_rB_row, FOLD_UNROLL, PTX)
@@ -664,8 +663,7 @@ def mamba2_replay_verify_fma_kernel(
                 m_p4 = m_p[None, :, None, None]
                 m_pn4 = m_p4 & m_n4
                 p_s = p_s_head + p4 * stride_state_p + n4 * stride_state_n
-                b_s = tl.load(p_s, mask=m_pn4, other=0.0,
-                              cache_modifier=TILE_CACHE).to(tl.float32)
+                b_s = tl.load(p_s, mask=m_pn4, other=0.0).to(tl.float32)
                 b_s = _fold_tile4(b_s, p_rx_head + p4 * stride_rx_p, p_rdt, p_rB_grp, s0,
                                   n_full, length, R, A, N, m_p4, stride_rx_row, stride_rdt_row,
                                   stride_rB_row, stride_rB_n, FOLD_UNROLL, CQ, N_CHUNKS, VEC,
@@ -710,12 +708,11 @@ def mamba2_replay_verify_fma_kernel(
                     p_o_row, p_rs_head, D_ptr, z_ptr, i_b64, i_h, stride_x_T, stride_x_p,
                     stride_rx_row, stride_rx_p, stride_out_T, stride_out_p, stride_rs_p,
                     stride_D_head, stride_D_p, stride_z_batch, stride_z_T, stride_z_head,
-                    stride_z_p, READ_FP8, HAS_D, HAS_Z, PTX, TILE_CACHE)
+                    stride_z_p, READ_FP8, HAS_D, HAS_Z, PTX)
             elif N_CHUNKS == 1:
                 b_s = tl.load(p_src_head + o_p[:, None] * stride_src_p
                               + o_n[None, :] * stride_src_n,
-                              mask=m_p[:, None] & m_n[None, :], other=0.0,
-                              cache_modifier=TILE_CACHE).to(tl.float32)
+                              mask=m_p[:, None] & m_n[None, :], other=0.0).to(tl.float32)
                 _tile_outputs(
                     b_s, o_p, m_p, o_n, m_n, o_t, m_t, o_j, is_w, is_h, row_j, row_w, coef, d_g,
                     T, p_x_row, p_rx_head, p_C_row, p_o_row, p_rs_head, D_ptr, z_ptr, i_b64,
@@ -726,8 +723,7 @@ def mamba2_replay_verify_fma_kernel(
             else:
                 p4 = o_p[None, :, None, None]
                 b_s = tl.load(p_src_head + p4 * stride_src_p + n4 * stride_src_n,
-                              mask=m_p[None, :, None, None] & m_n4, other=0.0,
-                              cache_modifier=TILE_CACHE).to(tl.float32)
+                              mask=m_p[None, :, None, None] & m_n4, other=0.0).to(tl.float32)
                 _tile_outputs4(
                     b_s, o_p, m_p, o_t, o_tc, coef, d_g, T, N, start, length, hist, R,
                     p_x_row, p_rx_head, p_C_row, p_o_row, p_rs_head, D_ptr, z_ptr, i_b64, i_h,

@@ -499,13 +499,11 @@ class LaunchConfig(NamedTuple):
     # "fma": 1 (needs kq_dot = 1, a bf16 or fp8 read copy and bf16 activations): non-flush rows'
     # outputs from the copy on tensor cores (mma_tile.py); 0: this layout's FMAs. Outputs only.
     read_mma: int = 0
-    # "fma": 1: the checkpoint / read-copy tiles loaded with ld.global.cg (L2 only, not into L1,
-    # which keeps the ring records' reuse). Caching only: the same bits.
-    tile_cg: int = 0
-    # "fma" with read_mma = 1: the flush rows in a launch of their own, built without read_mma /
-    # kq_dot (no shared-memory carveout taken from L1 for the fold), the non-flush rows in the
-    # read_mma launch; each launch's other rows return at once. Flush outputs: FMA order.
+    # "fma" with read_mma = 1: the flush rows in a launch of their own, built without read_mma
+    # and with kq_dot = flush_kq_dot, the non-flush rows in a read_mma launch built for them
+    # alone; each launch's other rows return at once. Flush outputs: FMA order.
     flush_split: int = 0
+    flush_kq_dot: int = 0
 
 
 #: The two implementations of one contract: ``"fma"`` (fp32 FMA reductions over whole-N tiles,
@@ -589,6 +587,15 @@ def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
     while its cycle mean, every row in one phase, is 1% slower (469.5 vs 464.8, 468.6 vs 464.6:
     ``kq_dot``'s flush step). Not below 4 tokens (not timed), nor below ``tl.dot``'s 16
     checkpoint rows per tile or 16 columns of N.
+
+    ``flush_split`` with ``read_mma`` at 8 tokens and with an fp8 copy at 4 (3): the flush rows
+    in a launch built as without a copy (no ``read_mma``; ``kq_dot`` as without a copy:
+    ``flush_kq_dot``), the non-flush rows in a ``read_mma`` launch built for them alone. H100,
+    batch 256, against the one launch (forty-second session; cycle means, mixed launch in
+    brackets): T = 8 bf16 copy 682.6 vs 734.5 us (702.6 vs 761.8), fp8 671.5 vs 902.3 (691.9 vs
+    937.1): the non-flush-only build's step is 322 vs 378 / 495 us; T = 4 fp8 448.3 vs 469.4
+    (470.2 vs 476.7): its flush step 1420 vs 1548 (``read_mma``'s shared-memory carveout).
+    Not with a bf16 copy at 4 tokens: 450.3 vs 454.4 us, but the mixed launch 469.6 vs 454.5.
     """
     block_n = triton.next_power_of_2(N)
     block_t = triton.next_power_of_2(T)
@@ -600,9 +607,11 @@ def fma_launch_config(P: int, N: int, R: int, T: int, act_dtype: torch.dtype,
     kq_dot = int(chunked and block_t == 8 and n_chunks > 1)
     read_mma = int(n_chunks > 1 and block_t in (4, 8)
                    and _read_mma_operands_ok(read_dtype, act_dtype, block_p, N))
+    flush_split = int(read_mma and (block_t == 8 or read_dtype == torch.float8_e4m3fn))
     return LaunchConfig(block_p, triton.next_power_of_2(R), block_t, min(BLOCK_K_MAX, block_n),
                         2, num_warps, False, 1, maxnreg, impl="fma", l2_ahead=1,
-                        n_chunks=n_chunks, kq_dot=max(kq_dot, read_mma), read_mma=read_mma)
+                        n_chunks=n_chunks, kq_dot=max(kq_dot, read_mma), read_mma=read_mma,
+                        flush_split=flush_split, flush_kq_dot=kq_dot if flush_split else 0)
 
 
 def fma_layout(cfg: LaunchConfig, N: int) -> dict[str, int]:
@@ -760,6 +769,12 @@ def mamba2_replay_verify_fwd(
     )
 
 
+def flush_launch_config(cfg: LaunchConfig) -> LaunchConfig:
+    """The launch configuration of ``cfg``'s flush rows under ``flush_split``: no ``read_mma``,
+    ``kq_dot = cfg.flush_kq_dot``, no split (``fma.py``'s ``ROWS = 1`` build)."""
+    return cfg._replace(read_mma=0, kq_dot=cfg.flush_kq_dot, flush_split=0, flush_kq_dot=0)
+
+
 def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, int],
                 state: torch.Tensor, read_state: torch.Tensor | None, N: int, block_p: int,
                 tiles: int, fold_unroll: int, read_fp8: bool, sr: bool, p_split: int,
@@ -769,16 +784,17 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
     from replayssm_kernels.mamba2_verify.fma import mamba2_replay_verify_fma_kernel
 
     block_n = triton.next_power_of_2(N)
-    if cfg.tile_cg not in (0, 1) or cfg.flush_split not in (0, 1):
-        raise ValueError(f"tile_cg / flush_split: expected 0 or 1, got {cfg.tile_cg} / "
-                         f"{cfg.flush_split}")
+    if cfg.flush_split not in (0, 1) or cfg.flush_kq_dot not in (0, 1):
+        raise ValueError(f"flush_split / flush_kq_dot: expected 0 or 1, got {cfg.flush_split} / "
+                         f"{cfg.flush_kq_dot}")
+    if cfg.flush_kq_dot and not cfg.flush_split:
+        raise ValueError("flush_kq_dot=1: expected flush_split=1 (it is the flush launch's kq_dot)")
     if cfg.flush_split:
         if not cfg.read_mma:
             raise ValueError("flush_split=1: expected read_mma=1 (it splits off the flush rows of a "
                              "read_mma launch)")
-        flush_cfg = cfg._replace(read_mma=0, kq_dot=0, flush_split=0)
-        _launch_fma(flush_cfg, args, flags, grid, state, read_state, N, block_p, tiles,
-                    fold_unroll, read_fp8, sr, p_split, {**extra, "ROWS": 1})
+        _launch_fma(flush_launch_config(cfg), args, flags, grid, state, read_state, N, block_p,
+                    tiles, fold_unroll, read_fp8, sr, p_split, {**extra, "ROWS": 1})
         extra = {**extra, "ROWS": 2}
     layout = fma_layout(cfg, N)
     # The L2 prefetch (compiled only) needs whole contiguous tiles of the checkpoint and, if
@@ -798,7 +814,6 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
         HAS_READ=read_state is not None,
         READ_FP8=read_fp8,
         READ_MMA=cfg.read_mma,
-        TILE_CACHE=".cg" if cfg.tile_cg else "",
         SR=sr,
         P_SPLIT=p_split,
         L2_AHEAD=l2_ahead,

@@ -36,15 +36,13 @@ def tile_outputs_mma(
     stride_out_p, stride_rs_p, stride_D_head, stride_D_p, stride_z_batch, stride_z_T,
     stride_z_head, stride_z_p,
     SCALED: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, PTX: tl.constexpr,
-    TILE_CACHE: tl.constexpr,
 ):  # fmt: skip
     """Outputs ``[BLOCK_P, T]`` of one non-flush tile (rows ``o_p``) from the read copy at
     ``p_src_head`` (strides ``stride_src_*``), and the append of the window's x records.
     ``b_ct [BLOCK_N, BLOCK_TC]`` bf16 (interpreter: any float), ``coef [BLOCK_J, BLOCK_TC]`` and
-    ``d_gc [BLOCK_TC]`` fp32, tokens ``>= T`` zero or masked. ``TILE_CACHE``: the copy tile's load
-    cache modifier (``""``, or ``".cg"`` with the launch option ``tile_cg``)."""
+    ``d_gc [BLOCK_TC]`` fp32, tokens ``>= T`` zero or masked."""
     b_r = tl.load(p_src_head + o_p[:, None] * stride_src_p + o_n[None, :] * stride_src_n,
-                  mask=m_p[:, None] & m_n[None, :], other=0.0, cache_modifier=TILE_CACHE)
+                  mask=m_p[:, None] & m_n[None, :], other=0.0)
     if PTX:  # bf16 / e4m3 values and bf16 C: exact bf16 operands, fp32 accumulation
         b_y = tl.dot(b_r.to(tl.bfloat16), b_ct)
     else:

@@ -104,8 +104,9 @@ def test_mma_part(tmp_path):
                and "--commit abc1234" in c for c in calls)
     launch = [c.split("--mamba2-verify-launch ")[1].split()[0] if "launch" in c else None
               for c in calls]
-    assert launch == [None, "read_mma=0,kq_dot=0", "read_mma=0", None, "read_mma=0",
-                      "read_mma=0,kq_dot=0"]
+    one = "flush_split=0,flush_kq_dot=0"
+    assert launch == [None, f"read_mma=0,kq_dot=0,{one}", f"read_mma=0,{one}", None,
+                      f"read_mma=0,{one}", f"read_mma=0,kq_dot=0,{one}"]
     assert ["--read-dtype bf16" in c for c in calls] == [True] * 3 + [False] * 3
     assert ["--T 4,8" in c for c in calls] == [True, False, False, True, False, False]
 

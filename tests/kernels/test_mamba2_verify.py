@@ -1236,11 +1236,11 @@ def _fma_codegen() -> list[dict] | str:
 
 
 def test_fma_codegen_fold_and_registers():
-    """sm_90a, Nano-4B, T = 4 (no copy, bf16, fp8 copy): every fold site of ``fma.py`` compiles
-    to SGLang's update (``fma(state, ex2(·), (Δ·B)·x)``, as the decode test pins it), an
-    ``mma`` instruction only where the launch takes ``read_mma`` (the copies: outputs only), at
-    most 16 B of spill stores at the chosen launch (``fma_launch_config``: 128 registers, 8 CTAs
-    per SM)."""
+    """sm_90a, Nano-4B, T = 4 (no copy, bf16, fp8 copy: ``flush_split``'s two builds): every
+    fold site of ``fma.py`` compiles to SGLang's update (``fma(state, ex2(·), (Δ·B)·x)``, as the
+    decode test pins it), and the fp8 copy's non-flush build has none; an ``mma`` instruction
+    only where the build takes ``read_mma`` (the copies' non-flush outputs), at most 16 B of
+    spill stores at the chosen launch (``fma_launch_config``: 128 registers, 8 CTAs per SM)."""
     import inspect
 
     from test_mamba2_decode import _update_signatures
@@ -1260,9 +1260,14 @@ def test_fma_codegen_fold_and_registers():
     assert len(lines) == 2
     expected = {("fma.rn.f32", "a=state", ("ex2.approx.f32",), (("mul.f32",),),
                  (("mul.f32", ("cvt.f32.bf16", "mul.f32")),))}
+    assert [(row["read"], row["rows"]) for row in rows] == [(None, 0), ("bf16", 0), ("fp8", 2),
+                                                             ("fp8", 1)]
     for row in rows:
         sig = _update_signatures(row["ptx"], "mamba2_verify/fma.py", lines)
-        assert sig == expected, f"{row['read']}: fold compiles to {sig}, SGLang's to {expected}"
+        if row["rows"] == 2:  # flush_split's non-flush build: no fold code at all
+            assert sig == set(), f"{row['read']} non-flush build: fold sites {sig}"
+        else:
+            assert sig == expected, f"{row['read']}: fold compiles to {sig}, SGLang's to {expected}"
         assert ("mma.sync" in row["ptx"]) == bool(row["read_mma"]), row["read"]
         # The chosen 128-register cap (the H200 sweep's fastest) spills a few bytes (ptxas).
         assert row["regs"] <= 128 and row["spill_st"] <= 16 and row["ctas"] >= 8, {

@@ -62,15 +62,17 @@ def _forced_launch(**fields):
 #: copy too, ``read_mma=0``), the N-chunked tile at 2, 4 and 8 chunks, with ``KᵀQ`` on tensor cores
 #: (``kq``), 4 chunks with 16-row tiles, and that launch with the copy's outputs in FMAs
 #: (``fm4``): the partner of a default that takes ``read_mma`` (every bf16 / fp8 copy at 4 and 8
-#: tokens).
-LAUNCHES = {"base4": dict(n_chunks=1, kq_dot=0, read_mma=0),
-            "base8": dict(n_chunks=1, kq_dot=0, block_p=8, read_mma=0),
+#: tokens); ``one4``: ``read_mma`` in one launch, the partner of a default that splits the flush
+#: rows off (``flush_split``: an fp8 copy at 4 tokens, every copy at 8).
+_ONE = dict(flush_split=0, flush_kq_dot=0)  # one launch (without read_mma there is no split)
+LAUNCHES = {"base4": dict(n_chunks=1, kq_dot=0, read_mma=0, **_ONE),
+            "base8": dict(n_chunks=1, kq_dot=0, block_p=8, read_mma=0, **_ONE),
             "nc2": dict(n_chunks=2), "nc4": dict(n_chunks=4), "nc8": dict(n_chunks=8),
             "nc2kq": dict(n_chunks=2, kq_dot=1), "nc4kq": dict(n_chunks=4, kq_dot=1),
             "nc8kq": dict(n_chunks=8, kq_dot=1),
             "nc4kqbp16": dict(n_chunks=4, kq_dot=1, block_p=16),
-            "fm4": dict(n_chunks=4, kq_dot=1, block_p=16, read_mma=0),
-            "split4": dict(n_chunks=4, kq_dot=1, block_p=16, read_mma=1, flush_split=1)}
+            "fm4": dict(n_chunks=4, kq_dot=1, block_p=16, read_mma=0, **_ONE),
+            "one4": dict(n_chunks=4, kq_dot=1, block_p=16, read_mma=1, **_ONE)}
 for _name, _fields in LAUNCHES.items():  # the drivers look implementations up by key
     tmv.VERIFY[_name] = _forced_launch(**_fields)
     tmv.DECODE[_name] = tmv.DECODE["kernel"]
@@ -116,9 +118,9 @@ def test_layout_bitwise_vs_default(name, T):
     (8, F8, torch.float16, torch.bfloat16, True, "base8"),
     (4, torch.bfloat16, torch.float32, torch.bfloat16, False, "fm4"),
     (4, F8, torch.float16, torch.bfloat16, True, "fm4"),
-    (4, F8, torch.float32, torch.bfloat16, False, "split4")],
+    (4, F8, torch.float32, torch.bfloat16, False, "one4")],
     ids=["T4-bf16-copy", "T2-fp16-SR-act32", "T8-fp8-copy-fp16-SR", "T4-bf16-copy-fma-outputs",
-         "T4-fp8-copy-fp16-SR-fma-outputs", "T4-fp8-copy-flush-split"])
+         "T4-fp8-copy-fp16-SR-fma-outputs", "T4-fp8-copy-one-launch"])
 def test_layout_bitwise_vs_default_read_copy_and_sr(T, read_dtype, state_dtype, act_dtype, sr,
                                                     base):
     """Read copies (the fp8 row max is over all of N in either layout), their scales and SR
@@ -195,29 +197,19 @@ def test_flush_split_without_read_mma_value_error():
             read_state=pool.state.to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("fields", [dict(tile_cg=2), dict(flush_split=-1)],
-                         ids=["tile_cg-2", "flush_split-minus-1"])
-def test_tile_cg_and_flush_split_value_error(fields):
-    """``tile_cg`` / ``flush_split`` other than 0 / 1 raise before any launch."""
+@pytest.mark.parametrize("fields,match", [
+    (dict(flush_kq_dot=2), r"flush_split / flush_kq_dot: expected 0 or 1"),
+    (dict(flush_split=-1), r"flush_split / flush_kq_dot: expected 0 or 1"),
+    (dict(flush_kq_dot=1), r"flush_kq_dot=1: expected flush_split=1")],
+    ids=["flush_kq_dot-2", "flush_split-minus-1", "flush_kq_dot-without-flush_split"])
+def test_flush_split_fields_value_error(fields, match):
+    """``flush_split`` / ``flush_kq_dot`` other than 0 / 1, or ``flush_kq_dot`` without
+    ``flush_split``, raise before any launch."""
     pool, prm, tok, out, i = _one_row_step()
-    with pytest.raises(ValueError, match=r"tile_cg / flush_split: expected 0 or 1"):
+    with pytest.raises(ValueError, match=match):
         _forced_launch(**fields)(
             pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
             out, i + 1, i, i, i.bool(), dt_bias=prm.dt_bias, dt_softplus=True)
-
-
-def test_tile_cg_codegen():
-    """sm_90a, Nano-4B, T = 4, fp8 copy: ``tile_cg = 1`` compiles the checkpoint / copy tile
-    loads to ``ld.global.cg``; the default launch has none."""
-    rows = tmv.offline_rows(
-        "[offline_sm90a(4, (1,), impl='fma', reads=('fp8',), keep_ptx=True)[0], "
-        "offline_sm90a(4, (1,), impl='fma', reads=('fp8',), keep_ptx=True, "
-        "launch={'tile_cg': 1})[0]]")
-    if isinstance(rows, str):
-        pytest.skip(rows)
-    counts = [row["ptx"].count("ld.global.cg") for row in rows]
-    print(f"\n[mamba2-verify] sm_90a ld.global.cg (default / tile_cg): {counts}")
-    assert counts[0] == 0 and counts[1] > 0
 
 
 def test_options_refused_by_the_tensor_core_kernel():
@@ -275,7 +267,8 @@ def test_read_mma_rule():
     def mma(T, read, act=bf):
         c = k.launch_config(80, 128, 16 + T, T, act, read_dtype=read)
         plain = k.launch_config(80, 128, 16 + T, T, act)
-        assert c._replace(read_mma=0, kq_dot=0) == plain._replace(kq_dot=0)
+        assert c._replace(read_mma=0, kq_dot=0, flush_split=0, flush_kq_dot=0) == \
+            plain._replace(kq_dot=0)
         assert c.kq_dot >= c.read_mma
         return c.read_mma
 
@@ -287,6 +280,26 @@ def test_read_mma_rule():
     # tl.dot's 16-row / 16-column minimum: not below 16 checkpoint rows or 16 columns of N
     assert k.launch_config(8, 128, 24, 8, bf, read_dtype=bf).read_mma == 0
     assert k.launch_config(80, 8, 24, 8, bf, read_dtype=bf).read_mma == 0
+
+
+def test_flush_split_rule():
+    """``flush_split`` by default where it was timed faster: with ``read_mma`` at 8 tokens (either
+    copy) and with an fp8 copy at 4 (3); the flush launch's ``kq_dot`` (``flush_kq_dot``) as
+    without a copy (1 at 8 tokens, 0 at 4)."""
+    import replayssm_kernels.mamba2_verify.kernel as k
+
+    bf, f8 = torch.bfloat16, torch.float8_e4m3fn
+
+    def split(T, read):
+        c = k.launch_config(80, 128, 16 + T, T, bf, read_dtype=read)
+        assert c.flush_kq_dot == (k.launch_config(80, 128, 16 + T, T, bf).kq_dot
+                                  if c.flush_split else 0)
+        return c.flush_split, c.flush_kq_dot
+
+    assert split(8, bf) == split(8, f8) == (1, 1)
+    assert split(4, f8) == split(3, f8) == (1, 0)
+    assert split(4, bf) == split(3, bf) == split(2, f8) == split(4, None) == split(8, None) == (
+        0, 0)
 
 
 def test_bench_verify_selects_the_option():
@@ -353,25 +366,31 @@ def test_layout_codegen_fold_and_reductions():
 
 
 def test_read_mma_codegen():
-    """sm_90a, Nano-4B, fp8 copy: the default launches at T = 8 and T = 4 (``read_mma`` by the
-    rule) compile the copy's ``S·C`` to bf16 tensor-core products (``mma.sync`` with bf16
-    operands, the exact form the interpreter cannot run); the T = 4 launch with ``read_mma`` and
-    ``kq_dot`` off (FMA outputs) has no tensor-core product; the ``read_mma`` builds spill at
-    most 8 B (the FMA-output T = 4 build: 12 B)."""
+    """sm_90a, Nano-4B, fp8 copy: the default launches' non-flush builds at T = 8 and T = 4
+    (``read_mma`` and ``flush_split`` by the rule) compile the copy's ``S·C`` to bf16 tensor-core
+    products (``mma.sync`` with bf16 operands, the exact form the interpreter cannot run); the
+    T = 4 one launch with ``read_mma`` and ``kq_dot`` off (FMA outputs) has no tensor-core
+    product; the ``read_mma`` builds spill at most 8 B (the FMA-output T = 4 build: 12 B); at
+    T = 8 the non-flush build takes fewer registers than ``read_mma`` in one launch (96 against
+    239 at the commit that made the split a default: what made it faster)."""
+    one = "'flush_split': 0, 'flush_kq_dot': 0"
     rows = tmv.offline_rows(
         "[offline_sm90a(8, (1,), impl='fma', reads=('fp8',), keep_ptx=True)[0], "
         "offline_sm90a(4, (1,), impl='fma', reads=('fp8',), keep_ptx=True)[0], "
         "offline_sm90a(4, (1,), impl='fma', reads=('fp8',), keep_ptx=True, "
-        "launch={'kq_dot': 0, 'read_mma': 0})[0]]")
+        f"launch={{'kq_dot': 0, 'read_mma': 0, {one}}})[0], "
+        f"offline_sm90a(8, (1,), impl='fma', reads=('fp8',), launch={{{one}}})[0]]")
     if isinstance(rows, str):
         pytest.skip(rows)
     bf16_mma = [row["ptx"].count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
-                for row in rows]
+                for row in rows[:3]]
     print(f"\n[mamba2-verify] sm_90a fp8 copy, bf16 mma.sync (T8 default / T4 default / T4 "
-          f"FMA outputs): {bf16_mma}; spill stores {[row['spill_st'] for row in rows]} B")
-    assert [row["read_mma"] for row in rows] == [1, 1, 0]
+          f"FMA outputs): {bf16_mma}; spill stores {[row['spill_st'] for row in rows]} B; "
+          f"T8 registers non-flush build / one launch: {rows[0]['regs']} / {rows[3]['regs']}")
+    assert [(row["read_mma"], row["rows"]) for row in rows] == [(1, 2), (1, 2), (0, 0), (1, 0)]
     assert bf16_mma[0] > 0 and bf16_mma[1] > 0 and "mma.sync" not in rows[2]["ptx"]
     assert rows[0]["spill_st"] <= 8 and rows[1]["spill_st"] <= 8
+    assert rows[0]["regs"] < rows[3]["regs"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,9 +427,9 @@ def test_gpu_nano4b_layout_bitwise_vs_default_read_copy_and_sr(T, read_dtype, sr
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,read_dtype,partner", [(4, F8, "fm4"), (4, torch.bfloat16, "fm4"),
                                                   (8, F8, "fm4"), (8, torch.bfloat16, "fm4"),
-                                                  (4, F8, "split4")],
+                                                  (4, F8, "one4")],
                          ids=["T4-fp8-copy", "T4-bf16-copy", "T8-fp8-copy", "T8-bf16-copy",
-                              "T4-fp8-copy-flush-split"])
+                              "T4-fp8-copy-one-launch"])
 def test_gpu_nano4b_read_mma_vs_default(T, read_dtype, partner):
     """The copy's non-flush outputs on tensor cores against the same launch's FMA outputs at
     Nano-4B, in lockstep with the default (``read_mma`` where the default takes it, so the partner
