@@ -22,11 +22,13 @@ from pathlib import Path
 
 import requests
 
-__all__ = ["CPU_FLAGS", "free_port", "launch", "server"]
+__all__ = ["CPU_FLAGS", "PortTaken", "free_port", "launch", "server"]
 
 #: process groups of servers started here and not yet stopped (killed if this process is terminated)
 _LIVE: set[int] = set()
 _HANDLERS_INSTALLED = False
+#: starts of one ``server`` whose port was taken before it bound it (``PortTaken``)
+PORT_TRIES = 3
 
 CPU_FLAGS: tuple[str, ...] = (
     "--device", "cpu",
@@ -94,11 +96,20 @@ def _track(proc: subprocess.Popen) -> None:
     _LIVE.add(proc.pid)
 
 
+class PortTaken(RuntimeError):
+    """The server exited because its HTTP port was bound by another process after ``free_port``
+    chose it (a server of a parallel test worker picks its own ports in that window)."""
+
+
 def wait_ready(proc: subprocess.Popen, port: int, log: Path, timeout: float) -> None:
+    """Wait until the server answers ``/health``; ``PortTaken`` if it exited for want of its
+    port, ``RuntimeError`` if it exited otherwise, ``TimeoutError`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+            text = log.read_text()
+            exc = PortTaken if "address already in use" in text.lower() else RuntimeError
+            raise exc(f"server exited with {proc.returncode}:\n{text[-4000:]}")
         try:
             if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                 return
@@ -124,11 +135,24 @@ def stop(proc: subprocess.Popen) -> None:
 @contextlib.contextmanager
 def server(model: Path, args: Sequence[str], log: Path, *, timeout: float = 240.0,
            env: dict[str, str] | None = None, base_flags: Sequence[str] = CPU_FLAGS) -> Iterator[str]:
-    """Context manager: a ready server's base URL; the process group is killed on exit."""
-    port = free_port()
-    proc = launch(model, args, log, port=port, env=env, base_flags=base_flags)
+    """Context manager: a ready server's base URL; the process group is killed on exit. A server
+    that lost its port to another process (``PortTaken``) is started again on a new one, at most
+    ``PORT_TRIES`` times in all."""
+    for attempt in range(PORT_TRIES):
+        port = free_port()
+        proc = launch(model, args, log, port=port, env=env, base_flags=base_flags)
+        try:
+            wait_ready(proc, port, log, timeout)
+        except PortTaken:
+            stop(proc)
+            if attempt == PORT_TRIES - 1:
+                raise
+            continue
+        except BaseException:
+            stop(proc)
+            raise
+        break
     try:
-        wait_ready(proc, port, log, timeout)
         yield f"http://127.0.0.1:{port}"
     finally:
         stop(proc)
