@@ -22,12 +22,12 @@ from pathlib import Path
 
 import requests
 
-__all__ = ["CPU_FLAGS", "PortTaken", "free_port", "launch", "server"]
+__all__ = ["CPU_FLAGS", "PortTaken", "free_port", "launch", "server", "start"]
 
 #: process groups of servers started here and not yet stopped (killed if this process is terminated)
 _LIVE: set[int] = set()
 _HANDLERS_INSTALLED = False
-#: starts of one ``server`` whose port was taken before it bound it (``PortTaken``)
+#: starts of one server whose port was taken before it bound it (``PortTaken``; ``start``)
 PORT_TRIES = 3
 
 CPU_FLAGS: tuple[str, ...] = (
@@ -132,27 +132,39 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=30)
 
 
+def start(specs: dict[str, dict], timeout: float, stack: contextlib.ExitStack) -> dict[str, int]:
+    """Start one server per entry of ``specs`` (``launch``'s arguments but ``port``, by keyword)
+    at once, each stopped by ``stack`` on exit, and wait until all answer; a server that lost its
+    port to another process (``PortTaken``) is started again on a new one, at most
+    ``PORT_TRIES`` starts each. Returns the ports by name."""
+    ports: dict[str, int] = {}
+    procs: dict[str, subprocess.Popen] = {}
+
+    def go(name: str) -> None:
+        ports[name] = free_port()
+        procs[name] = launch(port=ports[name], **specs[name])
+        stack.callback(stop, procs[name])
+
+    for name in specs:
+        go(name)
+    for name in specs:
+        for attempt in range(1, PORT_TRIES + 1):
+            try:
+                wait_ready(procs[name], ports[name], specs[name]["log"], timeout)
+                break
+            except PortTaken:
+                if attempt == PORT_TRIES:
+                    raise
+                go(name)
+    return ports
+
+
 @contextlib.contextmanager
 def server(model: Path, args: Sequence[str], log: Path, *, timeout: float = 240.0,
            env: dict[str, str] | None = None, base_flags: Sequence[str] = CPU_FLAGS) -> Iterator[str]:
-    """Context manager: a ready server's base URL; the process group is killed on exit. A server
-    that lost its port to another process (``PortTaken``) is started again on a new one, at most
-    ``PORT_TRIES`` times in all."""
-    for attempt in range(PORT_TRIES):
-        port = free_port()
-        proc = launch(model, args, log, port=port, env=env, base_flags=base_flags)
-        try:
-            wait_ready(proc, port, log, timeout)
-        except PortTaken:
-            stop(proc)
-            if attempt == PORT_TRIES - 1:
-                raise
-            continue
-        except BaseException:
-            stop(proc)
-            raise
-        break
-    try:
+    """Context manager: a ready server's base URL (``start``: started again on a new port if
+    another process took its port); the process group is killed on exit."""
+    with contextlib.ExitStack() as stack:
+        spec = dict(model=model, args=args, log=log, env=env, base_flags=base_flags)
+        port = start({"server": spec}, timeout, stack)["server"]
         yield f"http://127.0.0.1:{port}"
-    finally:
-        stop(proc)

@@ -78,15 +78,11 @@ def test_read_copy_serves_the_same_greedy_tokens(model_name: str, read: str, tor
     logs = {name: tmp_path / f"server_{name}.log" for name in ("same", read)}
     base = ["--ssm-backend", "replay", "--replayssm-window", "16"]
     with contextlib.ExitStack() as stack:
-        ports = {name: srv.free_port() for name in logs}
         # the copy's server checks the copy against its checkpoint before every forward (read_copy_check)
-        procs = {name: srv.launch(model, [*base, "--replayssm-read-dtype", name], logs[name], port=ports[name],
-                                  env={CHECK_ENV: "1"} if name == read else None)
+        specs = {name: dict(model=model, args=[*base, "--replayssm-read-dtype", name], log=logs[name],
+                            env={CHECK_ENV: "1"} if name == read else None)
                  for name in logs}
-        for proc in procs.values():
-            stack.callback(srv.stop, proc)
-        for name, proc in procs.items():
-            srv.wait_ready(proc, ports[name], logs[name], 240.0)
+        ports = srv.start(specs, 240.0, stack)
         results = {name: _workload(f"http://127.0.0.1:{ports[name]}") for name in logs}
     copy_log = logs[read].read_text()
     assert "ReplaySSM read copy is allocated" in copy_log and torch_name in copy_log, copy_log[-3000:]

@@ -3,6 +3,7 @@ and starts a server again on a new port when another process took its port first
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -71,8 +72,9 @@ sys.exit(3)
 
 
 def test_server_starts_again_when_its_port_was_taken(tmp_path, monkeypatch):
-    """``server`` starts a server whose port another process took again on a new port; a
-    server that exits for another reason is not retried."""
+    """``server`` / ``start`` start a server whose port another process took again on a new
+    port (the others of a ``start`` keep theirs); a server that exits for another reason is not
+    retried."""
     import server
 
     script = tmp_path / "stand_in.py"
@@ -91,6 +93,14 @@ def test_server_starts_again_when_its_port_was_taken(tmp_path, monkeypatch):
     with server.server(Path("unused"), [], tmp_path / "s.log", timeout=30) as url:
         assert url == f"http://127.0.0.1:{starts[-1]}"
     assert len(starts) == 2
+
+    (tmp_path / "started-once").unlink()  # two at once: whichever starts first loses its port
+    starts.clear()
+    specs = {n: dict(model=Path("unused"), args=[], log=tmp_path / f"{n}.log") for n in ("a", "b")}
+    with contextlib.ExitStack() as stack:
+        ports = server.start(specs, 30, stack)
+    assert len(starts) == 3 and starts[2] in ports.values()
+    assert len(set(ports.values()) & set(starts[:2])) == 1  # the other kept its first port
 
     script.write_text("import sys; print('some other failure', flush=True); sys.exit(3)")
     starts.clear()
