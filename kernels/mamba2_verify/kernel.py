@@ -792,7 +792,7 @@ def _launch_fma(cfg: LaunchConfig, args: tuple, flags: dict, grid: tuple[int, in
     if cfg.flush_split:
         if not cfg.read_mma:
             raise ValueError("flush_split=1: expected read_mma=1 (it splits off the flush rows of a "
-                             "read_mma launch)")
+                             "read_mma launch); for read_mma=0 set flush_split=0,flush_kq_dot=0")
         _launch_fma(flush_launch_config(cfg), args, flags, grid, state, read_state, N, block_p,
                     tiles, fold_unroll, read_fp8, sr, p_split, {**extra, "ROWS": 1})
         extra = {**extra, "ROWS": 2}

@@ -190,7 +190,8 @@ def test_flush_split_without_read_mma_value_error():
     """``flush_split`` splits the flush rows off a ``read_mma`` launch: without ``read_mma`` it
     raises before any launch."""
     pool, prm, tok, out, i = _one_row_step()
-    with pytest.raises(ValueError, match=r"flush_split=1: expected read_mma=1"):
+    with pytest.raises(ValueError, match=r"flush_split=1: expected read_mma=1 .*set flush_split=0,"
+                                         r"flush_kq_dot=0"):
         _forced_launch(n_chunks=4, kq_dot=1, read_mma=0, flush_split=1)(
             pool.state, pool.ring_x, pool.ring_dt, pool.ring_B, tok.x, tok.dt, prm.A, tok.B, tok.C,
             out, i + 1, i, i, i.bool(), dt_bias=prm.dt_bias, dt_softplus=True,
